@@ -1,0 +1,1 @@
+"""Triton kernels with plain-torch references. Standalone: imports nothing else of Tailguard."""
