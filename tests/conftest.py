@@ -39,3 +39,79 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "engine" in item.keywords or "browser" in item.keywords:
             item.add_marker(skip)
+
+
+# --- Personas -------------------------------------------------------------------------------
+# alice: owner of "Acme Voice"; bob: viewer in Alice's organization; charlie: owner of another
+# organization. Every endpoint gets an ownership test (Charlie) and a role test (Bob).
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture(autouse=True)
+def _eager_celery(request: pytest.FixtureRequest) -> None:
+    """Unit tests run tasks in-process; the worker test uses a real worker instead."""
+    if "django_db_setup" not in request.fixturenames and "settings" not in request.fixturenames:
+        # Pure library tests do not touch Django at all.
+        return
+    settings = request.getfixturevalue("settings")
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    from portal.celery import app
+
+    app.conf.task_always_eager = True
+
+
+@pytest.fixture
+def alice(db):  # type: ignore[no-untyped-def]
+    from portal.accounts import services
+
+    user = services.user_signup(email="alice@acme.test", password=PASSWORD, full_name="Alice")
+    services.organization_create(actor=user, name="Acme Voice")
+    return user
+
+
+@pytest.fixture
+def alice_org(alice):  # type: ignore[no-untyped-def]
+    return alice.memberships.get().organization
+
+
+@pytest.fixture
+def bob(db, alice_org):  # type: ignore[no-untyped-def]
+    from portal.accounts import services
+    from portal.accounts.models import Membership, Role
+
+    user = services.user_signup(email="bob@acme.test", password=PASSWORD, full_name="Bob")
+    Membership.objects.create(organization=alice_org, user=user, role=Role.VIEWER)
+    return user
+
+
+@pytest.fixture
+def charlie(db):  # type: ignore[no-untyped-def]
+    from portal.accounts import services
+
+    user = services.user_signup(email="charlie@other.test", password=PASSWORD, full_name="Charlie")
+    services.organization_create(actor=user, name="Other Corp")
+    return user
+
+
+def _client_for(user):  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def alice_client(alice):  # type: ignore[no-untyped-def]
+    return _client_for(alice)
+
+
+@pytest.fixture
+def bob_client(bob):  # type: ignore[no-untyped-def]
+    return _client_for(bob)
+
+
+@pytest.fixture
+def charlie_client(charlie):  # type: ignore[no-untyped-def]
+    return _client_for(charlie)

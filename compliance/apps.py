@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ComplianceConfig(AppConfig):
+    name = "compliance"
+    verbose_name = "Compliance: audit trail, BAA, residency, SLAs"

@@ -1,0 +1,312 @@
+"""Writes of the accounts app: signup, organizations, invitations, API tokens.
+
+Every mutating function takes the acting user, checks the actor's role itself (views only
+orchestrate), and writes its audit event in the same transaction. Side effects (email) leave
+with `transaction.on_commit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.text import slugify
+
+from compliance.services import audit_record
+from portal.accounts import tokens
+from portal.accounts.models import ROLE_RANK, ApiToken, Invitation, Membership, Organization, Role, User
+
+
+class InvitationError(Exception):
+    """An invitation link that cannot be used; the message tells the person why."""
+
+
+class TokenError(Exception):
+    """An API token that does not authenticate; the message tells the client why."""
+
+
+def _require_role(membership: Membership | None, minimum: str, doing: str) -> Membership:
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(minimum):
+        raise PermissionDenied(f"Only an {minimum} or above can {doing}; your role is {membership.role}.")
+    return membership
+
+
+def _membership(user: User, organization: Organization) -> Membership | None:
+    return Membership.objects.filter(user=user, organization=organization).first()
+
+
+def user_signup(*, email: str, password: str, full_name: str = "") -> User:
+    email = (email or "").strip().lower()
+    try:
+        validate_email(email)
+    except ValidationError:
+        raise ValidationError({"email": "Enter a valid email address."}) from None
+    if User.objects.filter(email__iexact=email).exists():
+        raise ValidationError({"email": "An account with this email already exists. Sign in instead."})
+    candidate = User(email=email, full_name=full_name.strip())
+    try:
+        validate_password(password, user=candidate)
+    except ValidationError as exc:
+        raise ValidationError({"password": exc.messages}) from None
+    try:
+        with transaction.atomic():
+            user = User.objects.create_user(email=email, password=password, full_name=full_name.strip())
+            audit_record(actor=user, action="user.signup", target=user)
+    except IntegrityError:
+        # Two signups with one address at the same moment: the unique constraint decides.
+        raise ValidationError(
+            {"email": "An account with this email already exists. Sign in instead."}
+        ) from None
+    return user
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:50] or "org"
+    slug, n = base, 1
+    while Organization.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def organization_create(*, actor: User, name: str) -> Organization:
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "Name your organization."})
+    if len(name) > 120:
+        raise ValidationError({"name": "Use at most 120 characters."})
+    with transaction.atomic():
+        organization = Organization.objects.create(name=name, slug=_unique_slug(name), created_by=actor)
+        Membership.objects.create(organization=organization, user=actor, role=Role.OWNER)
+        audit_record(
+            actor=actor, organization=organization, action="organization.create", target=organization
+        )
+    return organization
+
+
+def invitation_create(*, actor: User, organization: Organization, email: str, role: str) -> Invitation:
+    membership = _require_role(_membership(actor, organization), Role.ADMIN, "invite people")
+    email = (email or "").strip().lower()
+    errors: dict[str, str] = {}
+    try:
+        validate_email(email)
+    except ValidationError:
+        errors["email"] = "Enter a valid email address."
+    if role not in ROLE_RANK:
+        errors["role"] = f"Choose one of: {', '.join(Role.values)}."
+    elif ROLE_RANK[role] > ROLE_RANK[membership.role]:
+        errors["role"] = f"You cannot grant a role above your own ({membership.role})."
+    if (
+        not errors
+        and Membership.objects.filter(organization=organization, user__email__iexact=email).exists()
+    ):
+        errors["email"] = f"{email} is already a member of {organization.name}."
+    if errors:
+        raise ValidationError(errors)
+    now = timezone.now()
+    with transaction.atomic():
+        # A new invitation replaces any pending one for the same address.
+        Invitation.objects.filter(
+            organization=organization, email=email, accepted_at__isnull=True, revoked_at__isnull=True
+        ).update(revoked_at=now)
+        invitation = Invitation.objects.create(
+            organization=organization,
+            email=email,
+            role=role,
+            # Placeholder digest of a secret nobody knows; the sending task sets the real one.
+            token_hash=tokens.digest(tokens.new_link_secret()),
+            invited_by=actor,
+            expires_at=now + timedelta(hours=settings.INVITATION_TTL_HOURS),
+        )
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="invitation.create",
+            target=invitation,
+            data={"email": email, "role": role},
+        )
+        from portal.accounts.tasks import invitation_send
+
+        invitation_id = str(invitation.id)
+        transaction.on_commit(lambda: invitation_send.delay(invitation_id))
+    return invitation
+
+
+def invitation_send_email(*, invitation_id: str) -> bool:
+    """Sends the invitation's link. Claims the row first, so a duplicated task sends nothing.
+
+    The link secret is made here and never stored in clear or passed through the broker.
+    Returns whether an email was sent.
+    """
+    secret = tokens.new_link_secret()
+    claimed = Invitation.objects.filter(
+        id=invitation_id, sent_at__isnull=True, accepted_at__isnull=True, revoked_at__isnull=True
+    ).update(sent_at=timezone.now(), token_hash=tokens.digest(secret))
+    if not claimed:
+        return False
+    invitation = Invitation.objects.select_related("organization", "invited_by").get(id=invitation_id)
+    link = settings.SITE_URL + reverse("accounts:invitation_accept", args=[secret])
+    inviter = invitation.invited_by.email if invitation.invited_by else "A Tailguard user"
+    try:
+        send_mail(
+            subject=f"You are invited to {invitation.organization.name} on Tailguard",
+            message=(
+                f"{inviter} invited you to join {invitation.organization.name} on Tailguard "
+                f"as {invitation.role}.\n\nAccept the invitation: {link}\n\n"
+                f"The link works once and expires at {invitation.expires_at:%Y-%m-%d %H:%M} UTC."
+            ),
+            from_email=None,
+            recipient_list=[invitation.email],
+        )
+    except Exception:
+        # Release the claim so a retry sends again.
+        Invitation.objects.filter(id=invitation_id).update(sent_at=None)
+        raise
+    return True
+
+
+def invitation_revoke(*, actor: User, invitation: Invitation) -> None:
+    _require_role(_membership(actor, invitation.organization), Role.ADMIN, "revoke invitations")
+    if invitation.accepted_at is not None:
+        raise ValidationError("This invitation was already accepted.")
+    with transaction.atomic():
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor, organization=invitation.organization, action="invitation.revoke", target=invitation
+        )
+
+
+def invitation_accept(*, user: User, secret: str) -> Membership:
+    with transaction.atomic():
+        invitation = (
+            Invitation.objects.select_for_update()
+            .select_related("organization")
+            .filter(token_hash=tokens.digest(secret or ""))
+            .first()
+        )
+        if invitation is None:
+            raise InvitationError("This invitation link is not valid. Check that you copied all of it.")
+        if invitation.accepted_at is not None:
+            raise InvitationError("This invitation has already been used.")
+        if invitation.revoked_at is not None:
+            raise InvitationError("This invitation was withdrawn. Ask for a new one.")
+        if invitation.expires_at <= timezone.now():
+            raise InvitationError(
+                "This invitation has expired. Ask the person who invited you for a new one."
+            )
+        if invitation.email.lower() != user.email.lower():
+            raise InvitationError(
+                "This invitation was sent to another email address. Sign in with that address to accept it."
+            )
+        membership, created = Membership.objects.get_or_create(
+            organization=invitation.organization, user=user, defaults={"role": invitation.role}
+        )
+        invitation.accepted_at = timezone.now()
+        invitation.accepted_by = user
+        invitation.save(update_fields=["accepted_at", "accepted_by"])
+        audit_record(
+            actor=user,
+            organization=invitation.organization,
+            action="invitation.accept",
+            target=invitation,
+            data={"role": membership.role, "already_member": not created},
+        )
+    return membership
+
+
+def invitations_expire(*, now: object = None) -> int:
+    """Marks pending invitations past their expiry as revoked. Returns how many."""
+    moment = timezone.now() if now is None else now
+    return Invitation.objects.filter(
+        accepted_at__isnull=True, revoked_at__isnull=True, expires_at__lte=moment
+    ).update(revoked_at=moment)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    # The full secret; shown to the person once and never stored.
+    secret: str
+
+    def __repr__(self) -> str:
+        return f"IssuedToken(token={self.token!r}, secret=<hidden>)"
+
+
+def api_token_create(*, actor: User, organization: Organization, name: str) -> IssuedToken:
+    membership = _require_role(_membership(actor, organization), Role.MEMBER, "create API tokens")
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "Name the token so you can recognise it later."})
+    if len(name) > 100:
+        raise ValidationError({"name": "Use at most 100 characters."})
+    prefix, secret = tokens.new_api_token()
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            organization=organization,
+            created_by=actor,
+            name=name,
+            prefix=prefix,
+            token_hash=tokens.digest(secret),
+            role=membership.role,
+        )
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="api_token.create",
+            target=token,
+            data={"name": name, "prefix": prefix, "role": token.role},
+        )
+    return IssuedToken(token=token, secret=secret)
+
+
+def api_token_revoke(*, actor: User, token: ApiToken) -> None:
+    membership = _membership(actor, token.organization)
+    if token.created_by_id != actor.pk:
+        _require_role(membership, Role.ADMIN, "revoke other people's tokens")
+    else:
+        _require_role(membership, Role.MEMBER, "revoke API tokens")
+    if token.revoked_at is not None:
+        raise ValidationError("This token is already revoked.")
+    with transaction.atomic():
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=actor,
+            organization=token.organization,
+            action="api_token.revoke",
+            target=token,
+            data={"prefix": token.prefix},
+        )
+
+
+def api_token_authenticate(*, secret: str) -> ApiToken:
+    prefix = tokens.split_api_token(secret)
+    token = (
+        ApiToken.objects.select_related("organization", "created_by").filter(prefix=prefix).first()
+        if prefix
+        else None
+    )
+    if token is None or not tokens.matches(secret, token.token_hash):
+        raise TokenError("Invalid API token.")
+    if token.revoked_at is not None:
+        raise TokenError("This API token has been revoked. Create a new one on the Tokens page.")
+    if not token.created_by.is_active:
+        raise TokenError("The user who created this API token is deactivated.")
+    if not Membership.objects.filter(organization=token.organization, user=token.created_by).exists():
+        raise TokenError("The user who created this API token is no longer a member of its organization.")
+    now = timezone.now()
+    # Throttled write: at most one last-used update a minute per token.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token

@@ -1,0 +1,85 @@
+"""API serializers: shape and field validation only; services decide and write."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
+
+
+class SignupSerializer(serializers.Serializer):
+    email = serializers.EmailField(max_length=254)
+    password = serializers.CharField(max_length=128, write_only=True, style={"input_type": "password"})
+    full_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class UserSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = User
+        fields = ["id", "email", "full_name", "staff_role"]
+        read_only_fields = fields
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Organization
+        fields = ["id", "name", "slug", "created_at", "role"]
+        read_only_fields = ["id", "slug", "created_at", "role"]
+
+    def get_role(self, obj: Organization) -> str | None:
+        roles: dict[object, str] = self.context.get("roles", {})
+        return roles.get(obj.id)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email", read_only=True)
+    full_name = serializers.CharField(source="user.full_name", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["email", "full_name", "role", "created_at"]
+        read_only_fields = fields
+
+
+class MeSerializer(serializers.Serializer):
+    user = UserSerializer()
+    current_organization = OrganizationSerializer(allow_null=True)
+    organizations = OrganizationSerializer(many=True)
+
+
+class ActiveOrganizationSerializer(serializers.Serializer):
+    organization = serializers.UUIDField()
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "created_at", "expires_at", "sent_at", "accepted_at", "revoked_at"]
+        read_only_fields = ["id", "created_at", "expires_at", "sent_at", "accepted_at", "revoked_at"]
+        # Uniqueness and the rest are the service's decision.
+        validators: list[object] = []
+
+
+class InvitationAcceptSerializer(serializers.Serializer):
+    token = serializers.CharField(max_length=200, help_text="The secret at the end of the emailed link.")
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    created_by = serializers.EmailField(source="created_by.email", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "role", "created_by", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "prefix", "role", "created_by", "created_at", "last_used_at", "revoked_at"]
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The secret. Shown only in this response.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+        read_only_fields = [*ApiTokenSerializer.Meta.read_only_fields, "token"]

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from portal.api import views
+
+app_name = "api"
+
+urlpatterns = [
+    path("auth/signup/", views.SignupView.as_view(), name="signup"),
+    path("me/", views.MeView.as_view(), name="me"),
+    path("me/active-organization/", views.ActiveOrganizationView.as_view(), name="active_organization"),
+    path("organizations/", views.OrganizationListCreateView.as_view(), name="organizations"),
+    path("members/", views.MemberListView.as_view(), name="members"),
+    path("invitations/", views.InvitationListCreateView.as_view(), name="invitations"),
+    path("invitations/accept/", views.InvitationAcceptView.as_view(), name="invitation_accept"),
+    path("invitations/<uuid:pk>/", views.InvitationDetailView.as_view(), name="invitation_detail"),
+    path("tokens/", views.ApiTokenListCreateView.as_view(), name="tokens"),
+    path("tokens/<uuid:pk>/", views.ApiTokenDetailView.as_view(), name="token_detail"),
+]

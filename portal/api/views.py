@@ -1,0 +1,197 @@
+"""REST API views: thin; serializers check shape, services decide and write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import login
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, permissions, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.accounts import selectors, services
+from portal.accounts.models import ApiToken, Invitation, Membership, Role
+from portal.accounts.tenancy import SESSION_KEY
+from portal.api import serializers as s
+from portal.api.base import TenantScopedMixin, resolve_tenant
+
+
+def _roles(user: Any) -> dict[object, str]:
+    return {m.organization_id: m.role for m in Membership.objects.filter(user=user)}
+
+
+class SignupView(APIView):
+    permission_classes = [permissions.AllowAny]
+    authentication_classes: list[type] = []
+
+    @extend_schema(request=s.SignupSerializer, responses={201: s.UserSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = s.SignupSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        user = services.user_signup(**serializer.validated_data)
+        return Response(s.UserSerializer(user).data, status=status.HTTP_201_CREATED)
+
+
+class MeView(APIView):
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request: Request) -> Response:
+        tenant = resolve_tenant(request)
+        organizations = selectors.organization_list_for_user(user=request.user)
+        if tenant is not None and tenant.token is not None:
+            organizations = organizations.filter(id=tenant.organization.id)
+        context = {"roles": _roles(request.user)}
+        return Response(
+            {
+                "user": s.UserSerializer(request.user).data,
+                "current_organization": (
+                    s.OrganizationSerializer(tenant.organization, context=context).data if tenant else None
+                ),
+                "organizations": s.OrganizationSerializer(organizations, many=True, context=context).data,
+            }
+        )
+
+
+class ActiveOrganizationView(APIView):
+    """Switch the session's current organization (browser sessions; tokens are bound to one)."""
+
+    @extend_schema(request=s.ActiveOrganizationSerializer, responses=s.OrganizationSerializer)
+    def put(self, request: Request) -> Response:
+        if isinstance(request.auth, ApiToken):
+            raise ValidationError(
+                {"organization": "An API token is bound to its organization; it cannot switch."}
+            )
+        serializer = s.ActiveOrganizationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = selectors.membership_get(
+            user=request.user, organization_id=serializer.validated_data["organization"]
+        )
+        if membership is None:
+            raise NotFound("No such organization.")
+        request.session[SESSION_KEY] = str(membership.organization_id)
+        return Response(
+            s.OrganizationSerializer(membership.organization, context={"roles": _roles(request.user)}).data
+        )
+
+
+class OrganizationListCreateView(APIView):
+    @extend_schema(responses=s.OrganizationSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        organizations = selectors.organization_list_for_user(user=request.user)
+        if isinstance(request.auth, ApiToken):
+            organizations = organizations.filter(id=request.auth.organization_id)
+        return Response(
+            s.OrganizationSerializer(organizations, many=True, context={"roles": _roles(request.user)}).data
+        )
+
+    @extend_schema(request=s.OrganizationSerializer, responses={201: s.OrganizationSerializer})
+    def post(self, request: Request) -> Response:
+        if isinstance(request.auth, ApiToken):
+            raise ValidationError(
+                {"non_field_errors": ["Create organizations from a signed-in session, not a token."]}
+            )
+        serializer = s.OrganizationSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        organization = services.organization_create(
+            actor=request.user, name=serializer.validated_data["name"]
+        )
+        if request.session.get(SESSION_KEY) is None:
+            request.session[SESSION_KEY] = str(organization.id)
+        return Response(
+            s.OrganizationSerializer(organization, context={"roles": _roles(request.user)}).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class MemberListView(TenantScopedMixin, generics.ListAPIView):
+    serializer_class = s.MembershipSerializer
+
+    def tenant_queryset(self) -> QuerySet[Membership]:
+        return Membership.objects.select_related("user").order_by("user__email")
+
+
+class InvitationListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    serializer_class = s.InvitationSerializer
+    write_role = Role.ADMIN
+
+    def tenant_queryset(self) -> QuerySet[Invitation]:
+        return Invitation.objects.order_by("-created_at")
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        invitation = services.invitation_create(
+            actor=request.user, organization=self.tenant.organization, **serializer.validated_data
+        )
+        return Response(s.InvitationSerializer(invitation).data, status=status.HTTP_201_CREATED)
+
+
+class InvitationDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
+    """DELETE withdraws a pending invitation (it is kept, marked revoked, for the audit trail)."""
+
+    serializer_class = s.InvitationSerializer
+    write_role = Role.ADMIN
+
+    def tenant_queryset(self) -> QuerySet[Invitation]:
+        return Invitation.objects.select_related("organization")
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.invitation_revoke(actor=request.user, invitation=self.get_object())  # type: ignore[arg-type]
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationAcceptView(APIView):
+    @extend_schema(request=s.InvitationAcceptSerializer, responses=s.OrganizationSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = s.InvitationAcceptSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            membership = services.invitation_accept(
+                user=request.user, secret=serializer.validated_data["token"]
+            )
+        except services.InvitationError as exc:
+            raise ValidationError({"token": [str(exc)]}) from None
+        if not isinstance(request.auth, ApiToken):
+            login(request._request, request.user, backend="django.contrib.auth.backends.ModelBackend")
+            request.session[SESSION_KEY] = str(membership.organization_id)
+        return Response(
+            s.OrganizationSerializer(membership.organization, context={"roles": _roles(request.user)}).data
+        )
+
+
+class ApiTokenListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    serializer_class = s.ApiTokenSerializer
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[ApiToken]:
+        return ApiToken.objects.select_related("created_by").order_by("-created_at")
+
+    @extend_schema(responses={201: s.ApiTokenCreatedSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        issued = services.api_token_create(
+            actor=request.user, organization=self.tenant.organization, name=serializer.validated_data["name"]
+        )
+        data = dict(s.ApiTokenSerializer(issued.token).data)
+        data["token"] = issued.secret
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class ApiTokenDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
+    """DELETE revokes the token (it is kept, marked revoked, for the audit trail)."""
+
+    serializer_class = s.ApiTokenSerializer
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[ApiToken]:
+        return ApiToken.objects.select_related("organization", "created_by")
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.api_token_revoke(actor=request.user, token=self.get_object())  # type: ignore[arg-type]
+        return Response(status=status.HTTP_204_NO_CONTENT)

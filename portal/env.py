@@ -1,0 +1,83 @@
+"""Strict, typed readers of environment variables for `portal.settings`.
+
+Every reader fails at start-up with the variable's name and the offending value, so a typo in a
+deployment never becomes a silently different configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class Env:
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = os.environ if environ is None else environ
+
+    def _raw(self, name: str) -> str | None:
+        value = self._environ.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def is_set(self, name: str) -> bool:
+        return self._raw(name) is not None
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        value = self._raw(name)
+        return default if value is None else value
+
+    def required_str(self, name: str) -> str:
+        value = self._raw(name)
+        if value is None:
+            raise ImproperlyConfigured(f"environment variable {name} is required")
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self._raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ImproperlyConfigured(
+            f"environment variable {name}={value!r} is not a boolean (use true or false)"
+        )
+
+    def int(self, name: str, default: int, *, minimum: int | None = None) -> int:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            parsed = int(value)
+        except ValueError:
+            raise ImproperlyConfigured(f"environment variable {name}={value!r} is not an integer") from None
+        if minimum is not None and parsed < minimum:
+            raise ImproperlyConfigured(f"environment variable {name}={parsed} must be at least {minimum}")
+        return parsed
+
+    def list(self, name: str, default: list[str]) -> list[str]:
+        value = self._raw(name)
+        if value is None:
+            return list(default)
+        items = [item.strip() for item in value.split(",")]
+        if any(not item for item in items):
+            raise ImproperlyConfigured(f"environment variable {name}={value!r} has an empty item")
+        return items
+
+    def choice(self, name: str, default: str, choices: list[str]) -> str:
+        value = self._raw(name)
+        if value is None:
+            return default
+        if value not in choices:
+            raise ImproperlyConfigured(
+                f"environment variable {name}={value!r} must be one of: {', '.join(choices)}"
+            )
+        return value

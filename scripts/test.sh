@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole suite: lint, types, the layer contract, then every test (real PostgreSQL, Redis,
+# Celery worker, vLLM engine and headless Chromium). `.ci/run` calls `make test`, which runs this.
+set -euo pipefail
+VENV=${VENV:-.venv}
+BIN="$VENV/bin"
+
+# Headless Chromium for the browser tests comes from Debian (Playwright drives it; nothing is
+# downloaded by Playwright itself).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test: chromium is missing; install Debian's 'chromium' package (sudo apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
+
+# Tests use PostgreSQL when it answers (always in CI); pytest-django creates test_<name>.
+if [ -z "${DATABASE_URL:-}" ]; then
+  if "$BIN/python" - <<'PY'
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", 5432), timeout=2).close()
+except OSError:
+    sys.exit(1)
+PY
+  then
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/tailguard"
+  elif [ "${CI:-}" = "true" ]; then
+    echo "test: CI needs PostgreSQL on 127.0.0.1:5432" >&2
+    exit 1
+  fi
+fi
+export TAILGUARD_TEST_REDIS_URL=${TAILGUARD_TEST_REDIS_URL:-redis://127.0.0.1:6379/15}
+
+echo "== ruff";          "$BIN/ruff" check .
+echo "== ruff format";   "$BIN/ruff" format --check .
+echo "== mypy";          "$BIN/mypy"
+echo "== import-linter"; "$BIN/lint-imports"
+echo "== manage.py check"; "$BIN/python" manage.py check --fail-level WARNING
+echo "== migrations";    "$BIN/python" manage.py makemigrations --check --dry-run
+echo "== pytest";        "$BIN/pytest" "$@"

@@ -1,0 +1,89 @@
+"""Settings come from the environment, fail loudly on bad values, and pass the deploy check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import Env
+from tests.conftest import REPO_ROOT
+
+PRODUCTION_ENV = {
+    "DEBUG": "false",
+    "SECRET_KEY": "k" * 20 + "Q9v!Xr2#mZ8@pL5^tN1&wB7*eF3(yH6)uJ4",
+    "ALLOWED_HOSTS": "tailguard.example.com",
+    "DATABASE_URL": "postgres://tailguard:secret@db.internal:5432/tailguard",
+    "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
+    "SITE_URL": "https://tailguard.example.com",
+    "EMAIL_HOST": "smtp.example.com",
+}
+
+
+def _manage(args: list[str], extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV}
+    env.update(extra_env)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_deploy_check_is_clean_with_documented_production_variables() -> None:
+    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], PRODUCTION_ENV)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "System check identified no issues" in result.stdout
+    assert "WARNINGS" not in result.stderr
+
+
+def test_development_defaults_fail_the_deploy_check() -> None:
+    # The embedded defaults are for a laptop; the deploy check must say so.
+    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], {})
+    assert result.returncode != 0
+    assert "DEBUG" in result.stderr
+
+
+def test_production_without_secret_key_refuses_to_start() -> None:
+    env = dict(PRODUCTION_ENV)
+    del env["SECRET_KEY"]
+    result = _manage(["check"], env)
+    assert result.returncode != 0
+    assert "SECRET_KEY is required" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("DEBUG", "maybe", "DEBUG='maybe' is not a boolean"),
+        ("EMAIL_PORT", "smtp", "EMAIL_PORT='smtp' is not an integer"),
+        ("DATABASE_URL", "not a url", "DATABASE_URL is not a database URL"),
+        ("LOG_LEVEL", "LOUD", "LOG_LEVEL='LOUD' must be one of"),
+        ("ALLOWED_HOSTS", "a,,b", "ALLOWED_HOSTS='a,,b' has an empty item"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, value: str, message: str) -> None:
+    result = _manage(["check"], {name: value})
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_env_reader_parses_and_rejects() -> None:
+    env = Env({"A": " true ", "B": "0", "N": "42", "L": "x, y", "C": "beta"})
+    assert env.bool("A", default=False) is True
+    assert env.bool("B", default=True) is False
+    assert env.bool("MISSING", default=True) is True
+    assert env.int("N", 1, minimum=1) == 42
+    assert env.list("L", []) == ["x", "y"]
+    assert env.choice("C", "alpha", ["alpha", "beta"]) == "beta"
+    with pytest.raises(ImproperlyConfigured, match="N=42 must be at least 100"):
+        env.int("N", 1, minimum=100)
+    with pytest.raises(ImproperlyConfigured, match="environment variable Z is required"):
+        env.required_str("Z")
