@@ -19,7 +19,9 @@ pytestmark = pytest.mark.django_db
 
 def _invite(actor, organization, email, role=Role.MEMBER, django_capture_on_commit_callbacks=None):  # type: ignore[no-untyped-def]
     with django_capture_on_commit_callbacks(execute=True):
-        invitation = services.invitation_create(actor=actor, organization=organization, email=email, role=role)
+        invitation = services.invitation_create(
+            actor=actor, organization=organization, email=email, role=role
+        )
     body = mail.outbox[-1].body
     secret = body.split("/invitations/accept/")[1].split("/")[0]
     return invitation, secret
@@ -50,7 +52,9 @@ def test_organization_create_makes_owner_and_audits(alice) -> None:  # type: ign
 
 
 def test_invitation_round_trip(alice, alice_org, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
-    invitation, secret = _invite(alice, alice_org, "dana@acme.test", Role.ADMIN, django_capture_on_commit_callbacks)
+    invitation, secret = _invite(
+        alice, alice_org, "dana@acme.test", Role.ADMIN, django_capture_on_commit_callbacks
+    )
     invitation.refresh_from_db()
     assert invitation.sent_at is not None
     # Only the digest is stored.
@@ -67,7 +71,9 @@ def test_invitation_round_trip(alice, alice_org, django_capture_on_commit_callba
 def test_invitation_errors_are_clear(alice, alice_org, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
     eve = services.user_signup(email="eve@acme.test", password=PASSWORD)
     mallory = services.user_signup(email="mallory@evil.test", password=PASSWORD)
-    invitation, secret = _invite(alice, alice_org, "eve@acme.test", Role.MEMBER, django_capture_on_commit_callbacks)
+    invitation, secret = _invite(
+        alice, alice_org, "eve@acme.test", Role.MEMBER, django_capture_on_commit_callbacks
+    )
     with pytest.raises(services.InvitationError, match="sent to another email address"):
         services.invitation_accept(user=mallory, secret=secret)
     Invitation.objects.filter(pk=invitation.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -76,14 +82,18 @@ def test_invitation_errors_are_clear(alice, alice_org, django_capture_on_commit_
     with pytest.raises(services.InvitationError, match="not valid"):
         services.invitation_accept(user=eve, secret="garbage")
     _, secret2 = _invite(alice, alice_org, "eve@acme.test", Role.MEMBER, django_capture_on_commit_callbacks)
-    services.invitation_revoke(actor=alice, invitation=Invitation.objects.get(token_hash=tokens.digest(secret2)))
+    services.invitation_revoke(
+        actor=alice, invitation=Invitation.objects.get(token_hash=tokens.digest(secret2))
+    )
     with pytest.raises(services.InvitationError, match="withdrawn"):
         services.invitation_accept(user=eve, secret=secret2)
     assert not Membership.objects.filter(user__in=[eve, mallory], organization=alice_org).exists()
 
 
 def test_duplicate_task_sends_one_email(alice, alice_org, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
-    invitation, _ = _invite(alice, alice_org, "frank@acme.test", Role.MEMBER, django_capture_on_commit_callbacks)
+    invitation, _ = _invite(
+        alice, alice_org, "frank@acme.test", Role.MEMBER, django_capture_on_commit_callbacks
+    )
     sent = len(mail.outbox)
     assert services.invitation_send_email(invitation_id=str(invitation.id)) is False
     assert len(mail.outbox) == sent
@@ -128,7 +138,9 @@ def test_viewer_cannot_create_tokens(bob, alice_org) -> None:  # type: ignore[no
 
 
 def test_expire_task_marks_stale_invitations(alice, alice_org, django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
-    invitation, _ = _invite(alice, alice_org, "gina@acme.test", Role.MEMBER, django_capture_on_commit_callbacks)
+    invitation, _ = _invite(
+        alice, alice_org, "gina@acme.test", Role.MEMBER, django_capture_on_commit_callbacks
+    )
     assert services.invitations_expire() == 0
     Invitation.objects.filter(pk=invitation.pk).update(expires_at=timezone.now() - timedelta(hours=1))
     assert services.invitations_expire() == 1
