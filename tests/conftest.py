@@ -115,3 +115,11 @@ def bob_client(bob):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def charlie_client(charlie):  # type: ignore[no-untyped-def]
     return _client_for(charlie)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    # Lets fixtures see whether the test failed (the browser fixture keeps screenshots then).
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

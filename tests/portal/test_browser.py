@@ -1,0 +1,135 @@
+"""Smoke journey in a real headless Chromium (Debian's package, driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core import mail
+
+from tests.conftest import PASSWORD, REPO_ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def _chromium() -> str:
+    path = (
+        os.environ.get("TAILGUARD_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
+    if path is None:
+        pytest.fail("Debian's chromium package is required for browser tests (make test installs it)")
+    return path
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
+    # around it are still synchronous.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        instance = pw.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+@pytest.fixture
+def page_factory(browser, request: pytest.FixtureRequest) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    pages = []
+
+    def make():  # type: ignore[no-untyped-def]
+        context = browser.new_context()
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        pages.append(page)
+        return page
+
+    yield make
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        ARTIFACTS.mkdir(exist_ok=True)
+        for i, page in enumerate(pages):
+            page.screenshot(path=str(Path(ARTIFACTS) / f"{request.node.name}-{i}.png"), full_page=True)
+    for page in pages:
+        page.context.close()
+
+
+def test_signup_org_invite_switch_and_tokens(live_server, page_factory, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.SITE_URL = live_server.url
+    base = live_server.url
+    alice = page_factory()
+    alice.goto(base + "/signup/")
+    alice.fill("#id_email", "alice@acme.test")
+    alice.fill("#id_full_name", "Alice")
+    alice.fill("#id_password", PASSWORD)
+    alice.click("button:has-text('Sign up')")
+    alice.wait_for_url(re.compile(r"/organizations/new/$"))
+    alice.fill("#id_name", "Acme Voice")
+    alice.click("button:has-text('Create organization')")
+    alice.wait_for_url(re.compile(r"/dashboard/$"))
+    assert alice.text_content("#org-name") == "Acme Voice"
+
+    # An API token, created through htmx and shown once, then revoked.
+    alice.click("nav >> text=API tokens")
+    alice.fill("#id_name", "deploy")
+    alice.click("button:has-text('Create token')")
+    secret = alice.text_content("#new-token-secret")
+    assert secret is not None and secret.startswith("tg_")
+    alice.click("tr[data-token] button:has-text('Revoke')")
+    alice.wait_for_selector("tr[data-token] >> text=revoked")
+    alice.reload()
+    assert secret not in alice.content()
+
+    # Invite Bob by email link; he signs up through it and can switch organizations.
+    alice.click("nav >> text=Members")
+    alice.fill("#id_email", "bob@acme.test")
+    alice.select_option("#id_role", "viewer")
+    alice.click("button:has-text('Send invitation')")
+    alice.wait_for_selector("text=Invitation sent to bob@acme.test")
+    link = next(line for line in mail.outbox[-1].body.splitlines() if "/invitations/accept/" in line)
+    link = link[link.index("http") :].strip()
+
+    bob = page_factory()
+    bob.goto(link)
+    bob.click("a.button:has-text('Create an account')")
+    bob.fill("#id_email", "bob@acme.test")
+    bob.fill("#id_password", PASSWORD)
+    bob.click("button:has-text('Sign up')")
+    bob.wait_for_url(re.compile(r"/invitations/accept/"))
+    bob.click("button:has-text('Accept invitation')")
+    bob.wait_for_url(re.compile(r"/dashboard/$"))
+    assert bob.text_content("#org-name") == "Acme Voice"
+    assert "viewer" in (bob.text_content("main") or "")
+
+    bob.click("a:has-text('New organization')")
+    bob.fill("#id_name", "Bob Labs")
+    bob.click("button:has-text('Create organization')")
+    bob.wait_for_url(re.compile(r"/dashboard/$"))
+    assert bob.text_content("#org-name") == "Bob Labs"
+    bob.select_option("#org-select", label="Acme Voice (viewer)")
+    bob.click("#org-switch button")
+    bob.wait_for_selector("#org-name:has-text('Acme Voice')")
+
+    # The used link now explains itself.
+    bob.goto(link)
+    bob.click("button:has-text('Accept invitation')")
+    assert "already been used" in (bob.text_content("#invitation-error") or "")
