@@ -7,11 +7,21 @@ importable (and cheap) on machines without either.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 # float8_e4m3fn: the largest finite value. Per-token scales map each row's absolute maximum to it.
 FP8_E4M3_MAX = 448.0
 # A row of all-zero activations would give a zero scale and a 0/0 quantisation; clamp the amax.
 FP8_MIN_AMAX = 1e-12
+
+
+def check_out(out: Any, shape: tuple[int, ...], dtype: Any, name: str) -> None:
+    """Validate a caller-provided output buffer (a torch tensor)."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous {dtype} tensor of shape {tuple(shape)}, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
 
 
 def interpreting() -> bool:

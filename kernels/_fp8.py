@@ -13,7 +13,7 @@ MIN_AMAX = tl.constexpr(FP8_MIN_AMAX)
 
 
 @triton.jit
-def round_to_e4m3(v):
+def round_to_e4m3(v):  # type: ignore[no-untyped-def]
     """Round float32 values (already clamped to +-448) to the nearest e4m3fn value, ties to even.
 
     Only used under Triton's CPU interpreter: its float32 -> fp8 conversion drops the carry when

@@ -28,23 +28,31 @@ def register(subparsers: Any) -> None:
             "CUDA GPU."
         ),
     )
-    tune.add_argument("--model", required=True, help="catalog name (e.g. mixtral-8x7b) or path of a config.json")
+    tune.add_argument(
+        "--model", required=True, help="catalog name (e.g. mixtral-8x7b) or path of a config.json"
+    )
     tune.add_argument("--profile", required=True, type=Path, help="workload profile JSON")
     tune.add_argument(
         "--out", type=Path, default=Path("kernel-configs.json"), help="table to write (default: %(default)s)"
     )
     tune.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of %(default)s")
-    tune.add_argument("--step-s", type=float, default=0.025, help="engine step time assumed (default: %(default)s)")
+    tune.add_argument(
+        "--step-s", type=float, default=0.025, help="engine step time assumed (default: %(default)s)"
+    )
     tune.add_argument(
         "--max-batched-tokens", type=int, default=8192, help="chunked-prefill budget (default: %(default)s)"
     )
-    tune.add_argument("--max-num-seqs", type=int, default=256, help="most running sequences (default: %(default)s)")
+    tune.add_argument(
+        "--max-num-seqs", type=int, default=256, help="most running sequences (default: %(default)s)"
+    )
     tune.add_argument(
         "--step-histogram",
         type=Path,
         help="JSON object tokens-per-step -> number of steps (e.g. from the simulator); replaces the model",
     )
-    tune.add_argument("--rep-ms", type=int, default=40, help="timing budget per configuration (default: %(default)s)")
+    tune.add_argument(
+        "--rep-ms", type=int, default=40, help="timing budget per configuration (default: %(default)s)"
+    )
     tune.add_argument("--seed", type=int, default=0)
     tune.set_defaults(func=tune_command)
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import config_table
-from kernels._common import attention_bucket, interpreting, next_pow2
+from kernels._common import attention_bucket, check_out, interpreting, next_pow2
 
 OP = "decode_attention"
 # Programs wanted in flight: about two per multiprocessor of an H100/H200 (132 SMs).
@@ -27,7 +27,7 @@ _TARGET_PROGRAMS = 264
 
 
 @triton.jit
-def _paged_decode_kernel(
+def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     q_ptr,
     k_ptr,
     v_ptr,
@@ -110,7 +110,7 @@ def _paged_decode_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if UPCAST_DOT:
+        if UPCAST_DOT:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)
@@ -135,7 +135,7 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _merge_splits_kernel(
+def _merge_splits_kernel(  # type: ignore[no-untyped-def]
     part_o_ptr,
     part_lse_ptr,
     out_ptr,
@@ -161,7 +161,9 @@ def _merge_splits_kernel(
     w = tl.exp(lse - m)
     w = tl.where(smask, w, 0.0)
     o = tl.load(
-        part_o_ptr + base + s[:, None] * stride_ps + d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0
+        part_o_ptr + base + s[:, None] * stride_ps + d[None, :],
+        mask=smask[:, None] & dmask[None, :],
+        other=0.0,
     )
     res = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=dmask)
@@ -186,8 +188,12 @@ def candidate_configs(max_seq_len: int) -> list[dict[str, int]]:
             for num_warps in (4, 8):
                 for num_stages in (2, 3):
                     out.append(
-                        {"block_n": block_n, "split_tokens": split_tokens, "num_warps": num_warps,
-                         "num_stages": num_stages}
+                        {
+                            "block_n": block_n,
+                            "split_tokens": split_tokens,
+                            "num_warps": num_warps,
+                            "num_stages": num_stages,
+                        }
                     )
     return out
 
@@ -202,6 +208,7 @@ def paged_decode_attention(
     scale: float | None = None,
     max_seq_len: int | None = None,
     config: dict[str, int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged KV cache.
 
@@ -213,7 +220,9 @@ def paged_decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     _, page, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(f"cache shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not match q {tuple(q.shape)}")
+        raise ValueError(
+            f"cache shapes {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not match q {tuple(q.shape)}"
+        )
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
@@ -228,7 +237,9 @@ def paged_decode_attention(
         or config_table.lookup(OP, attention_bucket(num_seqs, max_seq_len))
         or default_config(num_seqs, num_kv_heads, max_seq_len)
     )
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    check_out(out, tuple(q.shape), q.dtype, "out")
     if num_seqs == 0:
         return out
     sm_scale = float(scale if scale is not None else head_dim**-0.5)
@@ -242,7 +253,9 @@ def paged_decode_attention(
     # tl.dot needs at least 16 rows; a GQA group of 4 or 8 heads is padded with masked rows.
     group_pad = max(16, next_pow2(group))
     if num_splits > 1:
-        part_o = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_o = torch.empty(
+            (num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
         # One lse per (seq, head, split), addressed with part_o's strides divided by head_dim.
         part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
         ps = part_o.stride()

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import config_table
-from kernels._common import interpreting, token_bucket
+from kernels._common import check_out, interpreting, token_bucket
 
 OP = "moe_gemm"
 
@@ -30,7 +30,9 @@ OP = "moe_gemm"
 @dataclass(frozen=True)
 class MoEAlignment:
     sorted_ids: torch.Tensor  # [max_blocks * block_m] int32 pair indices t * top_k + j; padding = num_pairs
-    block_experts: torch.Tensor  # [max_blocks] int32 expert of each row block; >= num_experts for unused blocks
+    block_experts: (
+        torch.Tensor
+    )  # [max_blocks] int32 expert of each row block; >= num_experts for unused blocks
     block_m: int
 
 
@@ -59,7 +61,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlig
 
 
 @triton.jit
-def _moe_gemm_kernel(
+def _moe_gemm_kernel(  # type: ignore[no-untyped-def]
     a_ptr,
     w_ptr,
     c_ptr,
@@ -106,7 +108,9 @@ def _moe_gemm_kernel(
     nmask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    w_ptrs = (
+        w_ptr + expert.to(tl.int64) * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    )
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
@@ -159,8 +163,14 @@ def candidate_configs() -> list[dict[str, int]]:
     ):
         for group_m in (1, 8):
             out.append(
-                {"block_m": bm, "block_n": bn, "block_k": bk, "group_m": group_m, "num_warps": warps,
-                 "num_stages": stages}
+                {
+                    "block_m": bm,
+                    "block_n": bn,
+                    "block_k": bk,
+                    "group_m": group_m,
+                    "num_warps": warps,
+                    "num_stages": stages,
+                }
             )
     return out
 
@@ -173,6 +183,7 @@ def moe_grouped_gemm(
     *,
     config: dict[str, int] | None = None,
     alignment: MoEAlignment | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t, j] = a[t] @ w[topk_ids[t, j]].T (scaled by topk_weights[t, j] when given).
 
@@ -189,13 +200,17 @@ def moe_grouped_gemm(
     if a.stride(1) != 1:
         raise ValueError("rows of a must be contiguous")
     top_k = topk_ids.shape[1]
-    cfg = config or config_table.lookup(OP, str(token_bucket(num_tokens))) or default_config(
-        num_tokens, top_k, num_experts
+    cfg = (
+        config
+        or config_table.lookup(OP, str(token_bucket(num_tokens)))
+        or default_config(num_tokens, top_k, num_experts)
     )
     block_m = int(cfg["block_m"])
     if alignment is None or alignment.block_m != block_m:
         alignment = moe_align(topk_ids, num_experts, block_m)
-    out = torch.empty((num_tokens, top_k, n_dim), dtype=a.dtype, device=a.device)
+    if out is None:
+        out = torch.empty((num_tokens, top_k, n_dim), dtype=a.dtype, device=a.device)
+    check_out(out, (num_tokens, top_k, n_dim), a.dtype, "out")
     if num_tokens == 0:
         return out
     num_blocks_m = alignment.block_experts.numel()

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels import config_table
-from kernels._common import FP8_E4M3_MAX, FP8_MIN_AMAX, interpreting, next_pow2, token_bucket
+from kernels._common import FP8_E4M3_MAX, FP8_MIN_AMAX, check_out, interpreting, next_pow2, token_bucket
 from kernels._fp8 import FP8_MAX, MIN_AMAX, round_to_e4m3
 
 OP = "rmsnorm"
@@ -35,7 +35,7 @@ class RMSNormOutput:
 
 
 @triton.jit
-def _add_rmsnorm_kernel(
+def _add_rmsnorm_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     res_ptr,
     w_ptr,
@@ -80,10 +80,14 @@ def _add_rmsnorm_kernel(
         q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
         if SOFT_ROUND:
             q = round_to_e4m3(q)
-        tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + rows[:, None] * stride_o + cols[None, :], q.to(out_ptr.dtype.element_ty), mask=mask
+        )
         tl.store(scale_ptr + rows, scale, mask=rmask)
     else:
-        tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + rows[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask
+        )
 
 
 def default_config(num_tokens: int, hidden: int) -> dict[str, int]:
@@ -117,8 +121,15 @@ def fused_add_rmsnorm(
     *,
     fp8: bool = False,
     config: dict[str, int] | None = None,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    scale_out: torch.Tensor | None = None,
 ) -> RMSNormOutput:
-    """Residual add + RMSNorm over the last dimension of a 2-D `x` ([tokens, hidden])."""
+    """Residual add + RMSNorm over the last dimension of a 2-D `x` ([tokens, hidden]).
+
+    `out`, `residual_out` and `scale_out` are optional preallocated outputs (residual_out may
+    be `residual` itself, for the in-place update engines do).
+    """
     if x.dim() != 2:
         raise ValueError(f"x must be [tokens, hidden], got shape {tuple(x.shape)}")
     n_rows, n_cols = x.shape
@@ -131,9 +142,22 @@ def fused_add_rmsnorm(
     if x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
         raise ValueError("rows of x and residual must be contiguous")
     cfg = config or config_table.lookup(OP, str(token_bucket(n_rows))) or default_config(n_rows, n_cols)
-    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn if fp8 else x.dtype, device=x.device)
-    res_out = torch.empty_like(x) if residual is not None else None
-    scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device) if fp8 else None
+    out_dtype = torch.float8_e4m3fn if fp8 else x.dtype
+    if out is None:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    check_out(out, tuple(x.shape), out_dtype, "out")
+    res_out = None
+    if residual is not None:
+        res_out = residual_out if residual_out is not None else torch.empty_like(x)
+        check_out(res_out, tuple(x.shape), x.dtype, "residual_out")
+    scale = None
+    if fp8:
+        scale = (
+            scale_out
+            if scale_out is not None
+            else torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
+        )
+        check_out(scale, (n_rows, 1), torch.float32, "scale_out")
     if n_rows == 0:
         return RMSNormOutput(out=out, residual_out=res_out, scale=scale)
     block_m = int(cfg["block_m"])

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels import config_table
-from kernels._common import FP8_E4M3_MAX, FP8_MIN_AMAX, interpreting, next_pow2, token_bucket
+from kernels._common import FP8_E4M3_MAX, FP8_MIN_AMAX, check_out, interpreting, next_pow2, token_bucket
 from kernels._fp8 import FP8_MAX, MIN_AMAX, round_to_e4m3
 
 OP = "silu_mul"
@@ -30,7 +30,7 @@ class SiluMulOutput:
 
 
 @triton.jit
-def _silu_mul_block(x_ptr, row, cols, d, stride_x):
+def _silu_mul_block(x_ptr, row, cols, d, stride_x):  # type: ignore[no-untyped-def]
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
@@ -38,7 +38,7 @@ def _silu_mul_block(x_ptr, row, cols, d, stride_x):
 
 
 @triton.jit
-def _silu_mul_kernel(
+def _silu_mul_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     out_ptr,
     scale_ptr,
@@ -89,17 +89,33 @@ def candidate_configs(d: int) -> list[dict[str, int]]:
 
 
 def silu_and_mul(
-    x: torch.Tensor, *, fp8: bool = False, config: dict[str, int] | None = None
+    x: torch.Tensor,
+    *,
+    fp8: bool = False,
+    config: dict[str, int] | None = None,
+    out: torch.Tensor | None = None,
+    scale_out: torch.Tensor | None = None,
 ) -> SiluMulOutput:
-    """silu(x[:, :d]) * x[:, d:] for a 2-D `x` of shape [tokens, 2 * d]."""
+    """silu(x[:, :d]) * x[:, d:] for a 2-D `x` of shape [tokens, 2 * d] (optional preallocated
+    `out` and, with fp8, `scale_out`)."""
     if x.dim() != 2 or x.shape[1] % 2:
         raise ValueError(f"x must be [tokens, 2 * d], got shape {tuple(x.shape)}")
     if x.stride(1) != 1:
         raise ValueError("rows of x must be contiguous")
     n_rows, d = x.shape[0], x.shape[1] // 2
     cfg = config or config_table.lookup(OP, str(token_bucket(n_rows))) or default_config(n_rows, d)
-    out = torch.empty((n_rows, d), dtype=torch.float8_e4m3fn if fp8 else x.dtype, device=x.device)
-    scale = torch.empty((n_rows, 1), dtype=torch.float32, device=x.device) if fp8 else None
+    out_dtype = torch.float8_e4m3fn if fp8 else x.dtype
+    if out is None:
+        out = torch.empty((n_rows, d), dtype=out_dtype, device=x.device)
+    check_out(out, (n_rows, d), out_dtype, "out")
+    scale = None
+    if fp8:
+        scale = (
+            scale_out
+            if scale_out is not None
+            else torch.empty((n_rows, 1), dtype=torch.float32, device=x.device)
+        )
+        check_out(scale, (n_rows, 1), torch.float32, "scale_out")
     if n_rows == 0 or d == 0:
         return SiluMulOutput(out=out, scale=scale)
     block_n = int(cfg["block_n"])

@@ -11,6 +11,7 @@ the L2 cache between repetitions).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -114,8 +115,12 @@ def make_decode_inputs(
     perm = torch.randperm(num_blocks, device=dev, generator=gen).to(torch.int32)
     return {
         "q": torch.randn(num_seqs, num_heads, head_dim, device=dev, dtype=dtype, generator=gen),
-        "k_cache": torch.randn(num_blocks, page, num_kv_heads, head_dim, device=dev, dtype=dtype, generator=gen),
-        "v_cache": torch.randn(num_blocks, page, num_kv_heads, head_dim, device=dev, dtype=dtype, generator=gen),
+        "k_cache": torch.randn(
+            num_blocks, page, num_kv_heads, head_dim, device=dev, dtype=dtype, generator=gen
+        ),
+        "v_cache": torch.randn(
+            num_blocks, page, num_kv_heads, head_dim, device=dev, dtype=dtype, generator=gen
+        ),
         "block_tables": perm.reshape(num_seqs, blocks_per_seq),
         "seq_lens": lens.to(torch.int32),
     }
@@ -128,9 +133,14 @@ def _attention_problem(
         num_seqs, max_seq_len, model.num_heads, model.num_kv_heads, model.head_dim, gen, dtype
     )
     return _Problem(
-        shape={"num_seqs": num_seqs, "max_seq_len": max_seq_len, "num_heads": model.num_heads,
-               "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-               "context_tokens": int(inp["seq_lens"].sum())},
+        shape={
+            "num_seqs": num_seqs,
+            "max_seq_len": max_seq_len,
+            "num_heads": model.num_heads,
+            "num_kv_heads": model.num_kv_heads,
+            "head_dim": model.head_dim,
+            "context_tokens": int(inp["seq_lens"].sum()),
+        },
         run=lambda cfg: decode_attention.paged_decode_attention(**inp, max_seq_len=max_seq_len, config=cfg),
         reference=lambda: decode_attention.paged_decode_attention_ref(**inp),
     )
@@ -155,10 +165,19 @@ def _moe_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.
     n_dim, k_dim = 2 * model.moe_intermediate_size, model.hidden_size
     inp = make_moe_inputs(n, k_dim, n_dim, model.num_experts, model.experts_per_token, gen, dtype)
     return _Problem(
-        shape={"num_tokens": n, "n": n_dim, "k": k_dim, "num_experts": model.num_experts,
-               "top_k": model.experts_per_token},
-        run=lambda cfg: moe_gemm.moe_grouped_gemm(**inp, config=cfg),
-        reference=lambda: moe_gemm.moe_grouped_gemm_ref(**inp),
+        shape={
+            "num_tokens": n,
+            "n": n_dim,
+            "k": k_dim,
+            "num_experts": model.num_experts,
+            "top_k": model.experts_per_token,
+        },
+        run=lambda cfg: moe_gemm.moe_grouped_gemm(
+            inp["a"], inp["w"], inp["topk_ids"], inp["topk_weights"], config=cfg
+        ),
+        reference=lambda: moe_gemm.moe_grouped_gemm_ref(
+            inp["a"], inp["w"], inp["topk_ids"], inp["topk_weights"]
+        ),
     )
 
 
@@ -186,7 +205,7 @@ def time_problem(
             if not err < tol:
                 trials.append(Trial(cfg, None, f"relative error {err:.3g} over {tol:g}"))
                 continue
-            trials.append(Trial(cfg, bench_us(lambda cfg=cfg: problem.run(cfg), rep_ms=rep_ms)))
+            trials.append(Trial(cfg, bench_us(functools.partial(problem.run, cfg), rep_ms=rep_ms)))
         except Exception as exc:  # a tile too large for shared memory fails here, not earlier
             trials.append(Trial(cfg, None, f"{type(exc).__name__}: {str(exc)[:160]}"))
     del ref
@@ -217,15 +236,15 @@ def tune(
             for seqs, longest in buckets.decode_batches.values():
                 key = attention_bucket(seqs, longest)
                 reps[key] = max(reps.get(key, (0, 0)), (seqs, longest))
-            items = [
-                (key, weight, lambda k=key: _attention_problem(*reps[k], model, gen, dtype))
+            items: list[tuple[str, float, Callable[[], _Problem]]] = [
+                (key, weight, functools.partial(_attention_problem, *reps[key], model, gen, dtype))
                 for key, weight in sorted(buckets.attention_buckets.items())
             ]
             cand_len = max(longest for _, longest in reps.values())
         else:
             build = {"rmsnorm": _rmsnorm_problem, "silu_mul": _silu_problem, "moe_gemm": _moe_problem}[op]
             items = [
-                (str(b), weight, lambda b=b, build=build: build(b, model, gen, dtype))
+                (str(b), weight, functools.partial(build, b, model, gen, dtype))
                 for b, weight in sorted(buckets.token_buckets.items())
             ]
             cand_len = 0

@@ -25,6 +25,7 @@ model: pass it as `step_tokens` (tokens -> count of steps).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,7 +57,9 @@ class ShapeBuckets:
         return {
             "token_buckets": {str(k): round(v, 6) for k, v in sorted(self.token_buckets.items())},
             "attention_buckets": {k: round(v, 6) for k, v in sorted(self.attention_buckets.items())},
-            "decode_batches": {k: {"num_seqs": s, "max_seq_len": c} for k, (s, c) in self.decode_batches.items()},
+            "decode_batches": {
+                k: {"num_seqs": s, "max_seq_len": c} for k, (s, c) in self.decode_batches.items()
+            },
         }
 
 
@@ -81,7 +84,7 @@ def _quantile_fn(section: Mapping[str, Any], where: str) -> tuple[list[tuple[flo
 
 
 def _quantile(points: list[tuple[float, float]], p: float) -> float:
-    for (q0, v0), (q1, v1) in zip(points, points[1:], strict=False):
+    for (q0, v0), (q1, v1) in itertools.pairwise(points):
         if p <= q1:
             return v0 + (v1 - v0) * (p - q0) / (q1 - q0)
     return points[-1][1]
@@ -102,7 +105,9 @@ def buckets_from_profile(
     eng = assumptions or EngineAssumptions()
     for key in ("input_tokens", "output_tokens", "arrival"):
         if not isinstance(profile.get(key), Mapping):
-            raise ProfileError(f"profile: `{key}` is missing (expected the JSON of `tailguard profile --json`)")
+            raise ProfileError(
+                f"profile: `{key}` is missing (expected the JSON of `tailguard profile --json`)"
+            )
     in_q, _ = _quantile_fn(profile["input_tokens"], "input_tokens")
     _, out_mean = _quantile_fn(profile["output_tokens"], "output_tokens")
     arrival = profile["arrival"]

@@ -29,14 +29,16 @@ def _stats(values: np.ndarray) -> dict[str, float]:
     return out
 
 
-def _profile(arrivals_s: np.ndarray, inputs: np.ndarray, outputs: np.ndarray, source: str) -> dict[str, object]:
+def _profile(
+    arrivals_s: np.ndarray, inputs: np.ndarray, outputs: np.ndarray, source: str
+) -> dict[str, object]:
     arrivals_s = np.sort(arrivals_s - arrivals_s.min())
     duration = float(arrivals_s[-1])
     windows = np.floor(arrivals_s / 60.0).astype(np.int64)
     gaps = np.diff(arrivals_s)
     return {
         "source": source,
-        "num_requests": int(len(inputs)),
+        "num_requests": len(inputs),
         "duration_s": duration,
         "input_tokens": _stats(inputs),
         "output_tokens": _stats(outputs),
