@@ -16,6 +16,7 @@ from tuning import __version__
 
 COMMAND_MODULES: list[str] = [
     # one line per module that registers subcommands
+    "tuning.commands.workload",
     "kernels.cli",
 ]
 

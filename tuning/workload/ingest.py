@@ -1,0 +1,196 @@
+"""Streaming ingest: one pass over an uploaded file gives the profile and the chart data.
+
+The portal calls `ingest(stream, ...)` with the upload's binary file object; the CLI calls
+`ingest_path`. Either the whole file is valid and a result comes back, or a `TraceError` naming
+the line and the problem is raised and nothing is returned (no half profile).
+
+Privacy: where a log carries prompt text (OpenAI-style), the text is tokenized and its blocks
+hashed with the organization's salt as each line streams past, then dropped. The result holds
+numbers only; no text is written anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from tuning.workload.charts import ChartData, compute_charts
+from tuning.workload.columns import BlockStructure, ColumnBuilder, RequestColumns
+from tuning.workload.errors import TraceError
+from tuning.workload.formats import (
+    FORMATS,
+    PromptBlockHasher,
+    TraceFormat,
+    detect_format,
+    mooncake_has_prefix,
+    parse_azure,
+    parse_burstgpt,
+    parse_mooncake,
+    parse_openai,
+)
+from tuning.workload.profile import WorkloadProfile, compute_profile
+from tuning.workload.reader import LineReader
+from tuning.workload.tokenizer import ApproxTokenizer, Tokenizer
+
+MOONCAKE_BLOCK_SIZE_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """Limits on what an upload may be; the portal takes them from its settings."""
+
+    max_bytes: int = 2 << 30  # whole file after decompression (a gzip bomb stops here)
+    max_line_bytes: int = 16 << 20  # one line (a long chat with its history fits)
+    max_tokens_per_request: int = 10_000_000  # larger counts are taken as corrupt
+
+
+@dataclass(frozen=True, eq=False)
+class IngestResult:
+    profile: WorkloadProfile
+    charts: ChartData
+    columns: RequestColumns  # per-request numbers (arrival, lengths, prefix hits) for later steps
+    blocks: BlockStructure | None  # prompt block ids, only when asked for (synthesis)
+
+
+def ingest(
+    stream: BinaryIO,
+    *,
+    trace_format: str = "auto",
+    salt: bytes | None = None,
+    tokenizer: Tokenizer | None = None,
+    limits: IngestLimits | None = None,
+    block_size_tokens: int = MOONCAKE_BLOCK_SIZE_TOKENS,
+    keep_blocks: bool = False,
+    curve_max_blocks: int = 150_000,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """Read a traffic sample from a binary stream and profile it.
+
+    `trace_format` is "auto" or one of `FORMATS`. `salt` keys the prompt-block hashes (pass the
+    organization's; None draws a random one, so hashes are comparable only within this call).
+    `tokenizer` counts tokens where the source has text but no counts (default:
+    `ApproxTokenizer`). `block_size_tokens` is the prefix-block size for logs with text
+    (Mooncake traces fix it at 512). `curve_max_blocks` bounds the work of the reuse-vs-cache
+    -size curve (it covers the trace's first requests up to that many block accesses).
+    `progress`, if given, is called now and then with the number of bytes read so far.
+
+    Raises `TraceError` (line and problem, never file content) on any invalid input.
+    """
+    failure: tuple[int | None, str] | None = None
+    try:
+        return _ingest(
+            stream,
+            trace_format=trace_format,
+            salt=salt,
+            tokenizer=tokenizer or ApproxTokenizer(),
+            limits=limits or IngestLimits(),
+            block_size_tokens=block_size_tokens,
+            keep_blocks=keep_blocks,
+            curve_max_blocks=curve_max_blocks,
+            progress=progress,
+        )
+    except TraceError as exc:
+        failure = (exc.line, exc.problem)
+    # Raised afresh, outside the handler: no chained context, and a traceback that holds only
+    # this frame, none of the parser frames whose locals saw file content.
+    raise TraceError(*failure)
+
+
+def ingest_path(path: str | os.PathLike[str], **options: object) -> IngestResult:
+    """`ingest` on a file by name (same keyword options)."""
+    with Path(path).open("rb") as stream:
+        return ingest(stream, **options)  # type: ignore[arg-type]
+
+
+def _ingest(
+    stream: BinaryIO,
+    *,
+    trace_format: str,
+    salt: bytes | None,
+    tokenizer: Tokenizer,
+    limits: IngestLimits,
+    block_size_tokens: int,
+    keep_blocks: bool,
+    curve_max_blocks: int,
+    progress: Callable[[int], None] | None,
+) -> IngestResult:
+    if trace_format != "auto" and trace_format not in FORMATS:
+        raise TraceError(None, f"unknown format {trace_format!r}: use auto, {', '.join(FORMATS)}")
+    if block_size_tokens <= 0:
+        raise TraceError(None, "block_size_tokens must be positive")
+    reader = LineReader(
+        stream, max_bytes=limits.max_bytes, max_line_bytes=limits.max_line_bytes, progress=progress
+    )
+    detected: TraceFormat = detect_format(reader)
+    chosen: TraceFormat = detected if trace_format == "auto" else trace_format  # type: ignore[assignment]
+    max_tokens = limits.max_tokens_per_request
+    tokenizer_name: str | None = None
+    num_sessions: int | None = None
+
+    def builder(with_prefix: bool, block: int) -> ColumnBuilder:
+        return ColumnBuilder(
+            with_prefix=with_prefix,
+            block_size_tokens=block,
+            curve_max_blocks=curve_max_blocks,
+            keep_blocks=keep_blocks,
+        )
+
+    if chosen == "mooncake":
+        columns_builder = builder(mooncake_has_prefix(reader), MOONCAKE_BLOCK_SIZE_TOKENS)
+        parse_mooncake(reader, columns_builder, max_tokens=max_tokens)
+    elif chosen == "openai":
+        columns_builder = builder(True, block_size_tokens)
+        key = salt if salt is not None else os.urandom(32)
+        hasher = PromptBlockHasher(salt=key, block_size_tokens=block_size_tokens)
+
+        def session_key(session: str) -> bytes:
+            return hashlib.blake2b(session.encode(), key=hasher_key, digest_size=16).digest()
+
+        hasher_key = hashlib.blake2b(key, digest_size=32).digest()
+        used_tokenizer, num_sessions = parse_openai(
+            reader,
+            columns_builder,
+            max_tokens=max_tokens,
+            tokenizer=tokenizer,
+            hasher=hasher,
+            session_key=session_key,
+        )
+        tokenizer_name = tokenizer.name if used_tokenizer else None
+    elif chosen == "azure":
+        columns_builder = builder(False, block_size_tokens)
+        parse_azure(reader, columns_builder, max_tokens=max_tokens)
+    else:
+        columns_builder = builder(False, block_size_tokens)
+        parse_burstgpt(reader, columns_builder, max_tokens=max_tokens)
+    reader.finish()
+    columns = columns_builder.finish()
+    tracker = columns_builder.tracker
+    reuse_ratio: float | None = None
+    if tracker is not None and tracker.prompt_tokens_total > 0:
+        reuse_ratio = tracker.hit_tokens_total / tracker.prompt_tokens_total
+    else:
+        tracker = None
+        columns = RequestColumns(
+            arrival_ns=columns.arrival_ns,
+            input_tokens=columns.input_tokens,
+            output_tokens=columns.output_tokens,
+            prefix_hit_tokens=None,
+            prefix_tokens=None,
+        )
+    profile = compute_profile(
+        columns,
+        trace_format=chosen,
+        tokenizer=tokenizer_name,
+        num_failed_requests=columns_builder.num_failed,
+        num_sessions=num_sessions,
+        reuse_ratio=reuse_ratio,
+        block_size_tokens=tracker.block_size_tokens if tracker is not None else None,
+        unique_blocks=tracker.unique_blocks() if tracker is not None else None,
+    )
+    charts = compute_charts(columns, tracker.reuse_curve() if tracker is not None else None)
+    blocks = tracker.kept_blocks() if tracker is not None and keep_blocks else None
+    return IngestResult(profile=profile, charts=charts, columns=columns, blocks=blocks)
