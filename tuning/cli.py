@@ -18,6 +18,7 @@ COMMAND_MODULES: list[str] = [
     # one line per module that registers subcommands
     "tuning.commands.workload",
     "kernels.cli",
+    "serving.commands",
 ]
 
 

@@ -148,7 +148,9 @@ class EngineConfig:
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidEngineConfig(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from exc
+            raise InvalidEngineConfig(
+                f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
+            ) from exc
         if not isinstance(data, dict):
             raise InvalidEngineConfig(f"{path}: expected an object of engine config fields")
         return cls.from_mapping(data)

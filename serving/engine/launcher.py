@@ -22,13 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from serving._http import http_get
 from serving.engine.config import EngineConfig, validate_args, vllm_importable
 
 DEFAULT_ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
@@ -210,17 +209,11 @@ class EngineProcess:
 
 
 def _get_status(url: str, *, timeout_s: float, api_key: str | None) -> int | None:
-    request = urllib.request.Request(url)
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (http only)
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+        status, _ = http_get(url, timeout_s=timeout_s, api_key=api_key)
     except (OSError, TimeoutError):
         return None
+    return status
 
 
 def spawn_engine(
@@ -263,7 +256,16 @@ def spawn_engine(
         log.write(f"[tailguard] command: {shlex.join(shown)}\n".encode())
         log.flush()
         watchdog = subprocess.Popen(
-            [sys.executable, str(_WATCHDOG), "--pid-file", str(pid_file), "--grace-s", str(grace_s), "--", *full_command],
+            [
+                sys.executable,
+                str(_WATCHDOG),
+                "--pid-file",
+                str(pid_file),
+                "--grace-s",
+                str(grace_s),
+                "--",
+                *full_command,
+            ],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -329,12 +331,12 @@ def start_engine(
     return engine
 
 
-def served_models(base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, object]]:
+def served_models(
+    base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0
+) -> list[dict[str, object]]:
     """The `/v1/models` list of an OpenAI-compatible endpoint."""
-    request = urllib.request.Request(f"{base_url.rstrip('/')}/v1/models")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (caller's URL)
-        payload = json.loads(response.read().decode())
-    data = payload.get("data", [])
+    status, body = http_get(f"{base_url.rstrip('/')}/v1/models", timeout_s=timeout_s, api_key=api_key)
+    if status != 200:
+        raise RuntimeError(f"{base_url}/v1/models answered HTTP {status}")
+    data = json.loads(body.decode()).get("data", [])
     return [m for m in data if isinstance(m, dict)]

@@ -110,6 +110,8 @@ def build_tiny_model(*, arch: str, size: str, out_dir: Path, seed: int = 0) -> T
     vocab_size = tokenizer.get_vocab_size()
     bos_id = tokenizer.token_to_id(family.bos_token) if family.bos_token else None
     eos_id = tokenizer.token_to_id(family.eos_token)
+    if eos_id is None:
+        raise RuntimeError(f"tokenizer lacks its end-of-text token {family.eos_token!r}")
     save_tokenizer(tokenizer, family=arch, out_dir=out_dir, model_max_length=shape.max_position_embeddings)
 
     config = _hf_config(arch, shape, vocab_size, bos_id, eos_id)

@@ -1,0 +1,241 @@
+"""Open-loop replay against an OpenAI-compatible endpoint.
+
+Design notes:
+- Open loop: each request leaves at its scheduled time whether or not earlier ones finished; a
+  slow endpoint shows up as latency, never as a slower offered load. Send lateness (actual minus
+  scheduled send time) is recorded per request so a client that cannot keep up is visible.
+- One event loop and one shared connection pool; prompts are synthesised and request bodies
+  serialised before the first send, so the loop does nothing heavy while requests are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+
+from serving._http import http_get
+from serving.loadgen.client import PreparedRequest, Timing, build_body, send_streaming
+from serving.loadgen.progress import ProgressBar
+from serving.loadgen.prompts import PromptSynthesizer
+from serving.loadgen.results import SLO, ReplayResult, ReplaySettings, RequestResult, summarize
+from serving.loadgen.tokenizer import PromptTokenizer, TokenizerUnavailable
+from serving.loadgen.traces import TraceRequest
+
+_START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it is not born late
+
+
+@dataclass(frozen=True)
+class Target:
+    """An OpenAI-compatible endpoint and the model to ask for."""
+
+    base_url: str  # scheme://host:port[/prefix], without the trailing /v1
+    model: str
+    api: str = "completions"  # or "chat"
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/v1/{'chat/completions' if self.api == 'chat' else 'completions'}"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+def normalize_base_url(endpoint: str) -> str:
+    """`http://h:p`, `http://h:p/` and `http://h:p/v1` all name the same endpoint."""
+    url = endpoint.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def list_models(
+    base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0
+) -> list[dict[str, object]]:
+    """The `/v1/models` list of an OpenAI-compatible endpoint."""
+    status, body = http_get(f"{normalize_base_url(base_url)}/v1/models", timeout_s=timeout_s, api_key=api_key)
+    if status != 200:
+        raise RuntimeError(f"{base_url}/v1/models answered HTTP {status}: {body[:200]!r}")
+    payload = json.loads(body.decode())
+    return [m for m in payload.get("data", []) if isinstance(m, dict)]
+
+
+def resolve_target(
+    endpoint: str, *, model: str | None = None, api: str = "completions", api_key: str | None = None
+) -> tuple[Target, list[dict[str, object]]]:
+    """The target, asking the endpoint's `/v1/models` for the model name when none is given."""
+    base = normalize_base_url(endpoint)
+    models: list[dict[str, object]] = []
+    if model is None:
+        models = list_models(base, api_key=api_key)
+        if not models:
+            raise ValueError(f"{base}/v1/models lists no model; pass the model name")
+        model = str(models[0]["id"])
+    if api not in ("completions", "chat"):
+        raise ValueError(f"api must be 'completions' or 'chat', not {api!r}")
+    return Target(base_url=base, model=model, api=api, api_key=api_key), models
+
+
+def resolve_tokenizer(
+    tokenizer: str | Path | None, target: Target, models: Sequence[dict[str, object]]
+) -> PromptTokenizer:
+    """The local tokenizer: the one given, else the served model's path if it exists here (vLLM's `root`)."""
+    if tokenizer is not None:
+        return PromptTokenizer(Path(tokenizer))
+    candidates = [str(m.get("root") or "") for m in models if m.get("id") == target.model] + [target.model]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return PromptTokenizer(Path(candidate))
+    raise TokenizerUnavailable(
+        f"no local tokenizer for model {target.model!r}: pass --tokenizer DIR (the model's tokenizer files)"
+    )
+
+
+def prepare_requests(
+    requests: Sequence[TraceRequest],
+    offsets_s: Sequence[float],
+    *,
+    synthesizer: PromptSynthesizer,
+    target: Target,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    ignore_eos: bool = True,
+) -> list[PreparedRequest]:
+    """Synthesise every prompt and serialise every body ahead of the run."""
+    prepared = []
+    for index, (request, offset) in enumerate(zip(requests, offsets_s, strict=True)):
+        prompt = synthesizer.synthesize(request, request_index=index, max_prompt_tokens=max_prompt_tokens)
+        out = max(1, request.num_output_tokens)
+        if max_output_tokens is not None:
+            out = min(out, max_output_tokens)
+        body = build_body(
+            api=target.api,
+            model=target.model,
+            prompt=prompt.text,
+            max_output_tokens=out,
+            ignore_eos=ignore_eos,
+        )
+        prepared.append(
+            PreparedRequest(
+                index=index,
+                scheduled_s=offset,
+                url=target.url,
+                body=body,
+                num_prompt_tokens=prompt.num_prompt_tokens,
+                max_output_tokens=out,
+            )
+        )
+    return prepared
+
+
+def _to_result(request: PreparedRequest, timing: Timing, start: float) -> RequestResult:
+    lateness_ms = (timing.sent_at - (start + request.scheduled_s)) * 1000.0
+    ttft_ms = (timing.first_token_at - timing.sent_at) * 1000.0 if timing.first_token_at is not None else None
+    e2e_ms = (timing.last_at - timing.sent_at) * 1000.0 if timing.last_at is not None else None
+    num_out = (
+        timing.completion_tokens_reported
+        if timing.completion_tokens_reported is not None
+        else timing.num_chunks
+    )
+    tpot_ms = None
+    if ttft_ms is not None and e2e_ms is not None and num_out > 1:
+        tpot_ms = (e2e_ms - ttft_ms) / (num_out - 1)
+    return RequestResult(
+        index=request.index,
+        scheduled_s=request.scheduled_s,
+        send_lateness_ms=lateness_ms,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_prompt_tokens_reported=timing.prompt_tokens_reported,
+        max_output_tokens=request.max_output_tokens,
+        num_output_tokens=num_out if timing.error is None else 0,
+        ttft_ms=ttft_ms,
+        e2e_ms=e2e_ms if timing.error is None else None,
+        tpot_ms=tpot_ms if timing.error is None else None,
+        itl_ms=tuple(g * 1000.0 for g in timing.chunk_gaps_s),
+        status=timing.status,
+        error=timing.error,
+    )
+
+
+async def run_prepared(
+    prepared: Sequence[PreparedRequest],
+    *,
+    headers: dict[str, str],
+    request_timeout_s: float = 600.0,
+    connect_timeout_s: float = 10.0,
+    max_connections: int = 0,
+    progress: ProgressBar | None = None,
+) -> tuple[list[RequestResult], float, str]:
+    """Send `prepared` on schedule; returns per-request results, the run's duration and start time."""
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+    # limit=0: no cap on open connections, so a slow endpoint never holds back a send (open loop).
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=75)
+    order = sorted(prepared, key=lambda r: r.scheduled_s)
+    timings: dict[int, Timing] = {}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(request: PreparedRequest) -> None:
+            timing = await send_streaming(session, request, headers)
+            timings[request.index] = timing
+            if progress is not None:
+                progress.update(error=timing.error is not None)
+
+        start = time.perf_counter() + _START_LEAD_S
+        started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        tasks = []
+        for request in order:
+            delay = start + request.scheduled_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(request)))
+        await asyncio.gather(*tasks)
+        finished = time.perf_counter()
+    if progress is not None:
+        progress.close()
+    results = [_to_result(r, timings[r.index], start) for r in prepared]
+    first_send = min((timings[r.index].sent_at for r in prepared), default=start)
+    return results, finished - first_send, started_at
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    offsets_s: Sequence[float],
+    *,
+    target: Target,
+    synthesizer: PromptSynthesizer,
+    settings: ReplaySettings,
+    slo: SLO | None = None,
+    request_timeout_s: float = 600.0,
+    max_connections: int = 0,
+    progress: bool | None = None,
+) -> ReplayResult:
+    """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done."""
+    prepared = prepare_requests(
+        requests,
+        offsets_s,
+        synthesizer=synthesizer,
+        target=target,
+        max_prompt_tokens=settings.max_prompt_tokens,
+        max_output_tokens=settings.max_output_tokens,
+        ignore_eos=settings.ignore_eos,
+    )
+    bar = ProgressBar(len(prepared), enabled=progress)
+    results, duration_s, started_at = asyncio.run(
+        run_prepared(
+            prepared,
+            headers=target.headers(),
+            request_timeout_s=request_timeout_s,
+            max_connections=max_connections,
+            progress=bar,
+        )
+    )
+    summary = summarize(results, duration_s=duration_s, slo=slo or SLO())
+    return ReplayResult(settings=settings, summary=summary, requests=tuple(results), started_at=started_at)
