@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     replay = subparsers.add_parser(
         "replay",
         help="replay a trace against an OpenAI-compatible endpoint and measure TTFT/TPOT",
-        description="Open-loop replay: requests leave at the trace's (scaled) times, however slow the endpoint.",
+        description="Open-loop replay: requests leave on their (scaled) trace times, however slow the reply.",
     )
     replay.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     replay.add_argument(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -37,14 +38,28 @@ _LOG_TAIL_LINES = 40
 
 
 class EngineLaunchError(RuntimeError):
-    """The engine did not come up. `log_tail` holds the engine's own last log lines."""
+    """The engine did not come up.
 
-    def __init__(self, message: str, *, log_tail: Sequence[str] = (), log_path: Path | None = None) -> None:
-        self.log_tail = tuple(log_tail)
+    `engine_errors` holds the exception lines the engine logged (root cause first, e.g. the
+    worker's `SafetensorError: ...` before the API server's "initialization failed"), and
+    `log_tail` its last log lines.
+    """
+
+    def __init__(
+        self, message: str, *, log_path: Path | None = None, log_tail: Sequence[str] | None = None
+    ) -> None:
         self.log_path = log_path
-        details = "\n".join(f"    {line}" for line in self.log_tail)
+        self.log_tail = tuple(
+            log_tail if log_tail is not None else (read_log_tail(log_path) if log_path else ())
+        )
+        self.engine_errors = tuple(read_log_errors(log_path)) if log_path else ()
         where = f" (full log: {log_path})" if log_path else ""
-        super().__init__(f"{message}{where}" + (f"\n  engine log, last lines:\n{details}" if details else ""))
+        parts = [f"{message}{where}"]
+        if self.engine_errors:
+            parts.append("  engine errors:\n" + "\n".join(f"    {line}" for line in self.engine_errors))
+        if self.log_tail:
+            parts.append("  engine log, last lines:\n" + "\n".join(f"    {line}" for line in self.log_tail))
+        super().__init__("\n".join(parts))
 
 
 def default_engine_command() -> list[str]:
@@ -63,18 +78,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def read_log_tail(path: Path, num_lines: int = _LOG_TAIL_LINES) -> list[str]:
-    """The last `num_lines` non-empty lines of a log file (reads at most its last 256 KiB)."""
+def read_log_tail(path: Path, num_lines: int = _LOG_TAIL_LINES, max_bytes: int = 256 * 1024) -> list[str]:
+    """The last `num_lines` non-empty lines of a log file (reads at most its last `max_bytes`)."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - 256 * 1024))
+            fh.seek(max(0, size - max_bytes))
             data = fh.read()
     except FileNotFoundError:
         return []
     lines = [line.rstrip() for line in data.decode("utf-8", errors="replace").splitlines()]
     return [line for line in lines if line.strip()][-num_lines:]
+
+
+# vLLM prefixes log lines with "(Worker pid=N) ERROR 11-30 07:23:05 [file.py:953] ".
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s)?")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt)(?::\s.*)?$")
+
+
+def read_log_errors(path: Path, max_errors: int = 5) -> list[str]:
+    """Exception lines (`SomeError: message`) in the engine log, in order, without repeats."""
+    found: list[str] = []
+    for line in read_log_tail(path, num_lines=5000, max_bytes=4 * 2**20):
+        text = _LOG_PREFIX.sub("", line).strip()
+        if _EXCEPTION_LINE.match(text) and text not in found:
+            found.append(text)
+    return found[:max_errors]
 
 
 def process_group_members(pgid: int) -> list[int]:
@@ -158,9 +188,7 @@ class EngineProcess:
             status = self._watchdog.poll()
             if status is not None:
                 raise EngineLaunchError(
-                    f"engine exited with status {status} during start-up",
-                    log_tail=self.log_tail(),
-                    log_path=self.log_path,
+                    f"engine exited with status {status} during start-up", log_path=self.log_path
                 )
             if self.healthy(timeout_s=2.0):
                 return
@@ -298,7 +326,6 @@ def _wait_for_pid_file(pid_file: Path, watchdog: subprocess.Popen[bytes], log_pa
         if watchdog.poll() is not None:
             raise EngineLaunchError(
                 f"engine watchdog exited with status {watchdog.returncode} before starting the engine",
-                log_tail=read_log_tail(log_path),
                 log_path=log_path,
             )
         time.sleep(0.05)
