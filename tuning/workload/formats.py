@@ -117,11 +117,33 @@ def _reject_constant(name: str) -> Any:
 _DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs_hook, parse_constant=_reject_constant)
 
 
+_SCAN: Final = _DECODER.scan_once  # type: ignore[attr-defined]
+BLANK: Final = object()  # what decode_json_line returns for a line with nothing on it
+
+
 def decode_json_line(raw: bytes, line_no: int) -> Any:
-    """One JSON value from one line; strict about what the standard library lets through."""
+    """One JSON value from one line; strict about what the standard library lets through.
+
+    The fast path runs the C scanner directly (one value at position 0, then only whitespace);
+    anything else goes through the full decoder, which gives a precise message.
+    """
+    try:
+        text = raw.decode("utf-8")
+        obj, end = _SCAN(text, 0)
+        if end == len(text) or text[end:].isspace():
+            return obj
+    except Exception:  # noqa: S110 - every failure is diagnosed below, on the slow path
+        pass
+    return _decode_slowly(raw, line_no)
+
+
+def _decode_slowly(raw: bytes, line_no: int) -> Any:
     problem: str
     try:
-        return _DECODER.decode(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        if not text.strip():
+            return BLANK
+        return _DECODER.decode(text)
     except UnicodeDecodeError as exc:
         problem = f"not valid UTF-8 (byte {exc.start + 1} of the line)"
     except json.JSONDecodeError as exc:
@@ -150,16 +172,13 @@ def _count_problem(value: object, name: str, limit: int) -> str:
 
 
 def detect_format(reader: LineReader) -> TraceFormat:
-    """Sniff the format from the first non-blank line (which is pushed back for the parser)."""
-    for raw in reader:
-        if raw.strip():
-            break
-    else:
+    """Sniff the format from the first non-blank line (nothing is consumed)."""
+    found = reader.first_nonblank()
+    if found is None:
         raise TraceError(None, "the file is empty")
-    reader.push_back(raw)
-    stripped = raw.lstrip()
-    if stripped.startswith(b"{"):
-        obj = decode_json_line(raw, reader.line_no + 1)
+    line_no, raw = found
+    if raw.lstrip().startswith(b"{"):
+        obj = decode_json_line(raw, line_no)
         if isinstance(obj, dict) and (
             "hash_ids" in obj or ("input_length" in obj and "output_length" in obj)
         ):
@@ -174,7 +193,7 @@ def detect_format(reader: LineReader) -> TraceFormat:
     if {n.lower() for n in BURSTGPT_REQUIRED} <= names:
         return "burstgpt"
     raise TraceError(
-        reader.line_no + 1,
+        line_no,
         "unrecognised format: expected JSON lines (OpenAI-style logs or Mooncake) or a CSV header "
         "of an Azure trace (TIMESTAMP,ContextTokens,GeneratedTokens) or a BurstGPT trace "
         "(Timestamp, Request tokens, Response tokens, ...)",
@@ -194,65 +213,66 @@ def parse_mooncake(reader: LineReader, builder: ColumnBuilder, *, max_tokens: in
     counts = builder.block_counts.append
     extend_ids = builder.block_ids.extend
     with_prefix = builder.with_prefix
-    row_added = builder.row_added
-    for raw in reader:
-        if raw.isspace():
-            continue
-        n = reader.line_no
-        obj = decode_json_line(raw, n)
-        if type(obj) is not dict:
-            raise TraceError(n, "expected a JSON object")
-        il = obj.get("input_length")
-        ol = obj.get("output_length")
-        ts = obj.get("timestamp")
-        if type(il) is not int or not 0 <= il <= max_tokens:
-            raise TraceError(n, _count_problem(il, "input_length", max_tokens))
-        if type(ol) is not int or not 0 <= ol <= max_tokens:
-            raise TraceError(n, _count_problem(ol, "output_length", max_tokens))
-        if type(ts) is int:
-            t_ns = ts * 1_000_000
-        elif type(ts) is float and math.isfinite(ts):
-            t_ns = round(ts * 1_000_000)
-        else:
-            raise TraceError(
-                n, "missing `timestamp`" if ts is None else "`timestamp` must be a number of milliseconds"
-            )
-        if not -_MAX_ABS_NS < t_ns < _MAX_ABS_NS:
-            raise TraceError(n, "`timestamp` is out of range")
-        if with_prefix:
-            ids = obj.get("hash_ids")
-            if type(ids) is not list:
+    flush = builder.flush
+    pending = 0
+    for first, lines in reader.batches():
+        for n, raw in enumerate(lines, first):
+            obj = decode_json_line(raw, n)
+            if type(obj) is not dict:
+                if obj is BLANK:
+                    continue
+                raise TraceError(n, "expected a JSON object")
+            il = obj.get("input_length")
+            ol = obj.get("output_length")
+            ts = obj.get("timestamp")
+            if type(il) is not int or not 0 <= il <= max_tokens:
+                raise TraceError(n, _count_problem(il, "input_length", max_tokens))
+            if type(ol) is not int or not 0 <= ol <= max_tokens:
+                raise TraceError(n, _count_problem(ol, "output_length", max_tokens))
+            if type(ts) is int:
+                t_ns = ts * 1_000_000
+            elif type(ts) is float and math.isfinite(ts):
+                t_ns = round(ts * 1_000_000)
+            else:
                 raise TraceError(
-                    n,
-                    "missing `hash_ids` (earlier lines have them)"
-                    if ids is None
-                    else "`hash_ids` must be a list of integers",
+                    n, "missing `timestamp`" if ts is None else "`timestamp` must be a number of milliseconds"
                 )
-            ok = True
-            try:
-                extend_ids(ids)
-            except (TypeError, OverflowError):
-                ok = False
-            if not ok:
-                raise TraceError(n, "`hash_ids` must be a list of non-negative 64-bit integers")
-            counts(len(ids))
-            prefix_tokens(il)
-        line_no(n)
-        arrival(t_ns)
-        inputs(il)
-        outputs(ol)
-        row_added()
+            if not -_MAX_ABS_NS < t_ns < _MAX_ABS_NS:
+                raise TraceError(n, "`timestamp` is out of range")
+            if with_prefix:
+                ids = obj.get("hash_ids")
+                if type(ids) is not list:
+                    raise TraceError(
+                        n,
+                        "missing `hash_ids` (earlier lines have them)"
+                        if ids is None
+                        else "`hash_ids` must be a list of integers",
+                    )
+                ok = True
+                try:
+                    extend_ids(ids)
+                except (TypeError, OverflowError):
+                    ok = False
+                if not ok:
+                    raise TraceError(n, "`hash_ids` must be a list of non-negative 64-bit integers")
+                counts(len(ids))
+                prefix_tokens(il)
+            line_no(n)
+            arrival(t_ns)
+            inputs(il)
+            outputs(ol)
+            pending += 1
+            if pending == FLUSH_ROWS:
+                flush()
+                pending = 0
 
 
 def mooncake_has_prefix(reader: LineReader) -> bool:
     """Whether the first request carries `hash_ids` (then every request must)."""
-    for raw in reader:
-        if raw.strip():
-            break
-    else:
+    found = reader.first_nonblank()
+    if found is None:
         return False
-    reader.push_back(raw)
-    obj = decode_json_line(raw, reader.line_no + 1)
+    obj = decode_json_line(found[1], found[0])
     return isinstance(obj, dict) and "hash_ids" in obj
 
 
@@ -403,6 +423,11 @@ class PromptBlockHasher:
         return f"PromptBlockHasher(block_size_tokens={self._block}, blocks={len(self._dense)})"
 
 
+def _numbered(reader: LineReader) -> Iterator[tuple[int, bytes]]:
+    for first, lines in reader.batches():
+        yield from enumerate(lines, first)
+
+
 def parse_openai(
     reader: LineReader,
     builder: ColumnBuilder,
@@ -415,12 +440,11 @@ def parse_openai(
     """Parse; returns (whether any token count came from the tokenizer, distinct sessions or None)."""
     used_tokenizer = False
     sessions: set[bytes] = set()
-    for raw in reader:
-        if raw.isspace():
-            continue
-        n = reader.line_no
+    for n, raw in _numbered(reader):
         obj = decode_json_line(raw, n)
         if type(obj) is not dict:
+            if obj is BLANK:
+                continue
             raise TraceError(n, "expected a JSON object")
         request = _as_dict(obj.get("request"))
         response = _as_dict(obj.get("response"))
@@ -508,7 +532,8 @@ def _looks_numeric(text: str) -> bool:
     return text.replace(".", "", 1).isdigit()
 
 
-def _csv_rows(reader: LineReader) -> Iterator[list[str]]:
+def _csv_rows(reader: LineReader) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) for every non-blank CSV row."""
     rows = csv.reader(reader.text_lines(), strict=True)
     while True:
         problem = None
@@ -520,23 +545,25 @@ def _csv_rows(reader: LineReader) -> Iterator[list[str]]:
             row = []
             problem = "malformed CSV (unbalanced quotes?)"
         if problem is not None:
-            raise TraceError(reader.line_no, problem)
-        yield row
+            raise TraceError(rows.line_num, problem)
+        if row and (len(row) > 1 or row[0].strip()):
+            yield rows.line_num, row
 
 
-def _header(
-    rows: Iterator[list[str]], reader: LineReader, required: tuple[str, ...], label: str
-) -> list[str]:
-    header = next(rows, None)
-    if header is None:
+def _header(rows: Iterator[tuple[int, list[str]]], required: tuple[str, ...], label: str) -> list[str]:
+    first = next(rows, None)
+    if first is None:
         raise TraceError(None, "the file is empty")
+    n, header = first
     names = [cell.strip() for cell in header]
     lowered = [name.lower() for name in names]
     if not all(name.lower() in lowered for name in required):
-        raise TraceError(
-            reader.line_no, f"not {label}: the header must name the columns {', '.join(required)}"
-        )
+        raise TraceError(n, f"not {label}: the header must name the columns {', '.join(required)}")
     return names
+
+
+# Token counts up to 9 digits take the fast path; anything else is diagnosed (or range-checked).
+_FAST_DIGITS = 9
 
 
 def _token_cell(cell: str, name: str, n: int, max_tokens: int) -> int:
@@ -549,30 +576,45 @@ def _token_cell(cell: str, name: str, n: int, max_tokens: int) -> int:
 
 def parse_azure(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) -> None:
     rows = _csv_rows(reader)
-    names = _header(rows, reader, AZURE_HEADER, "an Azure trace")
+    names = _header(rows, AZURE_HEADER, "an Azure trace")
     lowered = [name.lower() for name in names]
     if len(names) != 3:
-        raise TraceError(reader.line_no, "not an Azure trace: expected exactly 3 columns")
+        raise TraceError(1, "not an Azure trace: expected exactly 3 columns")
     i_time, i_in, i_out = (lowered.index(name.lower()) for name in AZURE_HEADER)
     times: list[str] = []
-    lines = builder.line_no
+    add_time = times.append
+    add_line = builder.line_no.append
+    add_input = builder.input_tokens.append
+    add_output = builder.output_tokens.append
     syntax = _TIME_SYNTAX.fullmatch
-    for row in rows:
-        n = reader.line_no
+    for n, row in rows:
         if len(row) != 3:
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
             _check_no_formula(row, names, n)
             raise TraceError(n, f"expected 3 columns ({','.join(AZURE_HEADER)}), found {len(row)}")
-        stamp = row[i_time]
+        stamp, context, generated = row[i_time], row[i_in], row[i_out]
         if syntax(stamp) is None:
             raise TraceError(
                 n, _cell_problem(stamp, "TIMESTAMP", what="a date and time like 2023-11-16 18:15:46.6805900")
             )
-        builder.input_tokens.append(_token_cell(row[i_in], "ContextTokens", n, max_tokens))
-        builder.output_tokens.append(_token_cell(row[i_out], "GeneratedTokens", n, max_tokens))
-        times.append(stamp)
-        lines.append(n)
+        if (
+            context.isdigit()
+            and generated.isdigit()
+            and len(context) <= _FAST_DIGITS
+            and len(generated) <= _FAST_DIGITS
+            and context.isascii()
+            and generated.isascii()
+        ):
+            input_tokens, output_tokens = int(context), int(generated)
+            if input_tokens > max_tokens or output_tokens > max_tokens:
+                _token_cell(context, "ContextTokens", n, max_tokens)
+                _token_cell(generated, "GeneratedTokens", n, max_tokens)
+        else:
+            input_tokens = _token_cell(context, "ContextTokens", n, max_tokens)
+            output_tokens = _token_cell(generated, "GeneratedTokens", n, max_tokens)
+        add_input(input_tokens)
+        add_output(output_tokens)
+        add_time(stamp)
+        add_line(n)
         if len(times) >= FLUSH_ROWS:
             _flush_times(times, builder)
     _flush_times(times, builder)
@@ -613,16 +655,13 @@ def _seconds_ns(cell: str, n: int) -> int:
 
 def parse_burstgpt(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) -> None:
     rows = _csv_rows(reader)
-    names = _header(rows, reader, BURSTGPT_REQUIRED, "a BurstGPT trace")
+    names = _header(rows, BURSTGPT_REQUIRED, "a BurstGPT trace")
     lowered = [name.lower() for name in names]
     i_time, i_in, i_out = (lowered.index(name.lower()) for name in BURSTGPT_REQUIRED)
     i_type = lowered.index("log type") if "log type" in lowered else None
     width = len(names)
-    for row in rows:
-        n = reader.line_no
+    for n, row in rows:
         if len(row) != width:
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
             _check_no_formula(row, names, n)
             raise TraceError(n, f"expected {width} columns as in the header, found {len(row)}")
         _check_no_formula(row, names, n)

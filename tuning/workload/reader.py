@@ -25,8 +25,7 @@ _REFUSED_MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"7z\xbc\xaf\x27\x1c", "7-zip"),
 )
 UTF8_BOM = b"\xef\xbb\xbf"
-# How often (in lines) the progress callback hears how many bytes have been read.
-_PROGRESS_EVERY_LINES = 65_536
+_BLOCK_BYTES = 1 << 20
 
 
 def _mib(n: int) -> str:
@@ -59,8 +58,9 @@ class _PrefixedRaw(io.RawIOBase):
 class LineReader:
     """Physical lines of a (possibly gzip-compressed) binary stream, with limits.
 
-    `line_no` is the number of the line most recently returned (1-based). The UTF-8 byte-order
-    mark, if the first line starts with one, is removed.
+    Lines come in batches (`batches()`), without their newline: reading a megabyte at a time and
+    splitting it is several times faster than a call per line. The UTF-8 byte-order mark, if the
+    file starts with one, is removed. `line_no` is the number of the last line handed out.
     """
 
     def __init__(
@@ -76,14 +76,16 @@ class LineReader:
         self.line_no = 0
         self.bytes_read = 0
         self._progress = progress
-        self._pushed_back: list[bytes] = []
+        self._pending = b""
+        self._eof = False
+        self._held: tuple[int, list[bytes]] | None = None
         head = stream.read(8)
         for magic, name in _REFUSED_MAGIC:
             if head.startswith(magic):
                 raise TraceError(
                     None, f"{name} archives are not accepted: upload the trace file itself, or gzip it"
                 )
-        buffered = io.BufferedReader(_PrefixedRaw(head, stream), buffer_size=1 << 20)
+        buffered = io.BufferedReader(_PrefixedRaw(head, stream), buffer_size=1 << 16)
         self._stream: io.BufferedIOBase
         if head.startswith(_GZIP_MAGIC):
             self._stream = gzip.GzipFile(fileobj=buffered, mode="rb")
@@ -92,59 +94,103 @@ class LineReader:
             self._stream = buffered
             self.compressed = False
 
-    def readline(self) -> bytes:
-        """The next line (with its newline), or b"" at the end of the file."""
-        if self._pushed_back:
-            self.line_no += 1
-            return self._pushed_back.pop()
+    def _read_block(self) -> bytes:
         problem = None
         try:
-            line = self._stream.readline(self.max_line_bytes + 1)
+            block = self._stream.read(_BLOCK_BYTES)
         except (OSError, EOFError, gzip.BadGzipFile):
-            line = b""
+            block = b""
             problem = "the gzip stream is corrupt or truncated"
         if problem is not None:
             raise TraceError(self.line_no + 1, problem)
-        if not line:
-            return line
-        self.line_no += 1
-        if len(line) > self.max_line_bytes:
-            raise TraceError(self.line_no, f"line is longer than the {_mib(self.max_line_bytes)} limit")
-        self.bytes_read += len(line)
+        self.bytes_read += len(block)
         if self.bytes_read > self.max_bytes:
             what = "decompressed file" if self.compressed else "file"
-            raise TraceError(self.line_no, f"the {what} is larger than the {_mib(self.max_bytes)} limit")
-        if self.line_no == 1 and line.startswith(UTF8_BOM):
-            line = line[len(UTF8_BOM) :]
-        if self._progress is not None and self.line_no % _PROGRESS_EVERY_LINES == 0:
-            self._progress(self.bytes_read)
-        return line
+            raise TraceError(None, f"the {what} is larger than the {_mib(self.max_bytes)} limit")
+        return block
 
-    def push_back(self, line: bytes) -> None:
-        """Return `line` (the one just read) so that the next `readline` gives it again."""
-        self._pushed_back.append(line)
-        self.line_no -= 1
+    def _next_batch(self) -> tuple[int, list[bytes]] | None:
+        while not self._eof:
+            block = self._read_block()
+            if not block:
+                self._eof = True
+                if not self._pending:
+                    return None
+                lines = [self._pending]
+                self._pending = b""
+            else:
+                lines = (self._pending + block).split(b"\n")
+                self._pending = lines.pop()
+                if len(self._pending) > self.max_line_bytes:
+                    raise TraceError(
+                        self.line_no + len(lines) + 1,
+                        f"line is longer than the {_mib(self.max_line_bytes)} limit",
+                    )
+                if not lines:
+                    continue
+            if max(map(len, lines)) > self.max_line_bytes:
+                longest = next(i for i, line in enumerate(lines) if len(line) > self.max_line_bytes)
+                raise TraceError(
+                    self.line_no + longest + 1, f"line is longer than the {_mib(self.max_line_bytes)} limit"
+                )
+            first = self.line_no + 1
+            if first == 1 and lines[0].startswith(UTF8_BOM):
+                lines[0] = lines[0][len(UTF8_BOM) :]
+            self.line_no += len(lines)
+            if self._progress is not None:
+                self._progress(self.bytes_read)
+            return first, lines
+        return None
 
-    def __iter__(self) -> Iterator[bytes]:
-        readline = self.readline
+    def first_nonblank(self) -> tuple[int, bytes] | None:
+        """The first line with content and its number, without consuming anything."""
+        if self._held is None:
+            self._held = self._next_batch()
+        while self._held is not None:
+            first, lines = self._held
+            for offset, line in enumerate(lines):
+                if line.strip():
+                    return first + offset, line
+            more = self._next_batch()
+            if more is None:
+                return None
+            self._held = (first, lines + more[1])
+        return None
+
+    def batches(self) -> Iterator[tuple[int, list[bytes]]]:
+        """(number of the first line, lines) until the end of the file."""
+        if self._held is not None:
+            held, self._held = self._held, None
+            yield held
         while True:
-            line = readline()
-            if not line:
+            batch = self._next_batch()
+            if batch is None:
                 return
-            yield line
+            yield batch
 
     def text_lines(self) -> Iterator[str]:
-        """Lines decoded as UTF-8 (strict), for the CSV reader."""
-        for line in self:
+        """Every line decoded as UTF-8 (strict), in order, for the CSV reader (one str a line)."""
+        for first, lines in self.batches():
+            joined = b"\n".join(lines)
+            problem = None
             try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                problem = f"not valid UTF-8 (byte {exc.start + 1} of the line)"
-            else:
-                yield text
-                continue
-            raise TraceError(self.line_no, problem)
+                text = joined.decode("utf-8")
+            except UnicodeDecodeError:
+                text = ""
+                problem = _utf8_problem(first, lines)
+            if problem is not None:
+                raise TraceError(*problem)
+            yield from text.split("\n")
 
     def finish(self) -> None:
         if self._progress is not None:
             self._progress(self.bytes_read)
+
+
+def _utf8_problem(first: int, lines: list[bytes]) -> tuple[int, str]:
+    for offset, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return first + offset, f"not valid UTF-8 (byte {exc.start + 1} of the line)"
+    return first, "not valid UTF-8"
