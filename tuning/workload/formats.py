@@ -177,11 +177,11 @@ def detect_format(reader: LineReader) -> TraceFormat:
     if found is None:
         raise TraceError(None, "the file is empty")
     line_no, raw = found
-    if raw.lstrip().startswith(b"{"):
+    if raw.lstrip()[:1] in (b"{", b"["):
         obj = decode_json_line(raw, line_no)
-        if isinstance(obj, dict) and (
-            "hash_ids" in obj or ("input_length" in obj and "output_length" in obj)
-        ):
+        if not isinstance(obj, dict):
+            raise TraceError(line_no, "expected one JSON object per line")
+        if "hash_ids" in obj or ("input_length" in obj and "output_length" in obj):
             return "mooncake"
         return "openai"
     try:

@@ -125,8 +125,13 @@ def _ingest(
     reader = LineReader(
         stream, max_bytes=limits.max_bytes, max_line_bytes=limits.max_line_bytes, progress=progress
     )
-    detected: TraceFormat = detect_format(reader)
-    chosen: TraceFormat = detected if trace_format == "auto" else trace_format  # type: ignore[assignment]
+    chosen: TraceFormat
+    if trace_format == "auto":
+        chosen = detect_format(reader)
+    else:
+        if reader.first_nonblank() is None:
+            raise TraceError(None, "the file is empty")
+        chosen = trace_format  # type: ignore[assignment]
     max_tokens = limits.max_tokens_per_request
     tokenizer_name: str | None = None
     num_sessions: int | None = None

@@ -102,7 +102,7 @@ class LineReader:
             block = b""
             problem = "the gzip stream is corrupt or truncated"
         if problem is not None:
-            raise TraceError(self.line_no + 1, problem)
+            raise TraceError(None, problem)
         self.bytes_read += len(block)
         if self.bytes_read > self.max_bytes:
             what = "decompressed file" if self.compressed else "file"
