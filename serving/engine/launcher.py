@@ -347,9 +347,15 @@ def start_engine(
 ) -> EngineProcess:
     """Start the engine and wait until it is healthy (see `spawn_engine` for the arguments)."""
     engine = spawn_engine(
-        model=model, config=config, command=command, host=host, port=port, log_path=log_path, env=env,
+        model=model,
+        config=config,
+        command=command,
+        host=host,
+        port=port,
+        log_path=log_path,
+        env=env,
         validate=validate,
-    )  # fmt: skip
+    )
     try:
         engine.wait_healthy(startup_timeout_s)
     except BaseException:

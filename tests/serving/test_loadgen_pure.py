@@ -1,0 +1,212 @@
+"""Trace readers, arrival processes, summaries, and open-loop sending against a fake endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from serving.loadgen import (
+    SLO,
+    LatencyStats,
+    TraceFormatError,
+    TraceRequest,
+    gamma_offsets_s,
+    poisson_offsets_s,
+    read_trace,
+    trace_offsets_s,
+)
+from serving.loadgen.client import PreparedRequest, build_body
+from serving.loadgen.results import RequestResult, summarize
+from serving.loadgen.runner import normalize_base_url, run_prepared
+
+
+def test_reads_the_shared_traces(shared_traces: Path) -> None:
+    mooncake = read_trace(shared_traces / "mooncake_synthetic.jsonl", max_requests=5)
+    assert [r.num_prompt_tokens for r in mooncake[:2]] == [40160, 36640]
+    assert mooncake[0].hash_ids[:3] == (0, 1, 2) and mooncake[2].arrival_s == pytest.approx(0.04)
+    azure = read_trace(shared_traces / "azure2023_conv.csv", max_requests=3)
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in azure] == [(374, 44), (396, 109), (879, 55)]
+    assert azure[0].arrival_s == 0.0 and azure[1].arrival_s == pytest.approx(4.3145790, abs=1e-6)
+    skipped = read_trace(shared_traces / "azure2023_conv.csv", max_requests=2, skip=1)
+    assert skipped[0].num_prompt_tokens == 396 and skipped[0].arrival_s == 0.0
+
+
+def test_azure_csv_with_bom_and_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n")
+    assert read_trace(path)[0].num_prompt_tokens == 10
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,x\n")
+    with pytest.raises(TraceFormatError, match="line 2"):
+        read_trace(path)
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text(
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5}\n'
+    )
+    with pytest.raises(TraceFormatError, match="line 2: `output_length` is missing"):
+        read_trace(jsonl)
+
+
+def test_trace_time_and_rate_scaling() -> None:
+    requests = [TraceRequest(t, 10, 1) for t in (0.0, 1.0, 3.0)]
+    assert trace_offsets_s(requests, time_scale=0.5) == [0.0, 0.5, 1.5]
+    assert trace_offsets_s(requests, rate_scale=2.0) == [0.0, 0.5, 1.5]
+    with pytest.raises(ValueError):
+        trace_offsets_s(requests, time_scale=0)
+
+
+def test_generated_arrivals_are_seeded_and_have_the_rate() -> None:
+    a = poisson_offsets_s(4000, rate_rps=20.0, rng=np.random.default_rng(1))
+    b = poisson_offsets_s(4000, rate_rps=20.0, rng=np.random.default_rng(1))
+    assert a == b and a[0] == 0.0
+    gaps = np.diff(a)
+    assert 1 / gaps.mean() == pytest.approx(20.0, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.1)
+    bursty = np.diff(gamma_offsets_s(4000, rate_rps=20.0, rng=np.random.default_rng(1), cv=2.0))
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.15)
+    assert np.allclose(np.diff(gamma_offsets_s(5, rate_rps=4.0, rng=np.random.default_rng(1), cv=0.0)), 0.25)
+
+
+def _result(
+    index: int, ttft: float | None, e2e: float | None, out: int, error: str | None = None
+) -> RequestResult:
+    tpot = (e2e - ttft) / (out - 1) if ttft is not None and e2e is not None and out > 1 else None
+    return RequestResult(
+        index=index,
+        scheduled_s=index * 0.1,
+        send_lateness_ms=0.5 * index,
+        num_prompt_tokens=100,
+        num_prompt_tokens_reported=100,
+        max_output_tokens=out,
+        num_output_tokens=out if error is None else 0,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+        tpot_ms=tpot,
+        itl_ms=(),
+        status=200,
+        error=error,
+    )
+
+
+def test_summary_percentiles_goodput_and_errors() -> None:
+    results = [_result(i, 100.0 * (i + 1), 100.0 * (i + 1) + 90.0, 10) for i in range(9)]
+    results.append(_result(9, None, None, 10, error="HTTP 500: boom"))
+    summary = summarize(results, duration_s=2.0, slo=SLO(ttft_ms=500.0, tpot_ms=20.0))
+    assert summary.num_requests == 10 and summary.num_errors == 1 and summary.error_rate == 0.1
+    assert summary.ttft_ms == LatencyStats.of([100.0 * (i + 1) for i in range(9)])
+    assert summary.ttft_ms.p50 == 500.0 and summary.ttft_ms.p90 == pytest.approx(820.0)
+    assert summary.tpot_ms.p50 == pytest.approx(10.0)
+    assert summary.slo_attainment == 0.5  # TTFT <= 500 ms: requests 0..4
+    assert summary.goodput_rps == 2.5
+    assert summary.request_throughput_rps == 4.5 and summary.output_throughput_tps == 45.0
+
+
+def test_empty_stats_serialise_as_null(tmp_path: Path) -> None:
+    from serving.loadgen.results import ReplayResult, ReplaySettings
+
+    settings = ReplaySettings(
+        "http://x", "m", "completions", "t", 1.0, 1.0, None, None, None, None, None, True, 0, "tok"
+    )
+    result = ReplayResult(settings, summarize([], duration_s=0.0, slo=SLO()), (), "2026-01-01T00:00:00+00:00")
+    path = tmp_path / "r.json"
+    result.write_json(path)
+    assert json.loads(path.read_text())["summary"]["ttft_ms"]["p50"] is None
+
+
+def test_normalize_base_url() -> None:
+    for url in ("http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/"):
+        assert normalize_base_url(url) == "http://h:1"
+
+
+# -- against a fake streaming endpoint ---------------------------------------------------------
+
+FIRST_TOKEN_S = 0.20
+TOKEN_GAP_S = 0.05
+NUM_TOKENS = 5
+
+
+async def _fake_completions(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    assert request.headers.get("Authorization") == "Bearer k"
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await asyncio.sleep(FIRST_TOKEN_S)
+    for i in range(body["max_tokens"]):
+        if i:
+            await asyncio.sleep(TOKEN_GAP_S)
+        event = {"choices": [{"index": 0, "text": f" t{i}"}]}
+        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+    usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": body["max_tokens"]}}
+    await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+    return response
+
+
+def test_open_loop_sends_on_schedule_while_earlier_requests_are_slow() -> None:
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", _fake_completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        try:
+            # 20 requests 20 ms apart; each takes 0.4 s, so up to 20 are in flight at once.
+            prepared = [
+                PreparedRequest(
+                    index=i,
+                    scheduled_s=0.02 * i,
+                    url=url,
+                    num_prompt_tokens=7,
+                    max_output_tokens=NUM_TOKENS,
+                    body=build_body(
+                        api="completions",
+                        model="m",
+                        prompt="x",
+                        max_output_tokens=NUM_TOKENS,
+                        ignore_eos=True,
+                    ),
+                )
+                for i in range(20)
+            ]
+            headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+            results, duration_s, _ = await run_prepared(prepared, headers=headers, request_timeout_s=30)
+        finally:
+            await runner.cleanup()
+        assert all(r.error is None for r in results), [r.error for r in results]
+        # Open loop: the last request left ~0.38 s after the first, not after the others finished.
+        assert max(r.send_lateness_ms for r in results) < 50.0
+        assert duration_s < 0.38 + FIRST_TOKEN_S + (NUM_TOKENS - 1) * TOKEN_GAP_S + 0.3
+        for r in results:
+            assert r.ttft_ms == pytest.approx(FIRST_TOKEN_S * 1000, abs=60)
+            assert len(r.itl_ms) == NUM_TOKENS - 1
+            assert r.tpot_ms == pytest.approx(TOKEN_GAP_S * 1000, abs=25)
+            assert r.num_output_tokens == NUM_TOKENS and r.num_prompt_tokens_reported == 7
+
+    asyncio.run(scenario())
+
+
+def test_http_errors_and_refused_connections_are_recorded_not_raised() -> None:
+    async def scenario() -> list[RequestResult]:
+        prepared = [
+            PreparedRequest(
+                index=0,
+                scheduled_s=0.0,
+                url="http://127.0.0.1:9/v1/completions",
+                num_prompt_tokens=1,
+                max_output_tokens=1,
+                body=b"{}",
+            )
+        ]
+        results, _, _ = await run_prepared(prepared, headers={}, request_timeout_s=5, connect_timeout_s=2)
+        return results
+
+    (result,) = asyncio.run(scenario())
+    assert result.error is not None and result.ttft_ms is None
+    assert math.isfinite(result.send_lateness_ms)
