@@ -90,7 +90,12 @@ def test_bad_mooncake_lengths(value: object, problem: str) -> None:
 
 @pytest.mark.parametrize(
     ("cell", "problem"),
-    [("-5", "`ContextTokens` is negative"), ("abc", "is not a whole number"), ("", "is empty"), ("1.5", "not a")],
+    [
+        ("-5", "`ContextTokens` is negative"),
+        ("abc", "is not a whole number"),
+        ("", "is empty"),
+        ("1.5", "not a"),
+    ],
 )
 def test_bad_azure_lengths(cell: str, problem: str) -> None:
     fails(AZURE_HEADER + azure_line(1) + azure_line(2, context=cell) + azure_line(3), 3, problem)
@@ -163,7 +168,9 @@ def test_nan_and_infinity() -> None:
 
 def test_duplicate_keys() -> None:
     lines = good_mooncake(3)
-    lines[2] = '{"timestamp": 5000, "input_length": 5, "output_length": 1, "hash_ids": [1], "input_length": 9}'
+    lines[2] = (
+        '{"timestamp": 5000, "input_length": 5, "output_length": 1, "hash_ids": [1], "input_length": 9}'
+    )
     fails("\n".join(lines), 3, "duplicate key `input_length`")
 
 

@@ -119,7 +119,9 @@ def test_reuse_curve_ends_at_the_unbounded_ratio(mooncake_result: IngestResult) 
     assert curve.cache_size_blocks[-1] == mooncake_result.profile.prefix.unique_blocks
 
 
-def test_reuse_curve_matches_a_plain_lru_simulation(mooncake_path: Path, mooncake_result: IngestResult) -> None:
+def test_reuse_curve_matches_a_plain_lru_simulation(
+    mooncake_path: Path, mooncake_result: IngestResult
+) -> None:
     """At a few cache sizes, replay the first 600 requests through an OrderedDict LRU."""
     from collections import OrderedDict
 

@@ -423,6 +423,18 @@ class PromptBlockHasher:
         return f"PromptBlockHasher(block_size_tokens={self._block}, blocks={len(self._dense)})"
 
 
+def _encode(tokenizer: Tokenizer, text: str, n: int) -> list[int]:
+    """Token ids; a failing tokenizer's own message (which may quote the text) is not passed on."""
+    ids: list[int] | None
+    try:
+        ids = list(tokenizer.encode(text))
+    except Exception:
+        ids = None
+    if ids is None:
+        raise TraceError(n, f"the tokenizer {tokenizer.name} failed on this line's text")
+    return ids
+
+
 def _numbered(reader: LineReader) -> Iterator[tuple[int, bytes]]:
     for first, lines in reader.batches():
         yield from enumerate(lines, first)
@@ -462,7 +474,7 @@ def parse_openai(
             prompt = _prompt_text(obj, n)
         token_ids: list[int] = []
         if prompt is not None:
-            token_ids = list(tokenizer.encode(prompt))
+            token_ids = _encode(tokenizer, prompt, n)
         elif input_tokens is None:
             raise TraceError(n, "no prompt token count: needs `usage.prompt_tokens` or the prompt text")
         prompt = None  # the text goes as soon as it is counted and hashed
@@ -475,7 +487,7 @@ def parse_openai(
                 raise TraceError(
                     n, "no output token count: needs `usage.completion_tokens` or the completion text"
                 )
-            output_tokens = len(tokenizer.encode(completion))
+            output_tokens = len(_encode(tokenizer, completion, n))
             completion = None
             used_tokenizer = True
         if input_tokens > max_tokens or output_tokens > max_tokens:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,7 +51,7 @@ class IngestLimits:
 @dataclass(frozen=True, eq=False)
 class IngestResult:
     profile: WorkloadProfile
-    charts: ChartData
+    charts: ChartData = field(repr=False)
     columns: RequestColumns  # per-request numbers (arrival, lengths, prefix hits) for later steps
     blocks: BlockStructure | None  # prompt block ids, only when asked for (synthesis)
 
