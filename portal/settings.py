@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "portal.accounts",
+    "portal.traffic",
     "compliance",
 ]
 
@@ -212,8 +213,16 @@ SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
-# Upload limits (bytes); bigger bodies are refused before they are read.
+# Upload limits (bytes). Non-file form bodies above DATA_UPLOAD_MAX_MEMORY_SIZE are refused;
+# files stream to disk and stop at TRAFFIC_UPLOAD_MAX_BYTES while they arrive.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", 5 * 1024 * 1024, minimum=1024)
+FILE_UPLOAD_HANDLERS = ["portal.traffic.uploads.LimitedTemporaryFileUploadHandler"]
+TRAFFIC_UPLOAD_MAX_BYTES = env.int("TRAFFIC_UPLOAD_MAX_BYTES", 1 << 30, minimum=1)
+# Limits applied while reading (after gzip decompression: a zip bomb stops here).
+TRAFFIC_MAX_DECOMPRESSED_BYTES = env.int("TRAFFIC_MAX_DECOMPRESSED_BYTES", 4 << 30, minimum=1)
+TRAFFIC_MAX_LINE_BYTES = env.int("TRAFFIC_MAX_LINE_BYTES", 16 << 20, minimum=1024)
+# Private folder where an upload waits for the ingest task (deleted once read).
+TRAFFIC_STAGING_DIR = Path(env.str("TRAFFIC_STAGING_DIR", str(VAR_DIR / "staging")) or "")
 
 LOGGING = {
     "version": 1,

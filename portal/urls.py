@@ -1,6 +1,10 @@
+from pathlib import Path
+
+import plotly
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
+from django.http import FileResponse, HttpRequest, JsonResponse
 from django.urls import include, path
+from django.views.decorators.cache import cache_control
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 
@@ -8,9 +12,20 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+_PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+@cache_control(public=True, max_age=86400)
+def plotly_js(request: HttpRequest) -> FileResponse:
+    """plotly.js from the installed `plotly` package, so no page needs a CDN."""
+    return FileResponse(_PLOTLY_JS.open("rb"), content_type="text/javascript")
+
+
 urlpatterns = [
     path("", include("portal.accounts.urls")),
+    path("traffic/", include("portal.traffic.urls")),
     path("api/v1/", include("portal.api.urls")),
+    path("vendor/plotly.min.js", plotly_js, name="plotly-js"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),

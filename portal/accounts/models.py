@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from typing import ClassVar
 
@@ -60,6 +61,10 @@ class User(AbstractUser):
         return self.email
 
 
+def new_prefix_salt() -> str:
+    return secrets.token_hex(16)
+
+
 class Organization(models.Model):
     """A tenant. Everything a customer owns hangs off one of these."""
 
@@ -68,6 +73,9 @@ class Organization(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    # Keys the hashes of prompt blocks in this organization's traffic samples, so equal prompts
+    # are recognisable within the organization and nowhere else.
+    prefix_salt = models.CharField(max_length=64, default=new_prefix_salt, editable=False)
 
     def __str__(self) -> str:
         return self.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
+from portal.traffic.models import TrafficSample
 
 
 class SignupSerializer(serializers.Serializer):
@@ -83,3 +84,30 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
         read_only_fields = [*ApiTokenSerializer.Meta.read_only_fields, "token"]
+
+
+class TrafficSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrafficSample
+        fields = [
+            "id",
+            "name",
+            "requested_format",
+            "detected_format",
+            "status",
+            "size_bytes",
+            "progress_bytes",
+            "error",
+            "profile",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class TrafficSampleUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120)
+    trace_format = serializers.ChoiceField(
+        choices=TrafficSample.Format.choices, default=TrafficSample.Format.AUTO
+    )
+    file = serializers.FileField(allow_empty_file=False)

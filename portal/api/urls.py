@@ -13,6 +13,8 @@ urlpatterns = [
     path("invitations/", views.InvitationListCreateView.as_view(), name="invitations"),
     path("invitations/accept/", views.InvitationAcceptView.as_view(), name="invitation_accept"),
     path("invitations/<uuid:pk>/", views.InvitationDetailView.as_view(), name="invitation_detail"),
+    path("traffic-samples/", views.TrafficSampleListCreateView.as_view(), name="traffic_samples"),
+    path("traffic-samples/<uuid:pk>/", views.TrafficSampleDetailView.as_view(), name="traffic_sample_detail"),
     path("tokens/", views.ApiTokenListCreateView.as_view(), name="tokens"),
     path("tokens/<uuid:pk>/", views.ApiTokenDetailView.as_view(), name="token_detail"),
 ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import login
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, permissions, status
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,6 +20,8 @@ from portal.accounts.models import ApiToken, Invitation, Membership, Role
 from portal.accounts.tenancy import SESSION_KEY
 from portal.api import serializers as s
 from portal.api.base import TenantScopedMixin, resolve_tenant
+from portal.traffic import services as traffic_services
+from portal.traffic.models import TrafficSample
 
 
 def _roles(user: Any) -> dict[object, str]:
@@ -194,4 +198,46 @@ class ApiTokenDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         services.api_token_revoke(actor=request.user, token=self.get_object())  # type: ignore[arg-type]
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TrafficSampleListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    """Upload a traffic sample (multipart). It is validated and profiled in the background:
+    poll the sample until `status` is `ready` (with `profile`) or `failed` (with `error`)."""
+
+    serializer_class = s.TrafficSampleSerializer
+    parser_classes = [MultiPartParser, FormParser]
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[TrafficSample]:
+        return TrafficSample.objects.defer("charts")
+
+    @extend_schema(request=s.TrafficSampleUploadSerializer, responses={201: s.TrafficSampleSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = request.data  # parses the body, streaming the file through the size-limited handler
+        if getattr(request._request, "upload_too_large", False):
+            limit = settings.TRAFFIC_UPLOAD_MAX_BYTES
+            raise ValidationError({"file": [f"The file is larger than the limit of {limit:,} bytes."]})
+        serializer = s.TrafficSampleUploadSerializer(data=data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        sample = traffic_services.traffic_sample_create(
+            actor=request.user,
+            organization=self.tenant.organization,
+            name=serializer.validated_data["name"],
+            upload=serializer.validated_data["file"],
+            trace_format=serializer.validated_data["trace_format"],
+        )
+        return Response(s.TrafficSampleSerializer(sample).data, status=status.HTTP_201_CREATED)
+
+
+class TrafficSampleDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
+    serializer_class = s.TrafficSampleSerializer
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[TrafficSample]:
+        return TrafficSample.objects.select_related("organization").defer("charts")
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        traffic_services.traffic_sample_delete(actor=request.user, sample=self.get_object())  # type: ignore[arg-type]
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -38,10 +38,10 @@ def _chromium() -> str:
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
     # around it are still synchronous.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -40,22 +40,36 @@ def redis_url() -> str:
     return url
 
 
-def test_invitation_email_goes_through_a_real_worker(tmp_path: Path, redis_url: str) -> None:
+def test_invitation_email_goes_through_a_real_worker(tmp_path: Path, redis_url: str, settings) -> None:  # type: ignore[no-untyped-def]
     if connection.vendor == "sqlite":
         pytest.skip("the worker shares the test database only on PostgreSQL")
-    queue = f"test-{os.getpid()}-{time.time_ns()}"
+    import redis
+
+    # The test Redis database is this test's alone: clear what an earlier run may have left.
+    redis.Redis.from_url(redis_url, socket_timeout=5).flushdb()
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
     mail_dir = tmp_path / "mail"
     env = dict(os.environ)
     env.update(
         DATABASE_URL=_database_url(),
         CELERY_BROKER_URL=redis_url,
-        CELERY_TASK_DEFAULT_QUEUE=queue,
         EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
         EMAIL_FILE_PATH=str(mail_dir),
         CELERY_TASK_ALWAYS_EAGER="false",
     )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool=solo", "-Q", queue, "--loglevel=INFO"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            queue,
+            "--loglevel=INFO",
+        ],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -65,12 +79,16 @@ def test_invitation_email_goes_through_a_real_worker(tmp_path: Path, redis_url: 
     )
     from portal.celery import app
 
-    app.conf.update(task_always_eager=False, broker_url=redis_url, task_default_queue=queue)
-    app._pool = None  # the next publish connects to the broker configured above
+    app.conf.update(task_always_eager=False, broker_url=redis_url)
+    # Drop connections made to the embedded broker earlier in this process.
+    app._pool = None
+    app.amqp._producer_pool = None
     try:
         alice = User.objects.create_user(email="alice@acme.test", password=PASSWORD)
         org = services.organization_create(actor=alice, name="Acme Voice")
-        invitation = services.invitation_create(actor=alice, organization=org, email="w@acme.test", role="member")
+        invitation = services.invitation_create(
+            actor=alice, organization=org, email="w@acme.test", role="member"
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             invitation.refresh_from_db()
@@ -80,7 +98,9 @@ def test_invitation_email_goes_through_a_real_worker(tmp_path: Path, redis_url: 
                 break
             time.sleep(0.5)
         invitation.refresh_from_db()
-        assert invitation.sent_at is not None, "the worker never processed the task"
+        if invitation.sent_at is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            pytest.fail("the worker never processed the task:\n" + worker.communicate(timeout=30)[0][-3000:])
         [message] = [p.read_text() for p in mail_dir.iterdir()]
         assert "w@acme.test" in message
         assert "/invitations/accept/" in message

@@ -24,7 +24,9 @@ PRODUCTION_ENV = {
 
 
 def _manage(args: list[str], extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV}
+    env = {
+        k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV and k != "DJANGO_ALLOW_ASYNC_UNSAFE"
+    }
     env.update(extra_env)
     return subprocess.run(
         [sys.executable, "manage.py", *args],

@@ -1,0 +1,189 @@
+"""Writes of the traffic app: accept an upload, read and profile it, delete it.
+
+Privacy: the uploaded file is copied to a private staging folder, read once by the ingest task
+(which keeps numbers only: counts, arrival times, salted block hashes) and deleted whatever the
+outcome. Task messages carry the sample id only; errors carry a line number and a problem,
+never file content.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+from django.utils import timezone
+
+from compliance.services import audit_record
+from portal.accounts.models import Membership, Organization, Role, User
+from portal.traffic.models import TrafficSample
+from tuning.workload.errors import TraceError
+from tuning.workload.ingest import IngestLimits, ingest
+
+logger = logging.getLogger(__name__)
+_PROGRESS_EVERY_BYTES = 4 << 20
+
+
+def _staging_dir() -> Path:
+    path = Path(settings.TRAFFIC_STAGING_DIR)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _require_member(actor: User, organization: Organization, minimum: str, doing: str) -> None:
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(minimum):
+        raise PermissionDenied(f"Only a {minimum} or above can {doing}; your role is {membership.role}.")
+
+
+def traffic_sample_create(
+    *, actor: User, organization: Organization, name: str, upload: UploadedFile, trace_format: str = "auto"
+) -> TrafficSample:
+    _require_member(actor, organization, Role.MEMBER, "upload traffic samples")
+    name = (name or "").strip()
+    errors: dict[str, str] = {}
+    if not name:
+        errors["name"] = "Name the sample."
+    elif len(name) > 120:
+        errors["name"] = "Use at most 120 characters."
+    if trace_format not in TrafficSample.Format.values:
+        errors["trace_format"] = f"Choose one of: {', '.join(TrafficSample.Format.values)}."
+    if upload.size is not None and upload.size > settings.TRAFFIC_UPLOAD_MAX_BYTES:
+        errors["file"] = f"The file is larger than the limit of {settings.TRAFFIC_UPLOAD_MAX_BYTES:,} bytes."
+    elif not upload.size:
+        errors["file"] = "The file is empty."
+    if errors:
+        raise ValidationError(errors)
+
+    sample = TrafficSample(
+        organization=organization,
+        name=name,
+        requested_format=trace_format,
+        size_bytes=upload.size or 0,
+        created_by=actor,
+    )
+    sample.staging_name = f"{sample.id}.upload"
+    target = _staging_dir() / sample.staging_name
+    # Written before the row exists and removed if the transaction fails: never a row without
+    # its file, and no file left behind by a failed request.
+    with open(target, "xb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        for chunk in upload.chunks():
+            out.write(chunk)
+    try:
+        with transaction.atomic():
+            sample.save()
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="traffic_sample.upload",
+                target=sample,
+                data={"name": name, "size_bytes": sample.size_bytes, "format": trace_format},
+            )
+            from portal.traffic.tasks import traffic_sample_ingest as ingest_task
+
+            sample_id = str(sample.id)
+            transaction.on_commit(lambda: ingest_task.delay(sample_id))
+    except Exception:
+        target.unlink(missing_ok=True)
+        raise
+    return sample
+
+
+def traffic_sample_ingest(*, sample_id: str) -> str:
+    """Validates and profiles one queued sample. Idempotent: only a queued sample is claimed.
+
+    Returns the sample's final status (or "skipped" when another worker had it).
+    """
+    claimed = TrafficSample.objects.filter(id=sample_id, status=TrafficSample.Status.QUEUED).update(
+        status=TrafficSample.Status.VALIDATING, progress_bytes=0
+    )
+    if not claimed:
+        return "skipped"
+    sample = TrafficSample.objects.select_related("organization").get(id=sample_id)
+    path = _staging_dir() / sample.staging_name
+    last_reported = 0
+
+    def progress(read_bytes: int) -> None:
+        nonlocal last_reported
+        if read_bytes - last_reported >= _PROGRESS_EVERY_BYTES:
+            last_reported = read_bytes
+            TrafficSample.objects.filter(id=sample_id).update(progress_bytes=read_bytes)
+
+    updates: dict[str, Any]
+    try:
+        with open(path, "rb") as stream:
+            result = ingest(
+                stream,
+                trace_format=sample.requested_format,
+                salt=bytes.fromhex(sample.organization.prefix_salt),
+                limits=IngestLimits(
+                    max_bytes=settings.TRAFFIC_MAX_DECOMPRESSED_BYTES,
+                    max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
+                ),
+                progress=progress,
+            )
+        profile = result.profile.to_json_dict()
+        updates = {
+            "status": TrafficSample.Status.READY,
+            "profile": profile,
+            "charts": result.charts.to_json_dict(),
+            "detected_format": str(profile.get("format", "")),
+            "error": "",
+        }
+    except TraceError as exc:
+        updates = {
+            "status": TrafficSample.Status.FAILED,
+            "error": exc.message,
+            "profile": None,
+            "charts": None,
+        }
+    except FileNotFoundError:
+        updates = {
+            "status": TrafficSample.Status.FAILED,
+            "error": "The uploaded file was lost before it was read; upload it again.",
+        }
+    except Exception:
+        # Logged without the exception text, which could quote the file.
+        logger.error("traffic sample %s: ingest crashed", sample_id)
+        updates = {
+            "status": TrafficSample.Status.FAILED,
+            "error": "Internal error while reading the file; our team was notified.",
+        }
+    finally:
+        # The raw upload is never kept (retention under a BAA arrives with the compliance app).
+        path.unlink(missing_ok=True)
+    with transaction.atomic():
+        TrafficSample.objects.filter(id=sample_id).update(
+            **updates, staging_name="", progress_bytes=sample.size_bytes, finished_at=timezone.now()
+        )
+        audit_record(
+            actor=None,
+            organization=sample.organization,
+            action=f"traffic_sample.{updates['status']}",
+            target=sample,
+        )
+    return str(updates["status"])
+
+
+def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
+    _require_member(actor, sample.organization, Role.MEMBER, "delete traffic samples")
+    with transaction.atomic():
+        audit_record(
+            actor=actor,
+            organization=sample.organization,
+            action="traffic_sample.delete",
+            target=sample,
+            data={"name": sample.name},
+        )
+        staging = sample.staging_name
+        sample.delete()
+    if staging:
+        (_staging_dir() / staging).unlink(missing_ok=True)
