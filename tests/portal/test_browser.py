@@ -133,3 +133,27 @@ def test_signup_org_invite_switch_and_tokens(live_server, page_factory, settings
     bob.goto(link)
     bob.click("button:has-text('Accept invitation')")
     assert "already been used" in (bob.text_content("#invitation-error") or "")
+
+
+def test_upload_a_shared_trace_and_read_its_profile(  # type: ignore[no-untyped-def]
+    live_server, page_factory, shared_traces, settings, tmp_path
+) -> None:
+    from portal.accounts import services
+
+    settings.TRAFFIC_STAGING_DIR = tmp_path / "staging"
+    user = services.user_signup(email="carol@voice.test", password=PASSWORD)
+    services.organization_create(actor=user, name="Voice Health")
+    page = page_factory()
+    page.goto(live_server.url + "/login/")
+    page.fill("#id_username", "carol@voice.test")
+    page.fill("#id_password", PASSWORD)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(re.compile(r"/dashboard/$"))
+    page.click("nav >> text=Traffic")
+    page.fill("#id_name", "mooncake sample")
+    page.set_input_files("#id_file", str(shared_traces / "mooncake_synthetic.jsonl"))
+    page.click("button:has-text('Upload')")
+    page.wait_for_selector("#sample-status[data-status='ready']")
+    assert page.text_content("#num-requests") == "3993"
+    for chart in ("arrival", "input", "output", "interarrival", "reuse", "concurrency"):
+        page.wait_for_selector(f"#chart-{chart}[data-rendered='true'] .main-svg")
