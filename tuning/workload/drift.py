@@ -5,16 +5,19 @@ change is both *material* (divergence above its threshold: a size that would cha
 decisions) and *significant* (too large for sampling noise at these sample sizes). Requiring
 both is what keeps two halves of one stationary trace quiet while a real shift is flagged.
 
-- input/output lengths: divergence = mean absolute difference of log(1 + tokens) over the
-  1st..99th percentiles (a trimmed Wasserstein-1 distance on a log scale: 0.15 is a typical
-  shift of about 16%); significance from a two-sample Kolmogorov-Smirnov statistic estimated
-  from the two percentile grids, at alpha = 0.001.
+- input/output lengths: divergence = the largest |log((1 + new) / (1 + old))| among the mean,
+  the median and the 95th percentile (the numbers that size batches, memory and tail latency),
+  threshold log(1.25), i.e. one of them moved by 25%; significance from a two-sample
+  Kolmogorov-Smirnov statistic estimated from the two percentile grids, at alpha = 0.001.
 - arrival rate: divergence = |log(new mean rps / old)|, threshold log(1.25); significance from
-  a z-test on the per-minute arrival counts (their variance includes burstiness), z > 4.
+  a z-test on the per-minute arrival counts (their variance includes burstiness), z > 4; under
+  ten minutes a side, on the totals with a CV^2-inflated Poisson variance.
 - burstiness: divergence = |log(new interarrival CV / old)|, threshold log(1.5); needs at least
-  200 gaps on each side.
+  500 gaps on each side.
 - prefix reuse: divergence = |new reuse ratio - old|, threshold 0.10 (ten points of prompt
-  tokens); only where both samples carry prefix information.
+  tokens), significant beyond 4 standard errors of the two ratios; only where both samples
+  carry prefix information and have 200 requests or more.
+  Each sample's ratio starts from a cold cache, so compare samples of similar size.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ import numpy as np
 
 from tuning.workload.profile import WorkloadProfile
 
-LENGTH_THRESHOLD = 0.15
+LENGTH_THRESHOLD = math.log(1.25)
 RATE_THRESHOLD = math.log(1.25)
 BURSTINESS_THRESHOLD = math.log(1.5)
 PREFIX_THRESHOLD = 0.10
 _KS_C_ALPHA = 1.95  # c(alpha) of the two-sample KS test at alpha = 0.001
 _RATE_Z = 4.0
 _MIN_GAPS = 200
+# The sample CV of heavy-tailed gaps converges slowly: below this it is mostly noise.
+_MIN_BURSTINESS_GAPS = 500
+_PREFIX_Z = 4.0
+_MIN_WINDOWS = 10
 
 
 @dataclass(frozen=True)
@@ -74,20 +81,19 @@ def _length_drift(name: str, label: str, old: WorkloadProfile, new: WorkloadProf
     levels = np.asarray(old.sketch.percentiles) / 100.0
     q_old = np.asarray(getattr(old.sketch, name), dtype=np.float64)
     q_new = np.asarray(getattr(new.sketch, name), dtype=np.float64)
-    inner = slice(1, -1)  # 1st..99th percentile: the extremes are too noisy to act on
-    divergence = float(np.mean(np.abs(np.log1p(q_new[inner]) - np.log1p(q_old[inner]))))
+    stats_old, stats_new = getattr(old, name), getattr(new, name)
+    # The statistic that moved most (relative) is both the divergence and the sentence.
+    moves = {
+        key: abs(math.log1p(getattr(stats_new, key)) - math.log1p(getattr(stats_old, key)))
+        for key in ("mean", "p50", "p95")
+    }
+    key = max(moves, key=lambda k: moves[k])
+    divergence = moves[key]
     points = np.union1d(q_old, q_new)
     ks = float(np.max(np.abs(_cdf_at(points, q_old, levels) - _cdf_at(points, q_new, levels))))
     n, m = old.num_requests, new.num_requests
     significant = ks > _KS_C_ALPHA * math.sqrt((n + m) / (n * m))
     drifted = significant and divergence > LENGTH_THRESHOLD
-    stats_old, stats_new = getattr(old, name), getattr(new, name)
-    # Name the percentile that moved most (relative), among the median and the tail.
-    moves = [
-        (abs(math.log1p(getattr(stats_new, p)) - math.log1p(getattr(stats_old, p))), p)
-        for p in ("p50", "p95")
-    ]
-    _, key = max(moves)
     before, after = getattr(stats_old, key), getattr(stats_new, key)
     verb = "rose" if after > before else "fell" if after < before else "stayed"
     sentence = f"{key} {label} length {verb} from {_fmt(before)} to {_fmt(after)} tokens"
@@ -109,14 +115,16 @@ def _rate_drift(old: WorkloadProfile, new: WorkloadProfile) -> DimensionDrift:
     r_old, r_new = old.arrival.mean_rps, new.arrival.mean_rps
     divergence = abs(math.log(r_new / r_old))
     s_old, s_new = old.sketch, new.sketch
-    if s_old.num_full_windows >= 2 and s_new.num_full_windows >= 2:
+    if min(s_old.num_full_windows, s_new.num_full_windows) >= _MIN_WINDOWS:
         noise = math.sqrt(
             s_old.window_count_var / s_old.num_full_windows + s_new.window_count_var / s_new.num_full_windows
         )
         z = abs(s_new.window_count_mean - s_old.window_count_mean) / max(noise, 1e-9)
     else:
-        # too short for per-minute counts: Poisson counting noise on the totals
-        noise = math.sqrt(r_old / old.duration_s + r_new / new.duration_s)
+        # Too few minutes to measure their spread: counting noise of a renewal process, whose
+        # count variance is about CV^2 times its mean (bursty traffic is noisier than Poisson).
+        cv_old, cv_new = max(old.arrival.interarrival_cv, 1.0), max(new.arrival.interarrival_cv, 1.0)
+        noise = math.sqrt(cv_old**2 * r_old / old.duration_s + cv_new**2 * r_new / new.duration_s)
         z = abs(r_new - r_old) / max(noise, 1e-12)
     significant = z > _RATE_Z
     drifted = significant and divergence > RATE_THRESHOLD
@@ -139,7 +147,7 @@ def _rate_drift(old: WorkloadProfile, new: WorkloadProfile) -> DimensionDrift:
 
 def _burstiness_drift(old: WorkloadProfile, new: WorkloadProfile) -> DimensionDrift:
     cv_old, cv_new = old.arrival.interarrival_cv, new.arrival.interarrival_cv
-    enough = min(old.num_requests, new.num_requests) - 1 >= _MIN_GAPS
+    enough = min(old.num_requests, new.num_requests) - 1 >= _MIN_BURSTINESS_GAPS
     if cv_old <= 0 or cv_new <= 0:
         divergence = 0.0 if cv_old == cv_new else math.inf
     else:
@@ -149,7 +157,7 @@ def _burstiness_drift(old: WorkloadProfile, new: WorkloadProfile) -> DimensionDr
     kind = "burstier" if cv_new > cv_old else "smoother"
     sentence = f"inter-arrival CV {verb} from {cv_old:.2f} to {cv_new:.2f} ({kind} traffic)"
     if not enough:
-        sentence = f"burstiness not compared: fewer than {_MIN_GAPS} arrivals on one side"
+        sentence = f"burstiness not compared: fewer than {_MIN_BURSTINESS_GAPS} arrivals on one side"
     elif not drifted:
         sentence += " (within normal variation)"
     return DimensionDrift(
@@ -174,16 +182,22 @@ def _prefix_drift(old: WorkloadProfile, new: WorkloadProfile) -> DimensionDrift:
             explanation="prefix reuse not compared: a sample has no prefix information",
         )
     divergence = abs(b - a)
-    drifted = divergence > PREFIX_THRESHOLD
+    enough = min(old.num_requests, new.num_requests) >= _MIN_GAPS
+    se_old, se_new = old.sketch.reuse_ratio_se, new.sketch.reuse_ratio_se
+    if se_old is not None and se_new is not None:
+        enough = enough and divergence > _PREFIX_Z * math.hypot(se_old, se_new)
+    drifted = enough and divergence > PREFIX_THRESHOLD
     verb = "rose" if b > a else "fell"
     sentence = f"prefix reuse {verb} from {a:.0%} to {b:.0%} of prompt tokens"
-    if not drifted:
+    if min(old.num_requests, new.num_requests) < _MIN_GAPS:
+        sentence = f"prefix reuse not compared: fewer than {_MIN_GAPS} requests on one side"
+    elif not drifted:
         sentence += " (within normal variation)"
     return DimensionDrift(
         dimension="prefix_reuse",
         divergence=divergence,
         threshold=PREFIX_THRESHOLD,
-        significant=True,
+        significant=enough,
         drifted=drifted,
         explanation=sentence,
     )

@@ -70,6 +70,8 @@ class DistributionSketch:
     window_count_mean: float  # arrivals per full 60 s window
     window_count_var: float  # population variance of the same
     num_full_windows: int
+    # standard error of prefix.reuse_ratio (a ratio estimator over requests); None without prefixes
+    reuse_ratio_se: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class WorkloadProfile:
                 "window_count_mean": self.sketch.window_count_mean,
                 "window_count_var": self.sketch.window_count_var,
                 "num_full_windows": self.sketch.num_full_windows,
+                "reuse_ratio_se": self.sketch.reuse_ratio_se,
             },
         }
 
@@ -135,6 +138,7 @@ class WorkloadProfile:
                 window_count_mean=float(sketch["window_count_mean"]),
                 window_count_var=float(sketch["window_count_var"]),
                 num_full_windows=int(sketch["num_full_windows"]),
+                reuse_ratio_se=sketch.get("reuse_ratio_se"),
             ),
         )
 
@@ -163,6 +167,7 @@ def compute_profile(
     block_size_tokens: int | None,
     unique_blocks: int | None,
 ) -> WorkloadProfile:
+    """The profile of `columns`; `reuse_ratio` and the prefix fields come from the tracker."""
     arrival_ns = columns.arrival_ns
     n = columns.num_requests
     if n == 0:
@@ -177,6 +182,15 @@ def compute_profile(
     counts = window_counts(arrival_ns)
     full = counts[: duration_ns // _WINDOW_NS]
     grid = np.asarray(SKETCH_PERCENTILES)
+    reuse_ratio_se = None
+    if (
+        reuse_ratio is not None
+        and columns.prefix_hit_tokens is not None
+        and columns.prefix_tokens is not None
+    ):
+        total = float(columns.prefix_tokens.sum())
+        residual = columns.prefix_hit_tokens - reuse_ratio * columns.prefix_tokens
+        reuse_ratio_se = float(np.sqrt(np.sum(residual * residual))) / total if total else None
     return WorkloadProfile(
         trace_format=trace_format,
         tokenizer=tokenizer,
@@ -202,5 +216,6 @@ def compute_profile(
             window_count_mean=float(full.mean()) if full.size else float(n),
             window_count_var=float(full.var()) if full.size else 0.0,
             num_full_windows=int(full.size),
+            reuse_ratio_se=reuse_ratio_se,
         ),
     )
