@@ -27,7 +27,7 @@ contracts: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP)
-	VENV=$(VENV) bash scripts/test.sh
+	VENV=$(VENV) bash scripts/test.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache
