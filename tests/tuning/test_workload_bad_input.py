@@ -137,7 +137,7 @@ def test_csv_formula_injection_in_a_text_column() -> None:
 def test_json_nested_100000_deep() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     body = f'{{"timestamp": 1000, "input_length": 5, "output_length": 5, "hash_ids": {deep}}}'
-    lines = good_mooncake(1) + [body] + good_mooncake(1)
+    lines = [*good_mooncake(1), body, *good_mooncake(1)]
     fails("\n".join(lines), 2, "nested too deeply")
     fails(deep + "\n", 1, "nested too deeply", trace_format="openai")
 
@@ -199,9 +199,9 @@ def test_overlong_line() -> None:
 def test_gzip_is_read_and_a_gzip_bomb_is_stopped() -> None:
     text = "\n".join(good_mooncake(50)).encode()
     assert run(gzip.compress(text)).profile.num_requests == 50
-    bomb = gzip.compress(AZURE_HEADER.encode() + b"\n" * 50_000_000, compresslevel=9)
-    assert len(bomb) < 100_000
-    fails(bomb, None, "decompressed file is larger", limits=IngestLimits(max_bytes=10 << 20))
+    bomb = gzip.compress(AZURE_HEADER.encode() + b"\n" * 20_000_000, compresslevel=9)
+    assert len(bomb) < 40_000  # 500x
+    fails(bomb, None, "decompressed file is larger", limits=IngestLimits(max_bytes=4 << 20))
 
 
 def test_truncated_gzip() -> None:

@@ -70,7 +70,7 @@ def test_mooncake_contract_numbers(mooncake_path: Path, mooncake_result: IngestR
     inputs = np.array([r["input_length"] for r in rows])
     outputs = np.array([r["output_length"] for r in rows])
     actual = json.loads(json.dumps(mooncake_result.profile.to_json_dict()))
-    assert CONTRACT_KEYS <= set(actual)
+    assert set(actual) >= CONTRACT_KEYS
     assert_matches(actual, expected_profile(arrival_s, inputs, outputs))
 
     # reuse: leading blocks whose ids occurred in any earlier request, 512 tokens each
@@ -102,7 +102,7 @@ def test_azure_contract_numbers(azure_path: Path, azure_result: IngestResult) ->
     inputs = np.array([int(r["ContextTokens"]) for r in table])
     outputs = np.array([int(r["GeneratedTokens"]) for r in table])
     actual = json.loads(json.dumps(azure_result.profile.to_json_dict()))
-    assert CONTRACT_KEYS <= set(actual)
+    assert set(actual) >= CONTRACT_KEYS
     assert_matches(actual, expected_profile(arrival_s, inputs, outputs))
     assert actual["prefix"]["reuse_ratio"] is None
     assert actual["format"] == "azure"

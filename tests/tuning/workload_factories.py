@@ -36,10 +36,7 @@ def mooncake_trace(
     lines = []
     for i in range(n):
         blocks = -(-int(inputs[i]) // 512)
-        if shared_prefixes:
-            head = [first_id + chosen[i] * 4 + k for k in range(min(4, blocks))]
-        else:
-            head = []
+        head = [first_id + chosen[i] * 4 + k for k in range(min(4, blocks))] if shared_prefixes else []
         tail = list(range(next_id, next_id + blocks - len(head)))
         next_id += len(tail)
         record = {
