@@ -181,6 +181,9 @@ def _synth(args: argparse.Namespace) -> int:
     try:
         with os.fdopen(handle, "wb") as stream:
             write_mooncake_jsonl(trace, stream)
+        umask = os.umask(0)
+        os.umask(umask)
+        Path(temporary).chmod(0o666 & ~umask)  # mkstemp makes it owner-only; a trace is not secret
         Path(temporary).replace(out)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -555,7 +555,7 @@ def _csv_rows(reader: LineReader) -> Iterator[tuple[int, list[str]]]:
             return
         except csv.Error:
             row = []
-            problem = "malformed CSV (unbalanced quotes?)"
+            problem = "malformed CSV (unbalanced quotes, or a field over 128 KiB)"
         if problem is not None:
             raise TraceError(rows.line_num, problem)
         if row and (len(row) > 1 or row[0].strip()):

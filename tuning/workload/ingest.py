@@ -151,11 +151,13 @@ def _ingest(
         columns_builder = builder(True, block_size_tokens)
         key = salt if salt is not None else os.urandom(32)
         hasher = PromptBlockHasher(salt=key, block_size_tokens=block_size_tokens)
+        # Session ids are counted as salted digests: the id itself (often a user or patient
+        # reference) is never kept.
+        session_salt = hashlib.blake2b(key, digest_size=32).digest()
 
         def session_key(session: str) -> bytes:
-            return hashlib.blake2b(session.encode(), key=hasher_key, digest_size=16).digest()
+            return hashlib.blake2b(session.encode(), key=session_salt, digest_size=16).digest()
 
-        hasher_key = hashlib.blake2b(key, digest_size=32).digest()
         used_tokenizer, num_sessions = parse_openai(
             reader,
             columns_builder,

@@ -80,6 +80,9 @@ class LineReader:
         self._eof = False
         self._held: tuple[int, list[bytes]] | None = None
         head = stream.read(8)
+        if not isinstance(head, bytes | bytearray):
+            raise TypeError("ingest needs a binary stream (open the file with 'rb')")
+        head = bytes(head)
         for magic, name in _REFUSED_MAGIC:
             if head.startswith(magic):
                 raise TraceError(
