@@ -544,34 +544,36 @@ def _looks_numeric(text: str) -> bool:
     return text.replace(".", "", 1).isdigit()
 
 
-def _csv_rows(reader: LineReader) -> Iterator[tuple[int, list[str]]]:
-    """(line number, cells) for every non-blank CSV row."""
+_MALFORMED_CSV: Final = "malformed CSV (unbalanced quotes, or a field over 128 KiB)"
+
+
+def _is_blank(row: list[str]) -> bool:
+    return not row or (len(row) == 1 and not row[0].strip())
+
+
+def _open_csv(reader: LineReader, required: tuple[str, ...], label: str) -> tuple[Any, list[str]]:
+    """A csv reader positioned after the header, and the header's names (checked)."""
     rows = csv.reader(reader.text_lines(), strict=True)
-    while True:
-        problem = None
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except csv.Error:
-            row = []
-            problem = "malformed CSV (unbalanced quotes, or a field over 128 KiB)"
-        if problem is not None:
-            raise TraceError(rows.line_num, problem)
-        if row and (len(row) > 1 or row[0].strip()):
-            yield rows.line_num, row
-
-
-def _header(rows: Iterator[tuple[int, list[str]]], required: tuple[str, ...], label: str) -> list[str]:
-    first = next(rows, None)
-    if first is None:
+    header: list[str] | None = None
+    malformed = False
+    try:
+        for row in rows:
+            if not _is_blank(row):
+                header = row
+                break
+    except csv.Error:
+        malformed = True
+    if malformed:
+        raise TraceError(rows.line_num, _MALFORMED_CSV)
+    if header is None:
         raise TraceError(None, "the file is empty")
-    n, header = first
     names = [cell.strip() for cell in header]
     lowered = [name.lower() for name in names]
     if not all(name.lower() in lowered for name in required):
-        raise TraceError(n, f"not {label}: the header must name the columns {', '.join(required)}")
-    return names
+        raise TraceError(
+            rows.line_num, f"not {label}: the header must name the columns {', '.join(required)}"
+        )
+    return rows, names
 
 
 # Token counts up to 9 digits take the fast path; anything else is diagnosed (or range-checked).
@@ -587,11 +589,10 @@ def _token_cell(cell: str, name: str, n: int, max_tokens: int) -> int:
 
 
 def parse_azure(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) -> None:
-    rows = _csv_rows(reader)
-    names = _header(rows, AZURE_HEADER, "an Azure trace")
+    rows, names = _open_csv(reader, AZURE_HEADER, "an Azure trace")
     lowered = [name.lower() for name in names]
     if len(names) != 3:
-        raise TraceError(1, "not an Azure trace: expected exactly 3 columns")
+        raise TraceError(rows.line_num, "not an Azure trace: expected exactly 3 columns")
     i_time, i_in, i_out = (lowered.index(name.lower()) for name in AZURE_HEADER)
     times: list[str] = []
     add_time = times.append
@@ -599,36 +600,48 @@ def parse_azure(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) 
     add_input = builder.input_tokens.append
     add_output = builder.output_tokens.append
     syntax = _TIME_SYNTAX.fullmatch
-    for n, row in rows:
-        if len(row) != 3:
-            _check_no_formula(row, names, n)
-            raise TraceError(n, f"expected 3 columns ({','.join(AZURE_HEADER)}), found {len(row)}")
-        stamp, context, generated = row[i_time], row[i_in], row[i_out]
-        if syntax(stamp) is None:
-            raise TraceError(
-                n, _cell_problem(stamp, "TIMESTAMP", what="a date and time like 2023-11-16 18:15:46.6805900")
-            )
-        if (
-            context.isdigit()
-            and generated.isdigit()
-            and len(context) <= _FAST_DIGITS
-            and len(generated) <= _FAST_DIGITS
-            and context.isascii()
-            and generated.isascii()
-        ):
-            input_tokens, output_tokens = int(context), int(generated)
-            if input_tokens > max_tokens or output_tokens > max_tokens:
-                _token_cell(context, "ContextTokens", n, max_tokens)
-                _token_cell(generated, "GeneratedTokens", n, max_tokens)
-        else:
-            input_tokens = _token_cell(context, "ContextTokens", n, max_tokens)
-            output_tokens = _token_cell(generated, "GeneratedTokens", n, max_tokens)
-        add_input(input_tokens)
-        add_output(output_tokens)
-        add_time(stamp)
-        add_line(n)
-        if len(times) >= FLUSH_ROWS:
-            _flush_times(times, builder)
+    malformed = False
+    try:
+        for row in rows:
+            n = rows.line_num
+            if len(row) != 3:
+                if _is_blank(row):
+                    continue
+                _check_no_formula(row, names, n)
+                raise TraceError(n, f"expected 3 columns ({','.join(AZURE_HEADER)}), found {len(row)}")
+            stamp, context, generated = row[i_time], row[i_in], row[i_out]
+            if syntax(stamp) is None:
+                raise TraceError(
+                    n,
+                    _cell_problem(
+                        stamp, "TIMESTAMP", what="a date and time like 2023-11-16 18:15:46.6805900"
+                    ),
+                )
+            if (
+                context.isdigit()
+                and generated.isdigit()
+                and len(context) <= _FAST_DIGITS
+                and len(generated) <= _FAST_DIGITS
+                and context.isascii()
+                and generated.isascii()
+            ):
+                input_tokens, output_tokens = int(context), int(generated)
+                if input_tokens > max_tokens or output_tokens > max_tokens:
+                    _token_cell(context, "ContextTokens", n, max_tokens)
+                    _token_cell(generated, "GeneratedTokens", n, max_tokens)
+            else:
+                input_tokens = _token_cell(context, "ContextTokens", n, max_tokens)
+                output_tokens = _token_cell(generated, "GeneratedTokens", n, max_tokens)
+            add_input(input_tokens)
+            add_output(output_tokens)
+            add_time(stamp)
+            add_line(n)
+            if len(times) >= FLUSH_ROWS:
+                _flush_times(times, builder)
+    except csv.Error:
+        malformed = True
+    if malformed:
+        raise TraceError(rows.line_num, _MALFORMED_CSV)
     _flush_times(times, builder)
 
 
@@ -666,26 +679,34 @@ def _seconds_ns(cell: str, n: int) -> int:
 
 
 def parse_burstgpt(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) -> None:
-    rows = _csv_rows(reader)
-    names = _header(rows, BURSTGPT_REQUIRED, "a BurstGPT trace")
+    rows, names = _open_csv(reader, BURSTGPT_REQUIRED, "a BurstGPT trace")
     lowered = [name.lower() for name in names]
     i_time, i_in, i_out = (lowered.index(name.lower()) for name in BURSTGPT_REQUIRED)
     i_type = lowered.index("log type") if "log type" in lowered else None
     width = len(names)
-    for n, row in rows:
-        if len(row) != width:
+    malformed = False
+    try:
+        for row in rows:
+            n = rows.line_num
+            if len(row) != width:
+                if _is_blank(row):
+                    continue
+                _check_no_formula(row, names, n)
+                raise TraceError(n, f"expected {width} columns as in the header, found {len(row)}")
             _check_no_formula(row, names, n)
-            raise TraceError(n, f"expected {width} columns as in the header, found {len(row)}")
-        _check_no_formula(row, names, n)
-        t_ns = _seconds_ns(row[i_time].strip(), n)
-        request_tokens = _token_cell(row[i_in].strip(), names[i_in], n, max_tokens)
-        response_tokens = _token_cell(row[i_out].strip(), names[i_out], n, max_tokens)
-        failed = response_tokens == 0 or (i_type is not None and "fail" in row[i_type].lower())
-        if failed:
-            builder.num_failed += 1
-            continue
-        builder.line_no.append(n)
-        builder.arrival_ns.append(t_ns)
-        builder.input_tokens.append(request_tokens)
-        builder.output_tokens.append(response_tokens)
-        builder.row_added()
+            t_ns = _seconds_ns(row[i_time].strip(), n)
+            request_tokens = _token_cell(row[i_in].strip(), names[i_in], n, max_tokens)
+            response_tokens = _token_cell(row[i_out].strip(), names[i_out], n, max_tokens)
+            failed = response_tokens == 0 or (i_type is not None and "fail" in row[i_type].lower())
+            if failed:
+                builder.num_failed += 1
+                continue
+            builder.line_no.append(n)
+            builder.arrival_ns.append(t_ns)
+            builder.input_tokens.append(request_tokens)
+            builder.output_tokens.append(response_tokens)
+            builder.row_added()
+    except csv.Error:
+        malformed = True
+    if malformed:
+        raise TraceError(rows.line_num, _MALFORMED_CSV)
