@@ -61,9 +61,12 @@ def _paged_decode_kernel(  # type: ignore[no-untyped-def]
     SPLIT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    # KV heads vary fastest across the grid, so the programs in flight together read all heads
+    # of the same pages: in this cache layout one token's heads sit side by side (2 KiB for 8
+    # heads of 128), and reading them together keeps DRAM accesses within open rows.
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
     seqlen = tl.load(seqlens_ptr + b)
     start = split * split_tokens
     end = tl.minimum(start + split_tokens, seqlen)
@@ -186,7 +189,8 @@ def candidate_configs(max_seq_len: int) -> list[dict[str, int]]:
             continue
         for block_n in (32, 64, 128):
             for num_warps in (4, 8):
-                for num_stages in (2, 3):
+                # 4 stages of 128-token K and V tiles would need 256 KiB of shared memory
+                for num_stages in (2, 3) if block_n == 128 else (2, 3, 4):
                     out.append(
                         {
                             "block_n": block_n,
@@ -263,7 +267,7 @@ def paged_decode_attention(
         part_o = part_lse = out
         ps = (0, 0, 0, 0)
     upcast = interpreting() and q.dtype == torch.bfloat16
-    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _paged_decode_kernel[(num_kv_heads, num_splits, num_seqs)](
         q,
         k_cache,
         v_cache,

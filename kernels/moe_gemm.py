@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import config_table
-from kernels._common import check_out, interpreting, token_bucket
+from kernels._common import check_out, interpreting, next_pow2, token_bucket
 
 OP = "moe_gemm"
 
@@ -30,21 +30,108 @@ OP = "moe_gemm"
 @dataclass(frozen=True)
 class MoEAlignment:
     sorted_ids: torch.Tensor  # [max_blocks * block_m] int32 pair indices t * top_k + j; padding = num_pairs
-    block_experts: (
-        torch.Tensor
-    )  # [max_blocks] int32 expert of each row block; >= num_experts for unused blocks
+    # [max_blocks] int32 expert of each row block; >= num_experts for unused blocks
+    block_experts: torch.Tensor
     block_m: int
+
+
+_ALIGN_BLOCK = 1024
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    e = tl.load(ids_ptr + offs, mask=mask, other=0)
+    tl.atomic_add(counts_ptr + e, 1, mask=mask)
+
+
+@triton.jit
+def _offsets_kernel(  # type: ignore[no-untyped-def]
+    counts_ptr,
+    padded_start_ptr,
+    block_experts_ptr,
+    num_experts,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    B_CHUNK: tl.constexpr,
+):
+    e = tl.arange(0, E_PAD)
+    emask = e < num_experts
+    nblk = (tl.load(counts_ptr + e, mask=emask, other=0) + BLOCK_M - 1) // BLOCK_M
+    end = tl.cumsum(nblk, axis=0)
+    tl.store(padded_start_ptr + e, (end - nblk) * BLOCK_M, mask=emask)
+    # Block b belongs to the first expert whose run ends after it: count the runs ending at or
+    # before b (unused trailing blocks count every expert, i.e. >= num_experts).
+    for b0 in range(0, max_blocks, B_CHUNK):
+        b = b0 + tl.arange(0, B_CHUNK)
+        before = (end[None, :] <= b[:, None]) & emask[None, :]
+        tl.store(block_experts_ptr + b, tl.sum(before.to(tl.int32), axis=1), mask=b < max_blocks)
+
+
+@triton.jit
+def _scatter_kernel(  # type: ignore[no-untyped-def]
+    ids_ptr, cursor_ptr, padded_start_ptr, sorted_ids_ptr, num_pairs, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    e = tl.load(ids_ptr + offs, mask=mask, other=0)
+    # The order of pairs inside an expert's run is whatever the atomics give: each output row
+    # depends on its own pair only, so the GEMM's results do not depend on it.
+    rank = tl.atomic_add(cursor_ptr + e, 1, mask=mask)
+    dst = tl.load(padded_start_ptr + e, mask=mask, other=0) + rank
+    tl.store(sorted_ids_ptr + dst, offs, mask=mask)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:
     """Sort (token, expert) pairs by expert and pad each expert's run to a multiple of block_m.
 
-    Sized for the worst case (every expert padded) so no count leaves the device.
+    Three small Triton launches (count, offsets, scatter) and no host synchronisation; sized
+    for the worst case (every expert padded) so no count leaves the device. The plain-torch
+    version, `moe_align_ref`, took 0.4-0.5 ms on the H200 for 4-16k pairs (an argsort and a
+    dozen launches); this one is a few microseconds per launch.
     """
+    flat = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    num_pairs = flat.numel()
+    max_blocks = -(-(num_pairs + num_experts * (block_m - 1)) // block_m)
+    dev = flat.device
+    scratch = torch.zeros(3 * num_experts, dtype=torch.int32, device=dev)
+    counts, cursor, padded_start = (
+        scratch[:num_experts],
+        scratch[num_experts : 2 * num_experts],
+        scratch[2 * num_experts :],
+    )
+    sorted_ids = torch.full((max_blocks * block_m,), num_pairs, dtype=torch.int32, device=dev)
+    block_experts = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    if num_pairs:
+        grid = (triton.cdiv(num_pairs, _ALIGN_BLOCK),)
+        _count_kernel[grid](flat, counts, num_pairs, BLOCK=_ALIGN_BLOCK)
+    e_pad = max(16, next_pow2(num_experts))
+    _offsets_kernel[(1,)](
+        counts,
+        padded_start,
+        block_experts,
+        num_experts,
+        max_blocks,
+        BLOCK_M=block_m,
+        E_PAD=e_pad,
+        B_CHUNK=max(16, min(256, 8192 // e_pad)),
+    )
+    if num_pairs:
+        _scatter_kernel[grid](flat, cursor, padded_start, sorted_ids, num_pairs, BLOCK=_ALIGN_BLOCK)
+    return MoEAlignment(sorted_ids=sorted_ids, block_experts=block_experts, block_m=block_m)
+
+
+def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoEAlignment:
+    """Plain-torch alignment (stable order inside each expert's run)."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     num_pairs = flat.numel()
     max_blocks = -(-(num_pairs + num_experts * (block_m - 1)) // block_m)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: bincount reads the maximum back to the host to size its
+    # output, a synchronisation that cost ~0.2 ms per call on the H200.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     blocks_per_expert = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks_per_expert, 0)  # exclusive end block of each expert's run
     padded_start = (block_end - blocks_per_expert) * block_m  # first padded row of each expert
@@ -147,6 +234,10 @@ def candidate_configs() -> list[dict[str, int]]:
     out = []
     for bm, bn, bk, warps, stages in (
         (16, 64, 128, 4, 4),
+        (16, 64, 256, 4, 3),
+        (16, 128, 128, 4, 5),
+        (16, 256, 128, 8, 4),
+        (32, 128, 128, 4, 4),
         (16, 128, 128, 4, 4),
         (16, 128, 64, 4, 5),
         (16, 256, 64, 4, 4),

@@ -3,9 +3,9 @@
     x = [gate | up]  ([tokens, 2 * d]),  out = silu(gate) * up  ([tokens, d])
 
 Without FP8 the grid is (tokens, column blocks): each element is read and written once. With
-FP8 each program owns one whole row and makes two passes, the first for the row's absolute
-maximum (the per-token scale), the second to quantise and store; the second pass re-reads the
-row, which a [tokens, 2d] bf16 row of up to 64 KiB serves from L2, not device memory.
+FP8 each program owns one whole row: up to MAX_WHOLE_ROW outputs it holds the row in registers
+(the absolute maximum, i.e. the per-token scale, comes from registers); wider rows take two
+passes, the first for the maximum, the second to quantise and store, re-reading the row.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from kernels._common import FP8_E4M3_MAX, FP8_MIN_AMAX, check_out, interpreting,
 from kernels._fp8 import FP8_MAX, MIN_AMAX, round_to_e4m3
 
 OP = "silu_mul"
+# Widest row the FP8 path holds in registers (16 warps: 32 float32 of y per thread).
+MAX_WHOLE_ROW = 16384
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ def _silu_mul_kernel(  # type: ignore[no-untyped-def]
     stride_o,
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
     SOFT_ROUND: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -54,6 +57,16 @@ def _silu_mul_kernel(  # type: ignore[no-untyped-def]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         y, mask = _silu_mul_block(x_ptr, row, cols, d, stride_x)
         tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    elif WHOLE_ROW:
+        # The row fits in one block: one read, the amax from registers, one write.
+        cols = tl.arange(0, BLOCK_N)
+        y, mask = _silu_mul_block(x_ptr, row, cols, d, stride_x)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), MIN_AMAX) / FP8_MAX
+        q = tl.minimum(tl.maximum(y * (1.0 / scale), -FP8_MAX), FP8_MAX)
+        if SOFT_ROUND:
+            q = round_to_e4m3(q)
+        tl.store(out_ptr + row * stride_o + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + row, scale)
     else:
         amax = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, d, BLOCK_N):
@@ -119,6 +132,12 @@ def silu_and_mul(
     if n_rows == 0 or d == 0:
         return SiluMulOutput(out=out, scale=scale)
     block_n = int(cfg["block_n"])
+    num_warps = int(cfg["num_warps"])
+    whole_row = False
+    if fp8 and d <= MAX_WHOLE_ROW:
+        # Hold the row in registers and skip the second pass; widen the block to the row.
+        block_n, whole_row = next_pow2(d), True
+        num_warps = max(num_warps, min(16, block_n // 1024))
     grid = (n_rows,) if fp8 else (n_rows, triton.cdiv(d, block_n))
     _silu_mul_kernel[grid](
         x,
@@ -129,8 +148,9 @@ def silu_and_mul(
         out.stride(0),
         BLOCK_N=block_n,
         FP8=fp8,
+        WHOLE_ROW=whole_row,
         SOFT_ROUND=fp8 and interpreting(),
-        num_warps=int(cfg["num_warps"]),
+        num_warps=num_warps,
     )
     return SiluMulOutput(out=out, scale=scale)
 

@@ -67,29 +67,29 @@ def _cfg_key(cfg: dict[str, int]) -> str:
 
 
 @dataclass(frozen=True)
-class _Problem:
+class Problem:
     shape: dict[str, int]
     run: Callable[[dict[str, int]], torch.Tensor]  # launch with a configuration, return the output
     reference: Callable[[], torch.Tensor]
 
 
-def _rmsnorm_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> _Problem:
+def rmsnorm_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> Problem:
     h = model.hidden_size
     dev = gen.device
     x = torch.randn(n, h, device=dev, dtype=dtype, generator=gen)
     r = torch.randn(n, h, device=dev, dtype=dtype, generator=gen)
     w = torch.randn(h, device=dev, dtype=dtype, generator=gen)
-    return _Problem(
+    return Problem(
         shape={"num_tokens": n, "hidden": h},
         run=lambda cfg: rmsnorm.fused_add_rmsnorm(x, r, w, config=cfg).out,
         reference=lambda: rmsnorm.fused_add_rmsnorm_ref(x, r, w).out,
     )
 
 
-def _silu_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> _Problem:
+def silu_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> Problem:
     d = model.mlp_width
     x = torch.randn(n, 2 * d, device=gen.device, dtype=dtype, generator=gen)
-    return _Problem(
+    return Problem(
         shape={"num_tokens": n, "d": d},
         run=lambda cfg: silu_mul.silu_and_mul(x, config=cfg).out,
         reference=lambda: silu_mul.silu_and_mul_ref(x).out,
@@ -126,13 +126,13 @@ def make_decode_inputs(
     }
 
 
-def _attention_problem(
+def attention_problem(
     num_seqs: int, max_seq_len: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype
-) -> _Problem:
+) -> Problem:
     inp = make_decode_inputs(
         num_seqs, max_seq_len, model.num_heads, model.num_kv_heads, model.head_dim, gen, dtype
     )
-    return _Problem(
+    return Problem(
         shape={
             "num_seqs": num_seqs,
             "max_seq_len": max_seq_len,
@@ -161,10 +161,10 @@ def make_moe_inputs(
     }
 
 
-def _moe_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> _Problem:
+def moe_problem(n: int, model: ModelShapes, gen: torch.Generator, dtype: torch.dtype) -> Problem:
     n_dim, k_dim = 2 * model.moe_intermediate_size, model.hidden_size
     inp = make_moe_inputs(n, k_dim, n_dim, model.num_experts, model.experts_per_token, gen, dtype)
-    return _Problem(
+    return Problem(
         shape={
             "num_tokens": n,
             "n": n_dim,
@@ -194,7 +194,7 @@ def candidates_for(op: str, model: ModelShapes, max_seq_len: int = 0) -> list[di
 
 
 def time_problem(
-    problem: _Problem, configs: Iterable[dict[str, int]], *, rep_ms: int = 40, tol: float = _BF16_TOL
+    problem: Problem, configs: Iterable[dict[str, int]], *, rep_ms: int = 40, tol: float = _BF16_TOL
 ) -> list[Trial]:
     """Check each configuration against the reference, then time the ones that match."""
     ref = problem.reference()
@@ -236,13 +236,13 @@ def tune(
             for seqs, longest in buckets.decode_batches.values():
                 key = attention_bucket(seqs, longest)
                 reps[key] = max(reps.get(key, (0, 0)), (seqs, longest))
-            items: list[tuple[str, float, Callable[[], _Problem]]] = [
-                (key, weight, functools.partial(_attention_problem, *reps[key], model, gen, dtype))
+            items: list[tuple[str, float, Callable[[], Problem]]] = [
+                (key, weight, functools.partial(attention_problem, *reps[key], model, gen, dtype))
                 for key, weight in sorted(buckets.attention_buckets.items())
             ]
             cand_len = max(longest for _, longest in reps.values())
         else:
-            build = {"rmsnorm": _rmsnorm_problem, "silu_mul": _silu_problem, "moe_gemm": _moe_problem}[op]
+            build = {"rmsnorm": rmsnorm_problem, "silu_mul": silu_problem, "moe_gemm": moe_problem}[op]
             items = [
                 (str(b), weight, functools.partial(build, b, model, gen, dtype))
                 for b, weight in sorted(buckets.token_buckets.items())

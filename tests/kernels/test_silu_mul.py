@@ -42,6 +42,21 @@ def test_fp8_output_with_per_token_scale(
     assert_fp8_close(out, scale, ref.out, ref.scale)
 
 
+def test_fp8_two_pass_path_for_wide_rows(gen: torch.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows wider than MAX_WHOLE_ROW take the two-pass path; force it at a testable width."""
+    from kernels import silu_mul as mod
+
+    monkeypatch.setattr(mod, "MAX_WHOLE_ROW", 0)
+    n, d = SHAPES[1]
+    x = torch.randn(n, 2 * d, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 3
+    out = _poisoned((n, d), torch.float8_e4m3fn)
+    scale = _poisoned((n, 1), torch.float32)
+    silu_and_mul(x, fp8=True, out=out, scale_out=scale, config={"block_n": 128, "num_warps": 2})
+    ref = silu_and_mul_ref(x, fp8=True)
+    assert ref.scale is not None
+    assert_fp8_close(out, scale, ref.out, ref.scale)
+
+
 def test_every_candidate_config_is_correct(gen: torch.Generator) -> None:
     n, d = SHAPES[-1]
     x = torch.randn(n, 2 * d, device=DEVICE, dtype=torch.bfloat16, generator=gen)
