@@ -172,6 +172,14 @@ def test_duplicate_keys() -> None:
         '{"timestamp": 5000, "input_length": 5, "output_length": 1, "hash_ids": [1], "input_length": 9}'
     )
     fails("\n".join(lines), 3, "duplicate key `input_length`")
+    lines[2] = (
+        '{"timestamp": 5000, "input_length" : 5, "output_length": 1, "hash_ids": [1], "input_length":9}'
+    )
+    fails("\n".join(lines), 3, "duplicate key `input_length`")
+    lines[2] = (
+        '{"timestamp": 5000, "input_length": 5, "output_length": 1, "hash_ids": [1], "x": {"a": 1, "a": 2}}'
+    )
+    fails("\n".join(lines), 3, "duplicate key in one JSON object")
 
 
 def test_hash_ids_must_be_integers() -> None:

@@ -117,27 +117,37 @@ def _reject_constant(name: str) -> Any:
 _DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs_hook, parse_constant=_reject_constant)
 
 
-_SCAN: Final = _DECODER.scan_once  # type: ignore[attr-defined]
+# The fast path's decoder has no pairs hook (a Python call per object); see decode_json_line.
+_SCAN: Final = json.JSONDecoder(parse_constant=_reject_constant).scan_once  # type: ignore[attr-defined]
+_QUOTE: Final = ord('"')
 BLANK: Final = object()  # what decode_json_line returns for a line with nothing on it
 
 
 def decode_json_line(raw: bytes, line_no: int) -> Any:
-    """One JSON value from one line; strict about what the standard library lets through.
+    """One JSON object from one line; strict about what the standard library lets through.
 
-    The fast path runs the C scanner directly (one value at position 0, then only whitespace);
-    anything else goes through the full decoder, which gives a precise message.
+    The fast path runs the C scanner directly, without the duplicate-key hook, and accepts the
+    result only if the line holds exactly two quote characters per key of the object: every key
+    and every string costs two quotes, so then there is no repeated key, no string value and no
+    nested object with keys (Mooncake's lines). Anything else goes through the strict decoder,
+    which also gives precise error messages.
     """
     try:
         text = raw.decode("utf-8")
         obj, end = _SCAN(text, 0)
-        if end == len(text) or text[end:].isspace():
+        if (
+            (end == len(text) or text[end:].isspace())
+            and type(obj) is dict
+            and raw.count(_QUOTE) == 2 * len(obj)
+        ):
             return obj
     except Exception:  # noqa: S110 - every failure is diagnosed below, on the slow path
         pass
-    return _decode_slowly(raw, line_no)
+    return decode_json_line_strictly(raw, line_no)
 
 
-def _decode_slowly(raw: bytes, line_no: int) -> Any:
+def decode_json_line_strictly(raw: bytes, line_no: int) -> Any:
+    """The full decoder (duplicate keys, NaN, nesting and digits all checked)."""
     problem: str
     try:
         text = raw.decode("utf-8")
@@ -149,7 +159,9 @@ def _decode_slowly(raw: bytes, line_no: int) -> Any:
     except json.JSONDecodeError as exc:
         problem = f"not valid JSON ({exc.msg} at column {exc.colno}; is the line truncated?)"
     except _DuplicateKeyError as exc:
-        problem = f"duplicate key {_quote_field(exc.args[0])} in one JSON object"
+        key = exc.args[0]
+        named = f" {_quote_field(key)}" if _quote_field(key) != "a key" else ""
+        problem = f"duplicate key{named} in one JSON object"
     except _NonFiniteError as exc:
         problem = f"{exc.args[0]} is not a number (NaN and Infinity are not valid JSON)"
     except RecursionError:
@@ -453,7 +465,7 @@ def parse_openai(
     used_tokenizer = False
     sessions: set[bytes] = set()
     for n, raw in _numbered(reader):
-        obj = decode_json_line(raw, n)
+        obj = decode_json_line_strictly(raw, n)
         if type(obj) is not dict:
             if obj is BLANK:
                 continue
