@@ -19,6 +19,8 @@ COMMAND_MODULES: list[str] = [
     "tuning.commands.workload",
     "kernels.cli",
     "serving.commands",
+    "serving.sim_commands",
+    "tuning.commands.tune",
 ]
 
 

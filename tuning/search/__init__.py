@@ -1,0 +1,1 @@
+"""Tuning: search serving configurations against an SLO on the customer's own traffic."""

@@ -1,0 +1,144 @@
+"""Choosing the winner among measured candidates, and saying why the others lost."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What selection needs to know about one finished trial."""
+
+    trial: int  # trial number in the job
+    label: str  # short human description of the configuration
+    num_changed_knobs: int  # against the engine defaults: fewer is simpler
+    slo_met: bool
+    slo_violations: tuple[str, ...]
+    gates_passed: bool
+    gate_reasons: tuple[str, ...]
+    cost_per_mtok_usd: float | None  # at the highest load it sustained within the SLO
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    ttft_p95_ci_ms: tuple[float, float]  # bootstrap 95% interval
+    error: str | None = None  # the trial crashed: why
+
+
+@dataclass(frozen=True)
+class Selection:
+    winner: int | None  # trial number
+    tie: bool  # the winner did not beat the runner-up by more than the noise
+    summary: str  # one paragraph a person reads
+    reasons: dict[int, str]  # trial -> why it won or lost
+    pareto: tuple[int, ...]  # trials on the p95-TTFT-vs-cost frontier
+    best_achievable: int | None  # when nothing met the SLO: the closest trial
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "winner": self.winner,
+            "tie": self.tie,
+            "summary": self.summary,
+            "reasons": {str(k): v for k, v in self.reasons.items()},
+            "pareto": list(self.pareto),
+            "best_achievable": self.best_achievable,
+        }
+
+
+def pareto_front(candidates: Sequence[Candidate]) -> tuple[int, ...]:
+    """Trials no other trial beats on both p95 TTFT and cost (among those that measured both)."""
+    points = [
+        c
+        for c in candidates
+        if c.error is None and c.cost_per_mtok_usd is not None and not math.isnan(c.ttft_p95_ms)
+    ]
+    front = []
+    for c in points:
+        dominated = any(
+            o.ttft_p95_ms <= c.ttft_p95_ms
+            and o.cost_per_mtok_usd <= c.cost_per_mtok_usd  # type: ignore[operator]
+            and (o.ttft_p95_ms < c.ttft_p95_ms or o.cost_per_mtok_usd < c.cost_per_mtok_usd)  # type: ignore[operator]
+            for o in points
+        )
+        if not dominated:
+            front.append(c.trial)
+    return tuple(sorted(front))
+
+
+def _cost(c: Candidate) -> float:
+    return math.inf if c.cost_per_mtok_usd is None else c.cost_per_mtok_usd
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) -> Selection:
+    """Lowest cost per million tokens among candidates meeting the SLO and passing the gates.
+
+    Costs within `cost_tie_fraction` of each other are a tie on cost; then the lower p95 TTFT wins
+    if its bootstrap interval clears the other's, and otherwise the simpler configuration wins.
+    """
+    reasons: dict[int, str] = {}
+    eligible = []
+    for c in candidates:
+        if c.error is not None:
+            reasons[c.trial] = f"trial failed: {c.error}"
+        elif not c.gates_passed:
+            reasons[c.trial] = "rejected by a gate: " + "; ".join(c.gate_reasons)
+        elif not c.slo_met:
+            reasons[c.trial] = "missed the SLO: " + "; ".join(c.slo_violations)
+        elif c.cost_per_mtok_usd is None:
+            reasons[c.trial] = "no cost measured"
+        else:
+            eligible.append(c)
+    pareto = pareto_front(candidates)
+    if not eligible:
+        measured = [c for c in candidates if c.error is None and not math.isnan(c.ttft_p95_ms)]
+        best = min(measured, key=lambda c: (not c.gates_passed, c.ttft_p95_ms)) if measured else None
+        summary = "No configuration met the SLO and passed the gates."
+        if best is not None:
+            summary += (
+                f" The closest was trial {best.trial} ({best.label}): p50 TTFT {best.ttft_p50_ms:,.0f} ms, "
+                f"p95 {best.ttft_p95_ms:,.0f} ms ({'; '.join(best.slo_violations) or 'gates: ' + '; '.join(best.gate_reasons)})."
+            )
+        return Selection(None, False, summary, reasons, pareto, best.trial if best else None)
+
+    eligible.sort(key=lambda c: (_cost(c), c.num_changed_knobs, c.trial))
+    winner = eligible[0]
+    tie = False
+    why = f"lowest cost per million tokens (${winner.cost_per_mtok_usd:.4f}) among the {len(eligible)} that met the SLO and passed the gates"
+    if len(eligible) > 1:
+        runner = eligible[1]
+        base_cost = _cost(winner)
+        if (_cost(runner) - base_cost) / base_cost <= cost_tie_fraction:
+            tied = [c for c in eligible if (_cost(c) - base_cost) / base_cost <= cost_tie_fraction]
+            fastest = min(tied, key=lambda c: c.ttft_p95_ms)
+            others = [c for c in tied if c is not fastest]
+            if all(
+                not _overlap(fastest.ttft_p95_ci_ms, o.ttft_p95_ci_ms)
+                and fastest.ttft_p95_ci_ms[1] < o.ttft_p95_ci_ms[0]
+                for o in others
+            ):
+                winner = fastest
+                why = f"tied on cost with {len(others)} other(s) and the clearly lowest p95 TTFT ({fastest.ttft_p95_ms:,.0f} ms, interval clear of the rest)"
+            else:
+                tie = True
+                winner = min(tied, key=lambda c: (c.num_changed_knobs, c.cost_per_mtok_usd, c.trial))
+                why = (
+                    f"a tie within the noise with {len(tied) - 1} other(s) (cost within {cost_tie_fraction:.0%}, "
+                    f"p95 TTFT intervals overlapping): the simplest configuration ({winner.num_changed_knobs} changed knobs) wins"
+                )
+    reasons[winner.trial] = "winner: " + why
+    for c in eligible:
+        if c.trial != winner.trial:
+            reasons[c.trial] = (
+                f"met the SLO but cost ${c.cost_per_mtok_usd:.4f}/Mtok vs ${winner.cost_per_mtok_usd:.4f}"
+                + (" (tie; the winner is simpler)" if tie else "")
+            )
+    summary = (
+        f"Trial {winner.trial} ({winner.label}) wins: {why}. It serves p50 TTFT {winner.ttft_p50_ms:,.0f} ms, "
+        f"p95 {winner.ttft_p95_ms:,.0f} ms at the target load."
+    )
+    return Selection(winner.trial, tie, summary, reasons, pareto, None)

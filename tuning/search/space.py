@@ -1,0 +1,279 @@
+"""The search space: every engine knob that can move TTFT or cost, with its constraints.
+
+The space is data: `SearchSpace.describe()` prints it, `to_dict()` serialises it, and
+`violations(assignment)` says why a point is not allowed (KV cache must fit, tensor parallel
+within the devices, speculative decoding only where its method applies, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from serving.engine.config import EngineConfig
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
+
+
+class ModelLoadError(ValueError):
+    """A model directory that cannot be served; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    checkpoint_dtype: str  # what the checkpoint says (vLLM's "auto")
+    num_params: int  # estimated from the shapes
+
+    def kv_bytes_per_token(self, kv_dtype: str) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _BYTES.get(kv_dtype, 2)
+
+
+def model_info(path: str | Path) -> ModelInfo:
+    """Read a Hugging Face style model directory (config.json + tokenizer) without loading weights."""
+    root = Path(path)
+    config_file = root / "config.json"
+    if not root.is_dir():
+        raise ModelLoadError(f"model directory {root} does not exist")
+    if not config_file.is_file():
+        raise ModelLoadError(f"{root} has no config.json: not a model directory")
+    try:
+        cfg = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
+    if not any((root / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ModelLoadError(f"{root} has no tokenizer (tokenizer.json)")
+    if not list(root.glob("*.safetensors")) and not list(root.glob("*.bin")):
+        raise ModelLoadError(f"{root} has no weights (*.safetensors)")
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads", heads))
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        vocab = int(cfg["vocab_size"])
+        inter = int(cfg.get("intermediate_size", 4 * hidden))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{config_file} lacks a usable field: {exc}") from None
+    per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2 + 3 * hidden * inter
+    return ModelInfo(
+        path=str(root),
+        architecture=str((cfg.get("architectures") or ["unknown"])[0]),
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        checkpoint_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        num_params=layers * per_layer + 2 * vocab * hidden,
+    )
+
+
+@dataclass(frozen=True)
+class HardwareTarget:
+    """Where trials run: the local CPU engine here; a GPU type on a GPU host."""
+
+    name: str  # e.g. "local-cpu"
+    region: str  # data-residency region code, e.g. "us"
+    num_devices: int
+    kv_cache_gib: float  # memory available to the KV cache on one replica
+    price_per_hour_usd: float  # for cost per million tokens
+    device_kind: str = "cpu"  # "cpu" or "gpu"
+
+
+LOCAL_CPU = HardwareTarget(
+    name="local-cpu", region="local", num_devices=1, kv_cache_gib=2.0, price_per_hour_usd=0.10
+)
+
+
+# Change types decide how strict the correctness gate is (see gates.py).
+LOSSLESS = "lossless"  # must reproduce the reference's greedy output exactly
+PRECISION = "precision"  # changes numerics: judged by top-1 agreement and KL divergence
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str  # a field of EngineConfig, or a pseudo-knob expanded in `to_config`
+    values: tuple[Any, ...]
+    baseline: Any  # the value vLLM uses when the flag is not given
+    change_type: str  # LOSSLESS or PRECISION
+    why: str  # what the knob does to TTFT or cost
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    model: ModelInfo
+    hardware: HardwareTarget
+    base: EngineConfig  # fields no knob sets (start-up mode, KV space, ...)
+    knobs: tuple[Knob, ...]
+    max_model_len: int
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(k.values) for k in self.knobs)
+
+    def knob(self, name: str) -> Knob:
+        return next(k for k in self.knobs if k.name == name)
+
+    def baseline(self) -> dict[str, Any]:
+        return {k.name: k.baseline for k in self.knobs}
+
+    def to_config(self, assignment: Mapping[str, Any]) -> EngineConfig:
+        values = {**self.baseline(), **assignment}
+        speculative = values.pop("speculative", None)
+        fields: dict[str, Any] = {k: v for k, v in values.items() if v is not None or k == "dtype"}
+        if fields.get("dtype") is None:
+            fields["dtype"] = "auto"
+        config = replace(self.base, **fields, max_model_len=self.max_model_len)
+        if speculative:
+            method, _, num = str(speculative).partition(":")
+            config = replace(
+                config,
+                speculative_method=method,
+                num_speculative_tokens=int(num),
+                ngram_prompt_lookup_max=int(num) if method == "ngram" else None,
+            )
+        return config
+
+    def violations(self, assignment: Mapping[str, Any]) -> list[str]:
+        """Why this point cannot run (empty when it can)."""
+        values = {**self.baseline(), **assignment}
+        problems = []
+        for knob in self.knobs:
+            if values[knob.name] not in knob.values:
+                problems.append(f"{knob.name}={values[knob.name]!r} is not one of {list(knob.values)}")
+        seqs = values.get("max_num_seqs") or 256
+        budget = values.get("max_num_batched_tokens") or 2048
+        chunked = values.get("enable_chunked_prefill")
+        if budget < seqs:
+            problems.append(
+                f"max_num_batched_tokens {budget} < max_num_seqs {seqs}: the step budget cannot hold one token per sequence"
+            )
+        if chunked is False and budget < self.max_model_len:
+            problems.append(
+                f"without chunked prefill max_num_batched_tokens ({budget}) must cover max_model_len ({self.max_model_len})"
+            )
+        kv_dtype = values.get("kv_cache_dtype") or "auto"
+        dtype = values.get("dtype") or self.model.checkpoint_dtype
+        per_token = self.model.kv_bytes_per_token(dtype if kv_dtype == "auto" else kv_dtype)
+        kv_tokens = int(self.hardware.kv_cache_gib * (1 << 30) // per_token)
+        if kv_tokens < self.max_model_len:
+            problems.append(
+                f"the KV cache ({self.hardware.kv_cache_gib:g} GiB = {kv_tokens:,} tokens) cannot hold one "
+                f"{self.max_model_len:,}-token sequence"
+            )
+        tp = values.get("tensor_parallel_size") or 1
+        if tp > self.hardware.num_devices:
+            problems.append(f"tensor_parallel_size {tp} > {self.hardware.num_devices} devices")
+        if tp > 1 and self.model.num_kv_heads % tp:
+            problems.append(f"tensor_parallel_size {tp} does not divide {self.model.num_kv_heads} KV heads")
+        spec = values.get("speculative")
+        if spec and not str(spec).startswith("ngram:"):
+            problems.append(f"speculative method {spec!r} needs a draft model, which this job has none of")
+        return problems
+
+    def changed_knobs(self, assignment: Mapping[str, Any]) -> list[str]:
+        base = self.baseline()
+        return [name for name, value in assignment.items() if base.get(name) != value]
+
+    def change_type(self, assignment: Mapping[str, Any], reference: Mapping[str, Any]) -> str:
+        """PRECISION if any knob that changes numerics differs from the reference, else LOSSLESS."""
+        for knob in self.knobs:
+            if knob.change_type == PRECISION and assignment.get(knob.name, knob.baseline) != reference.get(
+                knob.name, knob.baseline
+            ):
+                return PRECISION
+        return LOSSLESS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.path,
+            "hardware": self.hardware.name,
+            "max_model_len": self.max_model_len,
+            "size": self.size,
+            "knobs": [
+                {
+                    "name": k.name,
+                    "values": list(k.values),
+                    "baseline": k.baseline,
+                    "change_type": k.change_type,
+                    "why": k.why,
+                }
+                for k in self.knobs
+            ],
+        }
+
+    def describe(self) -> str:
+        lines = [f"search space for {self.model.path} on {self.hardware.name}: {self.size:,} points"]
+        for k in self.knobs:
+            values = ", ".join("default" if v is None else str(v) for v in k.values)
+            lines.append(f"  {k.name:<24} {{{values}}}  baseline={k.baseline}  [{k.change_type}] {k.why}")
+        return "\n".join(lines)
+
+
+def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: int) -> SearchSpace:
+    """The knobs worth searching for this model on this hardware, with vLLM's defaults as baseline."""
+    dtypes: tuple[str | None, ...] = (
+        (None, "float32", "bfloat16")
+        if hardware.device_kind == "cpu"
+        else (
+            None,
+            "bfloat16",
+        )
+    )
+    knobs = [
+        Knob(
+            "dtype",
+            dtypes,
+            None,
+            PRECISION,
+            "activation/weight precision; float32 prefill is faster on AVX2 CPUs",
+        ),
+        Knob(
+            "max_num_seqs", (None, 4, 8, 16, 32, 64), None, LOSSLESS, "batch width: queueing vs per-step time"
+        ),
+        Knob(
+            "max_num_batched_tokens",
+            (None, 512, 1024, 2048, 4096, 8192),
+            None,
+            LOSSLESS,
+            "tokens per step: long prefills in one step vs decode stalls behind them",
+        ),
+        Knob(
+            "enable_chunked_prefill", (None, True, False), None, LOSSLESS, "split long prompts across steps"
+        ),
+        Knob(
+            "enable_prefix_caching", (None, True, False), None, LOSSLESS, "reuse KV of shared prompt prefixes"
+        ),
+        Knob(
+            "speculative",
+            (None, "ngram:3"),
+            None,
+            LOSSLESS,
+            "n-gram speculative decoding: faster decode where outputs echo the prompt",
+        ),
+    ]
+    if hardware.num_devices > 1:
+        tps = tuple(n for n in (1, 2, 4, 8) if n <= hardware.num_devices and model.num_kv_heads % n == 0)
+        knobs.append(Knob("tensor_parallel_size", tps, 1, PRECISION, "split each layer over devices"))
+    base = EngineConfig(
+        enforce_eager=hardware.device_kind == "cpu",
+        cpu_kv_cache_space_gib=max(1, int(hardware.kv_cache_gib)) if hardware.device_kind == "cpu" else None,
+    )
+    return SearchSpace(
+        model=model, hardware=hardware, base=base, knobs=tuple(knobs), max_model_len=max_model_len
+    )

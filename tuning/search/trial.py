@@ -1,0 +1,301 @@
+"""One live trial: start the engine with a candidate, gate it, replay the traffic, measure, stop.
+
+The engine is stopped whatever happens (the launcher's process group and watchdog make sure of
+it even when this process is killed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving.engine.config import EngineConfig
+from serving.engine.launcher import EngineLaunchError, start_engine
+from serving.loadgen.api import replay_generated, replay_trace
+from serving.loadgen.results import ReplayResult
+from serving.metrics import scrape, snapshot_delta
+from tuning.search import gates
+from tuning.search.slo import SLOTarget
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """Everything a trial needs besides the configuration; the same for every trial of a job."""
+
+    model_path: str
+    workload_trace: str  # the customer's traffic synthesised at the target rate (Mooncake JSONL)
+    target_rps: float
+    slo: SLOTarget
+    price_per_hour_usd: float
+    golden: gates.GoldenSet
+    repeats: int = 2  # replays at the target rate (noise estimate)
+    capacity_steps: tuple[float, ...] = (1.5, 2.0)  # further load multiples tried while the SLO holds
+    max_requests: int | None = None
+    max_prompt_tokens: int | None = None  # cap on synthesised prompt length (CPU engines)
+    max_output_tokens: int | None = None
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    thresholds: gates.Thresholds = field(default_factory=gates.Thresholds)
+    limits: gates.ReliabilityLimits = field(default_factory=gates.ReliabilityLimits)
+    engine_command: tuple[str, ...] | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    rate_multiple: float  # of the target rate
+    repeat: int
+    num_requests: int
+    num_errors: int
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    tpot_p50_ms: float
+    tokens_per_s: float  # prompt + output tokens served per second
+    slo_met: bool
+    violations: tuple[str, ...]
+    send_lateness_p99_ms: float
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    config: dict[str, Any]
+    status: str  # "ok" or "failed"
+    error: str | None
+    load: tuple[LoadPoint, ...]
+    ttft_p50_ms: float  # pooled over the repeats at the target rate
+    ttft_p95_ms: float
+    ttft_p95_ci_ms: tuple[float, float]  # bootstrap 95% interval of the pooled p95
+    tpot_p50_ms: float
+    slo_met: bool
+    slo_violations: tuple[str, ...]
+    sustainable_multiple: float  # highest load multiple that met the SLO (0 when none)
+    cost_per_mtok_usd: float | None
+    correctness: dict[str, Any] | None
+    reliability: dict[str, Any] | None
+    capture: dict[str, Any] | None = field(repr=False)  # the golden-set answers (reference trial)
+    prefix_cache_hit_rate: float | None = None
+    preemptions: float | None = None
+    duration_s: float = 0.0
+    log_tail: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def gates_passed(self) -> bool:
+        return bool(
+            self.correctness
+            and self.correctness["passed"]
+            and self.reliability
+            and self.reliability["passed"]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _bootstrap_p95(
+    values: Sequence[float], rng: np.random.Generator, rounds: int = 400
+) -> tuple[float, float]:
+    if len(values) < 5:
+        return (math.nan, math.nan)
+    arr = np.asarray(values)
+    samples = rng.choice(arr, size=(rounds, arr.size), replace=True)
+    p95 = np.percentile(samples, 95, axis=1)
+    low, high = np.percentile(p95, [2.5, 97.5])
+    return (float(low), float(high))
+
+
+def _point(result: ReplayResult, multiple: float, repeat: int, slo: SLOTarget) -> LoadPoint:
+    s = result.summary
+    violations = tuple(slo.violations(s))
+    if s.num_errors:
+        violations += (f"{s.num_errors} request errors",)
+    return LoadPoint(
+        rate_multiple=multiple,
+        repeat=repeat,
+        num_requests=s.num_requests,
+        num_errors=s.num_errors,
+        ttft_p50_ms=s.ttft_ms.p50,
+        ttft_p95_ms=s.ttft_ms.p95,
+        tpot_p50_ms=s.tpot_ms.p50,
+        tokens_per_s=s.input_throughput_tps + s.output_throughput_tps,
+        slo_met=not violations,
+        violations=violations,
+        send_lateness_p99_ms=s.send_lateness_ms.p99,
+    )
+
+
+def _failed(config: EngineConfig, error: str, started: float, log_tail: Sequence[str] = ()) -> TrialResult:
+    return TrialResult(
+        config=config.to_mapping(),
+        status="failed",
+        error=error,
+        load=(),
+        ttft_p50_ms=math.nan,
+        ttft_p95_ms=math.nan,
+        ttft_p95_ci_ms=(math.nan, math.nan),
+        tpot_p50_ms=math.nan,
+        slo_met=False,
+        slo_violations=(),
+        sustainable_multiple=0.0,
+        cost_per_mtok_usd=None,
+        correctness=None,
+        reliability=None,
+        capture=None,
+        duration_s=time.monotonic() - started,
+        log_tail=tuple(log_tail),
+    )
+
+
+def run_trial(
+    plan: TrialPlan,
+    config: EngineConfig,
+    *,
+    change_type: str,
+    reference: gates.Capture | None,
+    work_dir: Path,
+) -> TrialResult:
+    """Measure one configuration. `reference` is None for the reference trial itself."""
+    started = time.monotonic()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = start_engine(
+            model=plan.model_path,
+            config=config,
+            startup_timeout_s=plan.startup_timeout_s,
+            command=list(plan.engine_command) if plan.engine_command else None,
+            log_path=work_dir / "engine.log",
+        )
+    except EngineLaunchError as exc:
+        return _failed(config, f"engine did not start: {exc}", started, getattr(exc, "log_tail", ()) or ())
+    rng = np.random.default_rng(plan.seed)
+    try:
+        url = engine.base_url
+        # Warm-up: the first requests pay for lazy initialisation; they are not measured.
+        replay_generated(
+            endpoint=url,
+            num_requests=4,
+            rate_rps=50.0,
+            num_prompt_tokens=64,
+            num_output_tokens=8,
+            seed=plan.seed,
+            progress=False,
+        )
+        answers = gates.capture(url, _served_name(url), plan.golden)
+        if reference is None:
+            verdict = gates.compare(answers, answers, change_type=change_type, thresholds=plan.thresholds)
+        else:
+            verdict = gates.compare(reference, answers, change_type=change_type, thresholds=plan.thresholds)
+        before = scrape(url)
+        points: list[LoadPoint] = []
+        ttfts: list[float] = []
+        for repeat in range(plan.repeats):
+            result = _replay(plan, url, 1.0, repeat)
+            points.append(_point(result, 1.0, repeat, plan.slo))
+            ttfts += [r.ttft_ms for r in result.requests if r.ok and r.ttft_ms is not None]
+        at_target = [p for p in points if p.rate_multiple == 1.0]
+        pooled_p50 = float(np.percentile(ttfts, 50)) if ttfts else math.nan
+        pooled_p95 = float(np.percentile(ttfts, 95)) if ttfts else math.nan
+        violations = []
+        for objective in plan.slo.objectives:
+            if objective.metric == "ttft":
+                value = float(np.percentile(ttfts, objective.percentile)) if ttfts else math.nan
+            else:
+                value = float(
+                    np.mean([getattr(p, f"{objective.metric}_p50_ms", math.nan) for p in at_target])
+                )
+            if math.isnan(value) or value > objective.limit_ms:
+                violations.append(f"{objective.name} {value:,.0f} > {objective.limit_ms:,.0f}")
+        errors = sum(p.num_errors for p in at_target)
+        if errors:
+            violations.append(f"{errors} request errors")
+        slo_met = not violations
+        sustainable = 1.0 if slo_met else 0.0
+        best_tps = float(np.mean([p.tokens_per_s for p in at_target])) if slo_met else math.nan
+        if slo_met:
+            for multiple in plan.capacity_steps:
+                point = _point(_replay(plan, url, multiple, 0), multiple, 0, plan.slo)
+                points.append(point)
+                if not point.slo_met:
+                    break
+                sustainable, best_tps = multiple, point.tokens_per_s
+        after = scrape(url)
+        delta = snapshot_delta(before, after)
+        survived = engine.alive() and engine.healthy()
+        rel = gates.reliability(
+            num_requests=sum(p.num_requests for p in points),
+            num_errors=sum(p.num_errors for p in points),
+            engine_survived=survived,
+            preemptions=delta.preemptions,
+            p50_ttft_by_repeat=[p.ttft_p50_ms for p in at_target],
+            limits=plan.limits,
+        )
+        cost = plan.price_per_hour_usd / (best_tps * 3600) * 1e6 if slo_met and best_tps > 0 else None
+        return TrialResult(
+            config=config.to_mapping(),
+            status="ok",
+            error=None,
+            load=tuple(points),
+            ttft_p50_ms=pooled_p50,
+            ttft_p95_ms=pooled_p95,
+            ttft_p95_ci_ms=_bootstrap_p95(ttfts, rng),
+            tpot_p50_ms=float(np.nanmean([p.tpot_p50_ms for p in at_target])) if at_target else math.nan,
+            slo_met=slo_met,
+            slo_violations=tuple(violations),
+            sustainable_multiple=sustainable,
+            cost_per_mtok_usd=cost,
+            correctness=verdict.to_dict(),
+            reliability=rel.to_dict(),
+            capture=answers.to_dict() if reference is None else None,
+            prefix_cache_hit_rate=None
+            if math.isnan(delta.prefix_cache_hit_rate)
+            else delta.prefix_cache_hit_rate,
+            preemptions=delta.preemptions,
+            duration_s=time.monotonic() - started,
+        )
+    except Exception as exc:
+        return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))
+    finally:
+        engine.stop()
+
+
+def _served_name(base_url: str) -> str:
+    from serving.engine.launcher import served_models
+
+    models = served_models(base_url)
+    return str(models[0]["id"])
+
+
+def _replay(plan: TrialPlan, url: str, multiple: float, repeat: int) -> ReplayResult:
+    return replay_trace(
+        endpoint=url,
+        trace=Path(plan.workload_trace),
+        rate_scale=multiple,
+        max_requests=plan.max_requests,
+        max_prompt_tokens=plan.max_prompt_tokens,
+        max_output_tokens=plan.max_output_tokens,
+        seed=plan.seed + repeat,
+        slo=plan.slo.per_request(),
+        request_timeout_s=plan.request_timeout_s,
+        progress=False,
+    )
+
+
+def describe(assignment: Mapping[str, Any]) -> str:
+    """A short label: only the knobs that differ from the engine's defaults."""
+    parts = [f"{k}={v}" for k, v in assignment.items() if v is not None]
+    return ", ".join(parts) or "vLLM defaults"
