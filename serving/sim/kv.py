@@ -1,0 +1,89 @@
+"""KV-cache blocks with prefix caching: block hashes, reference counts and LRU eviction.
+
+Mirrors vLLM v1's block pool: a request holds a list of blocks; full prompt blocks are
+registered under their chained hash; a block whose last holder finishes goes to the *tail* of
+the free queue with its hash kept (a later request can still hit it), and allocation takes
+blocks from the *head*, evicting the least recently freed cached block first. A request frees
+its blocks tail-first, so a prompt's last blocks are evicted before its shared prefix.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockPool:
+    """`num_blocks` blocks of `block_size` tokens."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.ref_count = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        # Free blocks (ref count 0), least recently freed first; values unused.
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.num_evictions = 0  # cached blocks reused for other content
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def longest_hit(self, hashes: list[int], max_blocks: int) -> list[int]:
+        """Block ids of the longest cached prefix of `hashes` (at most `max_blocks`)."""
+        if not self.enable_caching:
+            return []
+        hit = []
+        cached = self.cached
+        for h in hashes[:max_blocks]:
+            block = cached.get(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def num_free_after_touch(self, blocks: list[int]) -> int:
+        """Free blocks left once `blocks` (a cache hit) are taken off the free queue."""
+        return len(self.free) - sum(1 for b in blocks if self.ref_count[b] == 0)
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref_count[b] == 0:
+                del self.free[b]
+            self.ref_count[b] += 1
+
+    def allocate(self, count: int) -> list[int]:
+        """Take `count` blocks from the head of the free queue (caller checked there are enough)."""
+        out = []
+        free = self.free
+        for _ in range(count):
+            block, _ = free.popitem(last=False)
+            old = self.block_hash[block]
+            if old is not None:
+                if self.cached.get(old) == block:
+                    del self.cached[old]
+                self.block_hash[block] = None
+                self.num_evictions += 1
+            self.ref_count[block] = 1
+            out.append(block)
+        return out
+
+    def register(self, block: int, block_hash: int) -> None:
+        """Make a full block findable by its hash (first writer wins, as in vLLM)."""
+        if self.enable_caching and self.block_hash[block] is None and block_hash not in self.cached:
+            self.block_hash[block] = block_hash
+            self.cached[block_hash] = block
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; freed ones join the free queue tail-first."""
+        for b in reversed(blocks):
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free[b] = None
