@@ -11,12 +11,14 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -27,6 +29,8 @@ from serving.loadgen.prompts import PromptSynthesizer
 from serving.loadgen.results import SLO, ReplayResult, ReplaySettings, RequestResult, summarize
 from serving.loadgen.tokenizer import PromptTokenizer, TokenizerUnavailable
 from serving.loadgen.traces import TraceRequest
+
+T = TypeVar("T")
 
 _START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it is not born late
 
@@ -205,6 +209,25 @@ async def run_prepared(
     return results, finished - first_send, started_at
 
 
+def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on a fresh event loop: uvloop's when installed (it comes with vLLM), else asyncio's.
+
+    uvloop's lower per-callback cost keeps send lateness down when many streams are open. Objects
+    alive before the run are frozen out of the garbage collector so its passes stay short.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(coro)
+        result: T = uvloop.run(coro)
+        return result
+    finally:
+        gc.unfreeze()
+
+
 def replay(
     requests: Sequence[TraceRequest],
     offsets_s: Sequence[float],
@@ -228,7 +251,7 @@ def replay(
         ignore_eos=settings.ignore_eos,
     )
     bar = ProgressBar(len(prepared), enabled=progress)
-    results, duration_s, started_at = asyncio.run(
+    results, duration_s, started_at = run_event_loop(
         run_prepared(
             prepared,
             headers=target.headers(),
