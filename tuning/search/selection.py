@@ -47,11 +47,15 @@ class Selection:
 
 
 def pareto_front(candidates: Sequence[Candidate]) -> tuple[int, ...]:
-    """Trials no other trial beats on both p95 TTFT and cost (among those that measured both)."""
+    """Trials no other trial beats on both p95 TTFT and cost, among those that passed the gates
+    and measured both (a candidate a gate rejected is not an option, however fast)."""
     points = [
         c
         for c in candidates
-        if c.error is None and c.cost_per_mtok_usd is not None and not math.isnan(c.ttft_p95_ms)
+        if c.error is None
+        and c.gates_passed
+        and c.cost_per_mtok_usd is not None
+        and not math.isnan(c.ttft_p95_ms)
     ]
     front = []
     for c in points:
