@@ -137,8 +137,14 @@ _MI300X_PAGE = "AMD Instinct MI300X figures at https://www.jaredwatkins.com/rese
 _MI355X_PAGE = "AMD Instinct MI355X: 288 GB / 8 TB/s at https://www.tomshardware.com/pc-components/gpus/amds-instinct-mi355x-accelerator-will-consume-1-400-watts"
 _TPU_PAGE = "Google Cloud 'TPU v6e' spec table, https://docs.cloud.google.com/tpu/docs/v6e"
 _TPU_REGIONS = "Google Cloud 'TPU regions and zones', https://cloud.google.com/tpu/docs/regions-zones"
-_TRN2_PAGE = "AWS Neuron 'Trainium2 Architecture', https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.0/about-neuron/arch/neuron-hardware/trainium2.html"
-_TRN2_NKI = "AWS Neuron 'Trainium2 Architecture Guide for NKI' (96 GiB, 3 TB/s; dated 2025-12-01)"
+_TRN2_PAGE = (
+    "AWS Neuron 'Trainium2 Architecture', "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.0/_sources/about-neuron/arch/neuron-hardware/trainium2.rst"
+)
+_TRN2_NKI = (
+    "AWS Neuron 'Trainium2 Architecture Guide for NKI' (96 GiB, 3 TB/s), "
+    "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.0/_sources/nki/guides/architecture/trainium2_arch.rst"
+)
 _GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
 _ROCM_ENGINES = ("vllm", "sglang")
 _UNCONF_REGIONS = "UNCONFIRMED: region list not checked against the provider's page"
@@ -260,7 +266,7 @@ HARDWARE: dict[str, Hardware] = {
             "fp8": _f(
                 2615,
                 "TFLOPS",
-                _MI300X_PAGE + " (~2.6 PFLOPS FP8); 2,615 also at https://www.codesota.com/hardware/mi300x",
+                _MI300X_PAGE + " (~2.6 PFLOPS FP8)",
             ),
         },
         interconnect="Infinity Fabric (xGMI 3)",
@@ -285,14 +291,15 @@ HARDWARE: dict[str, Hardware] = {
             "fp8": _f(
                 5000,
                 "TFLOPS",
-                "AMD ISSCC 2026 MI355X talk: ~5 PFLOPS FP8, https://www.world-today-news.com/?p=7253162",
+                "AMD ISSCC 2026 MI355X talk: ~5 PFLOPS FP8 (dense vs sparse not stated there), "
+                "https://www.world-today-news.com/?p=7253162",
                 "2026-02-16",
             ),
-            "fp4": _f(
+            "fp4": _unconfirmed(
                 10050,
                 "TFLOPS",
-                _MI355X_PAGE + " (20.1 PFLOPS FP4/FP6 maximum with sparsity, halved)",
-                "2025-06",
+                "MI355X dense FP4: half of the 20.1 PFLOPS FP4/FP6 maximum quoted by tomshardware.com, "
+                "assuming that maximum is with sparsity (another page calls ~10 PFLOPS the sparse figure)",
             ),
         },
         interconnect="Infinity Fabric 4",
@@ -331,9 +338,7 @@ HARDWARE: dict[str, Hardware] = {
         vendor="aws",
         kind="trainium",
         memory_gb=_f(96, "GiB", _TRN2_NKI, "2025-12-01"),
-        memory_bandwidth_gbps=_f(
-            2900, "GB/s", _TRN2_NKI + " says 3 TB/s; 2.9 TB/s is the Trainium2 page's figure", "2025-12-01"
-        ),
+        memory_bandwidth_gbps=_f(3000, "GB/s", _TRN2_NKI, "2025-12-01"),
         dense_tflops={
             "bf16": _f(667, "TFLOPS", _TRN2_PAGE),
             "fp8": _f(1299, "TFLOPS", _TRN2_PAGE),

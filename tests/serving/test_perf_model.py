@@ -1,0 +1,113 @@
+"""Step-latency model: roofline behaviour, basis of predictions, and the calibration fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from serving.catalog import get_hardware, get_model
+from serving.perf import (
+    ACCELERATOR_PRIOR,
+    Efficiency,
+    StepShape,
+    StepTimeModel,
+    load_efficiency,
+    nearest_measured,
+)
+from serving.perf.calibrate import (
+    Observation,
+    decode_shape,
+    fit_efficiency,
+    predict_observation,
+    prefill_shape,
+)
+
+GPU_EFF = dataclasses.replace(ACCELERATOR_PRIOR, hardware="test", measured=True, how="test")
+
+
+def test_decode_of_a_big_dense_model_is_bound_by_weight_bandwidth() -> None:
+    model = StepTimeModel(
+        get_model("llama-3.1-70b"), get_hardware("h200"), weight_format="fp8", efficiency=GPU_EFF
+    )
+    t = model.step_time(decode_shape(1, 100))
+    weights_s = get_model("llama-3.1-70b").weight_bytes("fp8") / (4800e9 * GPU_EFF.memory_efficiency)
+    assert t.gemm_s == pytest.approx(weights_s, rel=1e-9)
+    # Batching decodes is almost free while memory-bound; a long prefill is compute-bound.
+    t64 = model.step_time(decode_shape(64, 100))
+    assert t64.gemm_s == pytest.approx(t.gemm_s, rel=1e-9)
+    prefill = model.step_time(prefill_shape(8192))
+    flops = 8192 * get_model("llama-3.1-70b").linear_flops_per_token()
+    assert prefill.gemm_s >= flops / (1979e12 * GPU_EFF.gemm_efficiency) * 0.999
+
+
+def test_step_time_grows_with_tokens_context_and_sequences() -> None:
+    model = StepTimeModel(get_model("llama-3.1-8b"), get_hardware("h100"), efficiency=GPU_EFF)
+    base = model.step_time(decode_shape(32, 1000)).total_s
+    assert model.step_time(decode_shape(32, 8000)).total_s > base
+    assert model.step_time(prefill_shape(4096)).total_s > model.step_time(prefill_shape(1024)).total_s
+    shape = decode_shape(32, 1000)
+    fast = model.step_seconds(
+        shape.num_tokens, shape.num_seqs, shape.num_sampled, 0.0, 0, shape.decode_ctx_tokens
+    )
+    assert fast == pytest.approx(model.step_time(shape).total_s, rel=1e-12)
+
+
+def test_tensor_parallel_splits_compute_and_adds_communication() -> None:
+    spec, hw = get_model("llama-3.1-70b"), get_hardware("h100")
+    one = StepTimeModel(spec, hw, weight_format="fp8", efficiency=GPU_EFF).step_time(prefill_shape(4096))
+    four = StepTimeModel(spec, hw, weight_format="fp8", tensor_parallel_size=4, efficiency=GPU_EFF).step_time(
+        prefill_shape(4096)
+    )
+    assert one.comm_s == 0 and four.comm_s > 0
+    assert four.gemm_s == pytest.approx(one.gemm_s / 4, rel=1e-9)
+
+
+def test_moe_decode_reads_only_the_experts_it_hits() -> None:
+    spec = get_model("qwen3-30b-a3b")
+    model = StepTimeModel(spec, get_hardware("h200"), efficiency=GPU_EFF)
+    small = model.step_time(decode_shape(1, 10)).gemm_s
+    large = model.step_time(decode_shape(256, 10)).gemm_s
+    assert small < large <= spec.weight_bytes() / (4800e9 * GPU_EFF.memory_efficiency) * 1.0001
+
+
+def test_every_prediction_says_whether_it_was_measured() -> None:
+    cpu = load_efficiency("cpu-local")
+    assert cpu is not None and cpu.measured and "fitted" in cpu.how
+    _, basis = nearest_measured(get_hardware("cpu-local"))
+    assert basis.startswith("measured on cpu-local")
+    eff, basis = nearest_measured(get_hardware("b200"))
+    assert basis.startswith("datasheet of b200 + ")
+    if load_efficiency("h200") is None:
+        assert eff is ACCELERATOR_PRIOR and "not measured" in basis
+    else:
+        assert "efficiency of h200" in basis
+
+
+def test_calibration_recovers_known_factors_from_synthetic_observations() -> None:
+    truth = Efficiency("cpu-local", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic")
+    spec = get_model("tiny-llama-s")
+    model = StepTimeModel(
+        spec, get_hardware("cpu-local"), weight_format="fp32", compute_format="fp32", efficiency=truth
+    )
+    obs = [Observation("ttft", f"p{p}", 0.0, (prefill_shape(p),)) for p in (32, 256, 1024, 2000)]
+    obs += [
+        Observation("tpot", f"d{n}x{c}", 0.0, (decode_shape(n, c),))
+        for n, c in ((1, 64), (8, 64), (32, 64), (1, 1500), (4, 1000))
+    ]
+    obs = [dataclasses.replace(o, measured_s=predict_observation(o, model)) for o in obs]
+    fitted = fit_efficiency(obs, spec, hardware_name="cpu-local", compute_format="fp32", how="test")
+    assert fitted.request_overhead_ms == pytest.approx(15.0, rel=0.02)
+    assert fitted.step_overhead_ms == pytest.approx(2.0, rel=0.05)
+    assert fitted.gemm_efficiency == pytest.approx(0.5, rel=0.05)
+    refit = StepTimeModel(
+        spec, get_hardware("cpu-local"), weight_format="fp32", compute_format="fp32", efficiency=fitted
+    )
+    for o in obs:
+        assert predict_observation(o, refit) == pytest.approx(o.measured_s, rel=0.02)
+
+
+def test_a_step_with_no_tokens_takes_no_time() -> None:
+    model = StepTimeModel(get_model("tiny-llama-s"), get_hardware("cpu-local"), weight_format="fp32")
+    empty = StepShape(0, 0, 0, 0, 0.0, 0, 0)
+    assert model.step_time(empty).total_s == 0.0 and model.step_seconds(0, 0, 0, 0.0, 0, 0) == 0.0

@@ -1,0 +1,212 @@
+"""Simulator end to end: same outputs as the load generator, prefix sharing, ranking, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serving.catalog import get_hardware, get_model
+from serving.engine import EngineConfig
+from serving.loadgen.results import ReplaySummary, RequestResult
+from serving.loadgen.traces import TraceRequest
+from serving.sim import LatencyTargets, max_rate_scale, rank_candidates, simulate, simulate_trace
+from serving.sim.simulator import prompt_block_hashes, resolve_config
+
+CPU_CONFIG = EngineConfig.cpu_default(max_model_len=4096, cpu_kv_cache_space_gib=1)
+
+
+def poisson_trace(n: int, rate: float, prompt: int, output: int, seed: int = 0) -> list[TraceRequest]:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    return [TraceRequest(float(t - times[0]), prompt, output) for t in times]
+
+
+def test_outputs_are_the_load_generators_types_with_its_token_counts() -> None:
+    trace = poisson_trace(50, 5.0, 3000, 40)
+    result = simulate(
+        trace,
+        model=get_model("tiny-llama-s"),
+        hardware=get_hardware("cpu-local"),
+        config=CPU_CONFIG,
+        max_prompt_tokens=1000,
+        max_output_tokens=16,
+        record_itl=True,
+    )
+    assert isinstance(result.summary, ReplaySummary)
+    assert all(isinstance(r, RequestResult) for r in result.requests)
+    first = result.requests[0]
+    assert first.num_prompt_tokens == 1000 and first.max_output_tokens == 16 and first.num_output_tokens == 16
+    assert len(first.itl_ms) == 15 and first.tpot_ms == pytest.approx(sum(first.itl_ms) / 15, rel=1e-6)
+    assert result.summary.num_requests == 50 and result.summary.num_errors == 0
+    assert result.basis.startswith("measured on cpu-local")
+
+
+def test_the_same_seed_gives_the_same_result() -> None:
+    trace = poisson_trace(200, 20.0, 500, 30)
+    spec_config = EngineConfig.cpu_default(
+        max_model_len=4096, speculative_method="ngram", num_speculative_tokens=3
+    )
+    runs = [
+        simulate_trace(trace, model="tiny-llama-s", hardware="cpu-local", config=spec_config, seed=7).summary
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+def test_more_load_means_more_queueing() -> None:
+    trace = poisson_trace(300, 1.0, 1500, 20)
+    light = simulate_trace(
+        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=1.0
+    )
+    heavy = simulate_trace(
+        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=40.0
+    )
+    assert heavy.summary.ttft_ms.p95 > light.summary.ttft_ms.p95
+    assert heavy.attribution.tail.queueing_ms + heavy.attribution.tail.chunking_delay_ms > (
+        light.attribution.tail.queueing_ms + light.attribution.tail.chunking_delay_ms
+    )
+
+
+def test_shared_trace_blocks_hit_the_simulated_prefix_cache() -> None:
+    shared = [TraceRequest(i * 0.5, 2048, 4, hash_ids=(1, 2, 3, 4)) for i in range(10)]
+    cfg_on = EngineConfig.cpu_default(max_model_len=4096, enable_prefix_caching=True)
+    cfg_off = EngineConfig.cpu_default(max_model_len=4096, enable_prefix_caching=False)
+    on = simulate(shared, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=cfg_on)
+    off = simulate(
+        shared, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=cfg_off
+    )
+    # After the first request, each reuses (2048 - 1) // 128 = 15 of its 16 blocks.
+    assert on.prefix_cache_hit_rate == pytest.approx(9 * 15 * 128 / (10 * 2048))
+    assert off.prefix_cache_hit_rate == 0.0
+    assert on.summary.ttft_ms.p50 < off.summary.ttft_ms.p50
+
+
+def test_block_hashes_follow_the_load_generators_prompt_layout() -> None:
+    a = TraceRequest(0.0, 1200, 1, hash_ids=(7, 8, 9))
+    b = TraceRequest(0.0, 700, 1, hash_ids=(7, 8))
+    c = TraceRequest(0.0, 1200, 1, hash_ids=(6, 8, 9))
+    ha = prompt_block_hashes(a, num_prompt_tokens=1200, overhead_tokens=1, block_size=128)
+    hb = prompt_block_hashes(b, num_prompt_tokens=700, overhead_tokens=1, block_size=128)
+    hc = prompt_block_hashes(c, num_prompt_tokens=1200, overhead_tokens=1, block_size=128)
+    assert len(ha) == 1200 // 128 and len(hb) == 700 // 128
+    assert hb == ha[: len(hb)]  # the same leading trace blocks, the same engine blocks
+    assert hc[0] != ha[0]
+    assert (
+        prompt_block_hashes(
+            TraceRequest(0.0, 1200, 1), num_prompt_tokens=1200, overhead_tokens=1, block_size=128
+        )
+        == []
+    )
+
+
+def test_engine_defaults_are_resolved_per_hardware() -> None:
+    cpu, wfmt, _ = resolve_config(
+        EngineConfig.cpu_default(), get_model("tiny-llama-s"), get_hardware("cpu-local")
+    )
+    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs, cpu.block_size, wfmt) == (2048, 128, 128, "fp32")
+    gpu, wfmt, kv = resolve_config(
+        EngineConfig(kv_cache_dtype="fp8"), get_model("llama-3.1-8b"), get_hardware("h200")
+    )
+    assert (gpu.max_num_batched_tokens, gpu.max_num_seqs, gpu.block_size, wfmt, kv) == (
+        8192,
+        1024,
+        16,
+        "bf16",
+        "fp8",
+    )
+    off, _, _ = resolve_config(
+        EngineConfig(enable_chunked_prefill=False, max_model_len=32768),
+        get_model("llama-3.1-8b"),
+        get_hardware("h200"),
+    )
+    assert off.max_num_batched_tokens == 32768
+
+
+def test_requests_beyond_max_model_len_fail_like_the_engine_refuses_them() -> None:
+    trace = [TraceRequest(0.0, 5000, 10), TraceRequest(0.1, 100, 10)]
+    result = simulate(
+        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=CPU_CONFIG
+    )
+    assert result.requests[0].error is not None and "max_model_len" in result.requests[0].error
+    assert result.requests[1].ok and result.summary.num_errors == 1
+
+
+def test_rank_candidates_puts_cheap_candidates_meeting_the_targets_first() -> None:
+    trace = poisson_trace(100, 2.0, 2000, 64)
+    candidates = [
+        ("h100", EngineConfig()),  # 70B in bf16 does not fit on one H100
+        ("h200", EngineConfig(quantization="fp8")),
+        ("b200", EngineConfig(quantization="fp8")),
+        ("b200", EngineConfig()),
+        ("h200", EngineConfig(quantization="fp8", max_num_batched_tokens=256, max_num_seqs=2)),
+    ]
+    ranked = rank_candidates(
+        trace, candidates, model="llama-3.1-70b", targets=LatencyTargets(ttft_p95_ms=1000)
+    )
+    assert [c.rank for c in ranked] == [1, 2, 3, 4, 5]
+    assert ranked[-1].error is not None and "does not fit" in ranked[-1].error
+    ok = [c for c in ranked if c.meets_targets]
+    assert len(ok) >= 2 and ok == ranked[: len(ok)]
+    costs = [c.cost_per_million_tokens_usd for c in ok]
+    assert costs == sorted(costs)
+    starved = next(c for c in ranked if c.config.max_num_seqs == 2)
+    assert not starved.meets_targets
+    assert all(c.basis for c in ranked if c.error is None)
+
+
+def test_max_rate_scale_finds_where_the_targets_stop_holding() -> None:
+    trace = poisson_trace(150, 2.0, 1000, 16)
+    targets = LatencyTargets(ttft_p95_ms=400)
+    scale = max_rate_scale(
+        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, targets=targets, iterations=6
+    )
+    assert scale is not None and 0.05 < scale < 64
+    worse = simulate_trace(
+        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=scale * 1.5
+    )
+    assert not targets.met_by(worse.summary)
+
+
+def test_the_cli_simulates_a_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from serving.sim_commands import register
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": i * 200, "input_length": 1000, "output_length": 20, "hash_ids": [0, 1]})
+            + "\n"
+            for i in range(30)
+        )
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"max_num_seqs": 64, "max_model_len": 8192}))
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--model",
+            "llama-3.1-8b",
+            "--hardware",
+            "h200",
+            "--config",
+            str(config),
+            "--json",
+        ]
+    )
+    assert args.func(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["num_requests"] == 30 and data["summary"]["ttft_ms"]["p50"] > 0
+    assert data["scheduler"]["max_num_seqs"] == 64 and data["attribution"]["dominant_cause"]
+    args = parser.parse_args(
+        ["simulate", "--trace", str(trace), "--model", "llama-3.1-70b", "--hardware", "h100"]
+    )
+    assert args.func(args) == 2
+    assert "does not fit" in capsys.readouterr().err
