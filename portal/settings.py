@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "portal.accounts",
     "portal.traffic",
+    "portal.jobs",
     "compliance",
 ]
 
@@ -223,6 +224,18 @@ TRAFFIC_MAX_DECOMPRESSED_BYTES = env.int("TRAFFIC_MAX_DECOMPRESSED_BYTES", 4 << 
 TRAFFIC_MAX_LINE_BYTES = env.int("TRAFFIC_MAX_LINE_BYTES", 16 << 20, minimum=1024)
 # Private folder where an upload waits for the ingest task (deleted once read).
 TRAFFIC_STAGING_DIR = Path(env.str("TRAFFIC_STAGING_DIR", str(VAR_DIR / "staging")) or "")
+# Numbers-only replayable copies of ingested samples (what tuning jobs replay).
+TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workloads")) or "")
+
+# Tuning jobs: where their state and engine logs live, which server folders models may be
+# registered from, and how long a trial step may hold a job before another worker takes over.
+TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
+TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
+TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
+# The broker re-delivers a task whose worker died after this long; longer than one trial.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10)
+}
 
 LOGGING = {
     "version": 1,

@@ -24,6 +24,7 @@ def plotly_js(request: HttpRequest) -> FileResponse:
 urlpatterns = [
     path("", include("portal.accounts.urls")),
     path("traffic/", include("portal.traffic.urls")),
+    path("jobs/", include("portal.jobs.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("vendor/plotly.min.js", plotly_js, name="plotly-js"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

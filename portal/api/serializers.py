@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
+from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 
 
@@ -111,3 +114,77 @@ class TrafficSampleUploadSerializer(serializers.Serializer):
         choices=TrafficSample.Format.choices, default=TrafficSample.Format.AUTO
     )
     file = serializers.FileField(allow_empty_file=False)
+
+
+class ServedModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ServedModel
+        fields = ["id", "name", "path", "architecture", "num_params", "created_at"]
+        read_only_fields = ["id", "architecture", "num_params", "created_at"]
+        validators: list[object] = []
+
+
+class TrialSerializer(serializers.ModelSerializer):
+    result = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Trial
+        fields = [
+            "number",
+            "label",
+            "assignment",
+            "status",
+            "attempts",
+            "result",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_result(self, obj: Trial) -> dict[str, object] | None:
+        # The golden-set answers are bulky and of no use to a client.
+        return {k: v for k, v in (obj.result or {}).items() if k != "capture"} or None
+
+
+class TuningJobSerializer(serializers.ModelSerializer):
+    trials = TrialSerializer(many=True, read_only=True)
+    selection = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TuningJob
+        fields = [
+            "id",
+            "name",
+            "traffic_sample",
+            "served_model",
+            "spec",
+            "status",
+            "cancel_requested",
+            "error",
+            "winner_trial",
+            "selection",
+            "trials",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_selection(self, obj: TuningJob) -> dict[str, object] | None:
+        return (obj.report or {}).get("selection")
+
+
+class TuningJobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    traffic_sample = serializers.UUIDField()
+    served_model = serializers.UUIDField()
+    slo = serializers.CharField(max_length=300, help_text='e.g. "ttft_p50_ms<=600,ttft_p95_ms<=1500"')
+    peak_rps = serializers.FloatField()
+    headroom = serializers.FloatField(default=1.25)
+    hardware = serializers.CharField(default="local-cpu")
+    budget_trials = serializers.IntegerField(default=6)
+    strategy = serializers.ChoiceField(choices=["tpe", "grid"], default="tpe")
+    duration_s = serializers.FloatField(default=20.0)
+    repeats = serializers.IntegerField(default=2)

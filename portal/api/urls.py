@@ -15,6 +15,10 @@ urlpatterns = [
     path("invitations/<uuid:pk>/", views.InvitationDetailView.as_view(), name="invitation_detail"),
     path("traffic-samples/", views.TrafficSampleListCreateView.as_view(), name="traffic_samples"),
     path("traffic-samples/<uuid:pk>/", views.TrafficSampleDetailView.as_view(), name="traffic_sample_detail"),
+    path("models/", views.ServedModelListCreateView.as_view(), name="models"),
+    path("tuning-jobs/", views.TuningJobListCreateView.as_view(), name="tuning_jobs"),
+    path("tuning-jobs/<uuid:pk>/", views.TuningJobDetailView.as_view(), name="tuning_job_detail"),
+    path("tuning-jobs/<uuid:pk>/cancel/", views.TuningJobCancelView.as_view(), name="tuning_job_cancel"),
     path("tokens/", views.ApiTokenListCreateView.as_view(), name="tokens"),
     path("tokens/<uuid:pk>/", views.ApiTokenDetailView.as_view(), name="token_detail"),
 ]

@@ -20,6 +20,8 @@ from portal.accounts.models import ApiToken, Invitation, Membership, Role
 from portal.accounts.tenancy import SESSION_KEY
 from portal.api import serializers as s
 from portal.api.base import TenantScopedMixin, resolve_tenant
+from portal.jobs import services as job_services
+from portal.jobs.models import ServedModel, TuningJob
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 
@@ -241,3 +243,74 @@ class TrafficSampleDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         traffic_services.traffic_sample_delete(actor=request.user, sample=self.get_object())  # type: ignore[arg-type]
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ServedModelListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    serializer_class = s.ServedModelSerializer
+    write_role = Role.ADMIN
+
+    def tenant_queryset(self) -> QuerySet[ServedModel]:
+        return ServedModel.objects.order_by("name")
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        model = job_services.served_model_register(
+            actor=request.user, organization=self.tenant.organization, **serializer.validated_data
+        )
+        return Response(s.ServedModelSerializer(model).data, status=status.HTTP_201_CREATED)
+
+
+class TuningJobListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    """Start a tuning job; poll it for live trials, the winner and the reasons."""
+
+    serializer_class = s.TuningJobSerializer
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[TuningJob]:
+        return TuningJob.objects.prefetch_related("trials")
+
+    @extend_schema(request=s.TuningJobCreateSerializer, responses={201: s.TuningJobSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = s.TuningJobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        data = dict(serializer.validated_data)
+        organization = self.tenant.organization
+        # Looked up inside the organization: another tenant's id is simply not found.
+        sample = TrafficSample.objects.filter(
+            organization=organization, id=data.pop("traffic_sample")
+        ).first()
+        model = ServedModel.objects.filter(organization=organization, id=data.pop("served_model")).first()
+        errors = {}
+        if sample is None:
+            errors["traffic_sample"] = ["No such traffic sample."]
+        if model is None:
+            errors["served_model"] = ["No such model."]
+        if errors:
+            raise ValidationError(errors)
+        job = job_services.tuning_job_create(
+            actor=request.user, organization=organization, traffic_sample=sample, served_model=model, **data
+        )
+        return Response(s.TuningJobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class TuningJobDetailView(TenantScopedMixin, generics.RetrieveAPIView):
+    serializer_class = s.TuningJobSerializer
+
+    def tenant_queryset(self) -> QuerySet[TuningJob]:
+        return TuningJob.objects.prefetch_related("trials")
+
+
+class TuningJobCancelView(TenantScopedMixin, generics.GenericAPIView):
+    serializer_class = s.TuningJobSerializer
+    write_role = Role.MEMBER
+
+    def tenant_queryset(self) -> QuerySet[TuningJob]:
+        return TuningJob.objects.select_related("organization")
+
+    @extend_schema(request=None, responses=s.TuningJobSerializer)
+    def post(self, request: Request, pk: str) -> Response:
+        job = job_services.tuning_job_cancel(actor=request.user, job=self.get_object())  # type: ignore[arg-type]
+        return Response(s.TuningJobSerializer(job).data)

@@ -23,7 +23,8 @@ from compliance.services import audit_record
 from portal.accounts.models import Membership, Organization, Role, User
 from portal.traffic.models import TrafficSample
 from tuning.workload.errors import TraceError
-from tuning.workload.ingest import IngestLimits, ingest
+from tuning.workload.ingest import IngestLimits, IngestResult, ingest
+from tuning.workload.synth import SyntheticTrace, write_mooncake_jsonl
 
 logger = logging.getLogger(__name__)
 _PROGRESS_EVERY_BYTES = 4 << 20
@@ -129,7 +130,9 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
                     max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
                 ),
                 progress=progress,
+                keep_blocks=True,
             )
+        _write_workload(sample, result)
         profile = result.profile.to_json_dict()
         updates = {
             "status": TrafficSample.Status.READY,
@@ -173,6 +176,35 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
     return str(updates["status"])
 
 
+def workload_path(sample: TrafficSample) -> Path:
+    """The sample's requests as numbers only (arrival, lengths, prefix block ids), in Mooncake
+    JSONL: what tuning jobs replay. Never any text."""
+    return Path(settings.TRAFFIC_WORKLOAD_DIR) / f"{sample.id}.jsonl"
+
+
+def _write_workload(sample: TrafficSample, result: IngestResult) -> None:
+    columns = result.columns
+    arrival_ms = (
+        (columns.arrival_ns - columns.arrival_ns[0]) // 1_000_000
+        if columns.num_requests
+        else columns.arrival_ns
+    )
+    trace = SyntheticTrace(
+        block_size_tokens=result.blocks.block_size_tokens if result.blocks is not None else 512,
+        arrival_ms=arrival_ms,
+        input_tokens=columns.input_tokens,
+        output_tokens=columns.output_tokens,
+        block_ids=result.blocks.ids if result.blocks is not None else None,
+        block_offsets=result.blocks.offsets if result.blocks is not None else None,
+    )
+    target = workload_path(sample)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = target.with_suffix(".tmp")
+    with open(tmp, "wb") as out:
+        write_mooncake_jsonl(trace, out)
+    tmp.replace(target)
+
+
 def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
     _require_member(actor, sample.organization, Role.MEMBER, "delete traffic samples")
     with transaction.atomic():
@@ -187,3 +219,4 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
         sample.delete()
     if staging:
         (_staging_dir() / staging).unlink(missing_ok=True)
+    workload_path(sample).unlink(missing_ok=True)

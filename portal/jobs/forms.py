@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from portal.accounts.models import Organization
+from portal.jobs import selectors
+from tuning.search.job import HARDWARE
+
+
+class ServedModelForm(forms.Form):
+    name = forms.CharField(max_length=120)
+    path = forms.CharField(max_length=500, help_text="A model directory on the serving host.")
+
+
+class TuningJobForm(forms.Form):
+    name = forms.CharField(max_length=120, required=False)
+    traffic_sample = forms.ModelChoiceField(queryset=None, to_field_name="id")  # type: ignore[arg-type]
+    served_model = forms.ModelChoiceField(queryset=None, to_field_name="id", label="Model")  # type: ignore[arg-type]
+    ttft_p50_ms = forms.FloatField(min_value=1, label="p50 TTFT ≤ (ms)", initial=600)
+    ttft_p95_ms = forms.FloatField(min_value=1, label="p95 TTFT ≤ (ms)", initial=1500)
+    tpot_p50_ms = forms.FloatField(min_value=1, required=False, label="p50 TPOT ≤ (ms, optional)")
+    peak_rps = forms.FloatField(min_value=0.001, label="Peak request rate (req/s)")
+    headroom = forms.FloatField(min_value=1.0, max_value=10.0, initial=1.25)
+    hardware = forms.ChoiceField(choices=[(name, name) for name in HARDWARE])
+    budget_trials = forms.IntegerField(min_value=1, max_value=100, initial=6, label="Budget (live trials)")
+    strategy = forms.ChoiceField(
+        choices=[("tpe", "Bayesian search (TPE)"), ("grid", "auto_tune grid")], initial="tpe"
+    )
+
+    def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["traffic_sample"].queryset = selectors.ready_samples(organization=organization)  # type: ignore[attr-defined]
+        self.fields["served_model"].queryset = selectors.served_model_list(organization=organization)  # type: ignore[attr-defined]
+
+    def slo(self) -> str:
+        data = self.cleaned_data
+        terms = [f"ttft_p50_ms<={data['ttft_p50_ms']:g}", f"ttft_p95_ms<={data['ttft_p95_ms']:g}"]
+        if data.get("tpot_p50_ms"):
+            terms.append(f"tpot_p50_ms<={data['tpot_p50_ms']:g}")
+        return ",".join(terms)

@@ -1,0 +1,112 @@
+"""Registered models, tuning jobs and their trials. Every trial is persisted as it finishes."""
+
+from __future__ import annotations
+
+import uuid
+from typing import ClassVar
+
+from django.conf import settings
+from django.db import models
+
+
+class ServedModel(models.Model):
+    """A model directory on the serving host that this organization may tune and deploy."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        "accounts.Organization", on_delete=models.CASCADE, related_name="served_models"
+    )
+    name = models.CharField(max_length=120)
+    path = models.CharField(max_length=500)
+    architecture = models.CharField(max_length=120, blank=True)
+    num_params = models.BigIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["organization", "name"], name="served_model_name_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TuningJob(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Finished"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    TERMINAL: ClassVar[set[str]] = {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        "accounts.Organization", on_delete=models.CASCADE, related_name="tuning_jobs"
+    )
+    name = models.CharField(max_length=120)
+    traffic_sample = models.ForeignKey(
+        "traffic.TrafficSample", on_delete=models.PROTECT, related_name="tuning_jobs"
+    )
+    served_model = models.ForeignKey(ServedModel, on_delete=models.PROTECT, related_name="tuning_jobs")
+    # `tuning.search.job.JobSpec.to_dict()`: everything a worker needs to run the job.
+    spec = models.JSONField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    cancel_requested = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    # `tuning.search.job.report()` once the job ends: trials, selection, reasons.
+    report = models.JSONField(null=True, blank=True)
+    winner_trial = models.IntegerField(null=True, blank=True)
+    # The worker step that holds the job, and when it last said it was alive: another worker
+    # takes over only when the heartbeat is older than TUNING_LEASE_S (a killed worker).
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering: ClassVar = ["-created_at"]
+        indexes: ClassVar = [models.Index(fields=["organization", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status not in self.TERMINAL
+
+
+class Trial(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(TuningJob, on_delete=models.CASCADE, related_name="trials")
+    number = models.IntegerField()
+    assignment = models.JSONField()
+    label = models.CharField(max_length=300)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    # `TrialResult.to_dict()` (the reference trial's golden answers included).
+    result = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Times this trial was started: above 1 when a worker died during it and another re-ran it.
+    attempts = models.IntegerField(default=1)
+
+    class Meta:
+        ordering: ClassVar = ["number"]
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["job", "number"], name="trial_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"trial {self.number} of {self.job_id}"

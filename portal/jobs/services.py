@@ -1,0 +1,324 @@
+"""Writes of the jobs app: register models, create and cancel tuning jobs, run one job step.
+
+A job advances one trial per Celery task (`tuning_job_step`). Each step claims the job with a
+lease that it keeps fresh with a heartbeat while the trial runs; a duplicate delivery finds the
+lease held and does nothing, and a step whose worker was killed loses the lease after
+`TUNING_LEASE_S`, so the re-delivered task re-runs only the unfinished trial. Finished trials
+are never repeated: they are rows, written as each trial ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from compliance.services import audit_record
+from portal.accounts.models import Membership, Organization, Role, User
+from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.traffic.models import TrafficSample
+from portal.traffic.services import workload_path
+from tuning.search.job import (
+    MIN_REQUESTS_FOR_P95,
+    JobSpec,
+    JobSpecError,
+    TrialRecord,
+    next_assignment,
+    plan_job,
+    reference_capture,
+    report,
+    validate,
+)
+from tuning.search.space import ModelLoadError, model_info
+from tuning.search.trial import describe, run_trial
+
+logger = logging.getLogger(__name__)
+_HEARTBEAT_S = 5.0
+
+
+def _require(actor: User, organization: Organization, minimum: str, doing: str) -> None:
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(minimum):
+        raise PermissionDenied(
+            f"Only a{'n' if minimum == Role.ADMIN else ''} {minimum} or above can {doing}; your role is {membership.role}."
+        )
+
+
+def served_model_register(*, actor: User, organization: Organization, name: str, path: str) -> ServedModel:
+    _require(actor, organization, Role.ADMIN, "register models")
+    name = (name or "").strip()
+    errors: dict[str, str] = {}
+    if not name:
+        errors["name"] = "Name the model."
+    elif ServedModel.objects.filter(organization=organization, name=name).exists():
+        errors["name"] = f"A model named {name!r} is already registered."
+    resolved = Path(path or "").expanduser().resolve()
+    roots = [Path(r).resolve() for r in settings.TUNING_MODEL_ROOTS]
+    if not any(resolved.is_relative_to(root) for root in roots):
+        errors["path"] = "Models must live under one of the serving host's model folders: " + ", ".join(
+            str(r) for r in roots
+        )
+    if errors:
+        raise ValidationError(errors)
+    try:
+        info = model_info(resolved)
+    except ModelLoadError as exc:
+        raise ValidationError({"path": str(exc)}) from None
+    with transaction.atomic():
+        model = ServedModel.objects.create(
+            organization=organization,
+            name=name,
+            path=str(resolved),
+            architecture=info.architecture,
+            num_params=info.num_params,
+            created_by=actor,
+        )
+        audit_record(
+            actor=actor, organization=organization, action="model.register", target=model, data={"name": name}
+        )
+    return model
+
+
+def tuning_job_create(
+    *,
+    actor: User,
+    organization: Organization,
+    name: str,
+    traffic_sample: TrafficSample,
+    served_model: ServedModel,
+    slo: str,
+    peak_rps: float,
+    headroom: float = 1.25,
+    hardware: str = "local-cpu",
+    budget_trials: int = 6,
+    strategy: str = "tpe",
+    duration_s: float = 20.0,
+    repeats: int = 2,
+    max_prompt_tokens: int | None = 1024,
+    max_output_tokens: int | None = 64,
+) -> TuningJob:
+    _require(actor, organization, Role.MEMBER, "start tuning jobs")
+    if traffic_sample.organization_id != organization.id or served_model.organization_id != organization.id:
+        # Never reachable through the views (they look objects up in the organization); kept
+        # as the last wall.
+        raise PermissionDenied("That sample or model belongs to another organization.")
+    name = (name or "").strip() or f"{served_model.name} on {traffic_sample.name}"
+    if traffic_sample.status != TrafficSample.Status.READY:
+        raise ValidationError({"traffic_sample": "Choose a sample that finished validating."})
+    num_requests = int((traffic_sample.profile or {}).get("num_requests", 0))
+    if num_requests < MIN_REQUESTS_FOR_P95:
+        raise ValidationError(
+            {
+                "traffic_sample": f"The sample has {num_requests} requests; a p95 needs at least {MIN_REQUESTS_FOR_P95}."
+            }
+        )
+    trace = workload_path(traffic_sample)
+    if not trace.exists():
+        raise ValidationError({"traffic_sample": "This sample's workload is missing; upload it again."})
+    spec = JobSpec(
+        trace_path=str(trace),
+        trace_format="mooncake",
+        model_path=served_model.path,
+        slo=slo,
+        peak_rps=peak_rps,
+        headroom=headroom,
+        hardware=hardware,
+        budget_trials=budget_trials,
+        strategy=strategy,
+        duration_s=duration_s,
+        repeats=repeats,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
+    )
+    try:
+        validate(spec)
+    except JobSpecError as exc:
+        field = {"model_path": "served_model", "trace": "traffic_sample"}.get(exc.field, exc.field)
+        raise ValidationError({field: exc.message}) from None
+    if not 1 <= repeats <= 10:
+        raise ValidationError({"repeats": "Use 1 to 10 repeats."})
+    if not 5 <= duration_s <= 3600:
+        raise ValidationError({"duration_s": "Use 5 to 3600 seconds."})
+    with transaction.atomic():
+        job = TuningJob.objects.create(
+            organization=organization,
+            name=name[:120],
+            traffic_sample=traffic_sample,
+            served_model=served_model,
+            spec=spec.to_dict(),
+            created_by=actor,
+        )
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="tuning_job.create",
+            target=job,
+            data={"slo": slo, "peak_rps": peak_rps, "budget_trials": budget_trials, "strategy": strategy},
+        )
+        from portal.jobs.tasks import tuning_job_step
+
+        job_id = str(job.id)
+        transaction.on_commit(lambda: tuning_job_step.delay(job_id))
+    return job
+
+
+def tuning_job_cancel(*, actor: User, job: TuningJob) -> TuningJob:
+    _require(actor, job.organization, Role.MEMBER, "cancel tuning jobs")
+    if not job.is_active:
+        raise ValidationError("This job has already ended.")
+    with transaction.atomic():
+        # A queued job stops at once; a running one after its current trial.
+        stopped = TuningJob.objects.filter(id=job.id, status=TuningJob.Status.QUEUED).update(
+            status=TuningJob.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
+        )
+        if not stopped:
+            TuningJob.objects.filter(id=job.id).update(cancel_requested=True)
+        audit_record(actor=actor, organization=job.organization, action="tuning_job.cancel", target=job)
+    job.refresh_from_db()
+    return job
+
+
+def _work_dir(job: TuningJob) -> Path:
+    return Path(settings.TUNING_WORK_DIR) / str(job.id)
+
+
+def _claim(job_id: str, owner: str) -> bool:
+    """Take the job's lease if it is free or its holder stopped heartbeating (a dead worker).
+
+    A duplicate delivery while the holder is alive finds the lease fresh and does nothing: the
+    holder enqueues the next step itself. A holder killed mid-trial leaves its message unacked;
+    the broker re-delivers it after the visibility timeout (longer than the lease), by when the
+    heartbeat is stale and the re-delivered step takes over.
+    """
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
+    return bool(
+        TuningJob.objects.filter(id=job_id, status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING])
+        .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
+        .update(lease_owner=owner, lease_heartbeat_at=now)
+    )
+
+
+def _release(job_id: str, owner: str) -> None:
+    TuningJob.objects.filter(id=job_id, lease_owner=owner).update(lease_owner="", lease_heartbeat_at=None)
+
+
+class _Heartbeat:
+    """Keeps the lease fresh from a thread while a trial runs (a trial can take minutes)."""
+
+    def __init__(self, job_id: str, owner: str) -> None:
+        self.job_id, self.owner = job_id, owner
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{job_id}")
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(_HEARTBEAT_S):
+                TuningJob.objects.filter(id=self.job_id, lease_owner=self.owner).update(
+                    lease_heartbeat_at=timezone.now()
+                )
+        finally:
+            connection.close()
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def _history(job: TuningJob) -> list[TrialRecord]:
+    return [
+        TrialRecord(number=t.number, assignment=t.assignment, result=t.result or {})
+        for t in job.trials.filter(status=Trial.Status.DONE).order_by("number")
+    ]
+
+
+def _finish(job: TuningJob, status: str, *, prepared: Any = None, error: str = "") -> None:
+    history = _history(job)
+    data = report(prepared, history) if prepared is not None and history else None
+    with transaction.atomic():
+        TuningJob.objects.filter(id=job.id).update(
+            status=status,
+            report=data,
+            error=error,
+            finished_at=timezone.now(),
+            winner_trial=(data or {}).get("selection", {}).get("winner"),
+            lease_owner="",
+            lease_heartbeat_at=None,
+        )
+        audit_record(actor=None, organization=job.organization, action=f"tuning_job.{status}", target=job)
+
+
+def tuning_job_step(*, job_id: str, owner: str) -> str:
+    """Run the job's next trial (or finish it). Returns what the step did."""
+    if not _claim(job_id, owner):
+        return "busy-or-done"
+    try:
+        job = TuningJob.objects.select_related("organization").get(id=job_id)
+        if job.status == TuningJob.Status.QUEUED:
+            TuningJob.objects.filter(id=job_id).update(
+                status=TuningJob.Status.RUNNING, started_at=timezone.now()
+            )
+        try:
+            prepared = plan_job(JobSpec.from_dict(job.spec), _work_dir(job))
+        except JobSpecError as exc:
+            _finish(job, TuningJob.Status.FAILED, error=str(exc))
+            return "failed"
+        if job.cancel_requested:
+            _finish(job, TuningJob.Status.CANCELLED, prepared=prepared)
+            return "cancelled"
+        history = _history(job)
+        assignment = next_assignment(prepared, history)
+        if assignment is None:
+            _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
+            return "finished"
+        number = len(history)
+        trial, created = Trial.objects.get_or_create(
+            job=job,
+            number=number,
+            defaults={
+                "organization": job.organization,
+                "assignment": assignment,
+                "label": describe(assignment),
+            },
+        )
+        if not created:
+            # A worker died during this trial: run it again from the start.
+            Trial.objects.filter(pk=trial.pk).update(
+                attempts=trial.attempts + 1, assignment=assignment, label=describe(assignment)
+            )
+        config = prepared.space.to_config(assignment)
+        reference = prepared.reference if number else assignment
+        with _Heartbeat(job_id, owner):
+            result = run_trial(
+                prepared.plan,
+                config,
+                change_type=prepared.space.change_type(assignment, reference),
+                reference=reference_capture(history),
+                work_dir=_work_dir(job) / f"trial-{number}",
+            )
+        with transaction.atomic():
+            Trial.objects.filter(pk=trial.pk).update(
+                status=Trial.Status.DONE, result=result.to_dict(), finished_at=timezone.now()
+            )
+            _release(job_id, owner)
+            from portal.jobs.tasks import tuning_job_step as step_task
+
+            transaction.on_commit(lambda: step_task.delay(job_id))
+        return f"trial {number}"
+    except Exception:
+        _release(job_id, owner)
+        raise

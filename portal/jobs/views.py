@@ -1,0 +1,124 @@
+"""Tuning job pages: models, the job form, and a job page whose trials arrive live (htmx)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from portal.accounts.models import Role
+from portal.accounts.tenancy import get_object_for_member, member_required
+from portal.jobs import selectors, services
+from portal.jobs.forms import ServedModelForm, TuningJobForm
+from portal.jobs.models import TuningJob
+
+
+def _list_page(
+    request: HttpRequest, job_form: TuningJobForm, model_form: ServedModelForm, status: int = 200
+) -> HttpResponse:
+    membership = request.membership  # type: ignore[attr-defined]
+    context = {
+        "form": job_form,
+        "model_form": model_form,
+        "jobs": selectors.tuning_job_list(organization=membership.organization),
+        "models": selectors.served_model_list(organization=membership.organization),
+        "can_start": membership.has_role(Role.MEMBER),
+        "can_register": membership.has_role(Role.ADMIN),
+    }
+    return render(request, "jobs/list.html", context, status=status)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def job_list(request: HttpRequest) -> HttpResponse:
+    organization = request.membership.organization  # type: ignore[attr-defined]
+    if request.method == "GET":
+        return _list_page(request, TuningJobForm(organization=organization), ServedModelForm())
+    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+        raise PermissionDenied("Only a member or above can start tuning jobs.")
+    form = TuningJobForm(request.POST, organization=organization)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            job = services.tuning_job_create(
+                actor=request.user,
+                organization=organization,
+                name=data["name"],
+                traffic_sample=data["traffic_sample"],
+                served_model=data["served_model"],
+                slo=form.slo(),
+                peak_rps=data["peak_rps"],
+                headroom=data["headroom"],
+                hardware=data["hardware"],
+                budget_trials=data["budget_trials"],
+                strategy=data["strategy"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("jobs:detail", job_id=job.id)
+    return _list_page(request, form, ServedModelForm(), status=400)
+
+
+@member_required
+@require_POST
+def model_register(request: HttpRequest) -> HttpResponse:
+    organization = request.membership.organization  # type: ignore[attr-defined]
+    form = ServedModelForm(request.POST)
+    if form.is_valid():
+        try:
+            model = services.served_model_register(
+                actor=request.user,
+                organization=organization,
+                name=form.cleaned_data["name"],
+                path=form.cleaned_data["path"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, f"Registered {model.name}.")
+            return redirect("jobs:list")
+    return _list_page(request, TuningJobForm(organization=organization), form, status=400)
+
+
+def _job_context(job: TuningJob) -> dict[str, object]:
+    selection = (job.report or {}).get("selection") or {}
+    reasons = selection.get("reasons") or {}
+    trials = [{"trial": t, "reason": reasons.get(str(t.number), "")} for t in job.trials.all()]
+    return {"job": job, "trials": trials, "selection": selection}
+
+
+@member_required
+def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = get_object_for_member(
+        request, TuningJob.objects.select_related("traffic_sample", "served_model"), job_id
+    )
+    return render(request, "jobs/detail.html", _job_context(job))
+
+
+@member_required
+def job_trials(request: HttpRequest, job_id: str) -> HttpResponse:
+    """The live trials fragment the job page polls while the job runs."""
+    job = get_object_for_member(request, TuningJob.objects.all(), job_id)
+    response = render(request, "jobs/_trials.html", _job_context(job))
+    if not job.is_active and request.htmx:  # type: ignore[attr-defined]
+        response["HX-Refresh"] = "true"
+    return response
+
+
+@member_required
+@require_POST
+def job_cancel(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = get_object_for_member(request, TuningJob.objects.select_related("organization"), job_id)
+    try:
+        services.tuning_job_cancel(actor=request.user, job=job)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(
+            request,
+            "Cancelled." if job.status == TuningJob.Status.QUEUED else "Cancelling after the current trial.",
+        )
+    return redirect("jobs:detail", job_id=job.id)

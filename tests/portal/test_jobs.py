@@ -1,0 +1,340 @@
+"""Tuning jobs in the portal: submission checks, tenancy, and (with a real engine) whole jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.test import Client
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from compliance.models import AuditEvent
+from portal.accounts.models import Organization, User
+from portal.jobs import services
+from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.traffic import services as traffic_services
+from portal.traffic.models import TrafficSample
+from tests.conftest import REPO_ROOT
+
+SLO = "ttft_p50_ms<=2000,ttft_p95_ms<=8000"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from serving.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    build_tiny_model(arch="llama", size="xs", out_dir=root / "llama-xs", seed=0)
+    return root
+
+
+@pytest.fixture
+def job_settings(settings, tmp_path: Path, tiny_model_root: Path):  # type: ignore[no-untyped-def]
+    settings.TRAFFIC_STAGING_DIR = tmp_path / "staging"
+    settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
+    settings.TUNING_WORK_DIR = tmp_path / "jobs"
+    settings.TUNING_MODEL_ROOTS = [tiny_model_root]
+    return settings
+
+
+def _sample(org: Organization, user: User, trace: Path, capture) -> TrafficSample:  # type: ignore[no-untyped-def]
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    with capture(execute=True):
+        sample = traffic_services.traffic_sample_create(
+            actor=user,
+            organization=org,
+            name=trace.name,
+            upload=SimpleUploadedFile(trace.name, trace.read_bytes()),
+        )
+    sample.refresh_from_db()
+    assert sample.status == TrafficSample.Status.READY, sample.error
+    return sample
+
+
+def _model(org: Organization, user: User, root: Path) -> ServedModel:
+    return services.served_model_register(
+        actor=user, organization=org, name="llama-xs", path=str(root / "llama-xs")
+    )
+
+
+@pytest.mark.django_db
+def test_submission_is_checked_before_any_engine(
+    alice, alice_org, job_settings, shared_traces, tiny_model_root, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+    base = {
+        "actor": alice,
+        "organization": alice_org,
+        "name": "",
+        "traffic_sample": sample,
+        "served_model": model,
+        "slo": SLO,
+        "peak_rps": 1.0,
+    }
+    for changes, field in [
+        ({"slo": "ttft<=5"}, "slo"),
+        ({"budget_trials": 0}, "budget_trials"),
+        ({"peak_rps": 0.0}, "peak_rps"),
+        ({"hardware": "mi355x-moon"}, "hardware"),
+        ({"duration_s": 1.0}, "duration_s"),
+    ]:
+        with pytest.raises(ValidationError) as info:
+            services.tuning_job_create(**{**base, **changes})
+        assert field in info.value.message_dict, info.value
+    TrafficSample.objects.filter(pk=sample.pk).update(status=TrafficSample.Status.FAILED)
+    sample.refresh_from_db()
+    with pytest.raises(ValidationError, match="finished validating"):
+        services.tuning_job_create(**{**base, "traffic_sample": sample})
+    assert not TuningJob.objects.exists()
+
+
+@pytest.mark.django_db
+def test_models_only_from_the_hosts_model_folders(
+    alice, alice_org, job_settings, tiny_model_root, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValidationError) as info:
+        services.served_model_register(actor=alice, organization=alice_org, name="x", path="/etc")
+    assert "model folders" in info.value.message_dict["path"][0]
+    (tiny_model_root / "empty").mkdir(exist_ok=True)
+    with pytest.raises(ValidationError) as info:
+        services.served_model_register(
+            actor=alice, organization=alice_org, name="x", path=str(tiny_model_root / "empty")
+        )
+    assert "config.json" in info.value.message_dict["path"][0]
+    model = _model(alice_org, alice, tiny_model_root)
+    assert model.architecture == "LlamaForCausalLM" and model.num_params > 0
+
+
+@pytest.mark.django_db
+def test_tenancy_on_jobs(
+    alice,
+    alice_org,
+    bob,
+    charlie,
+    job_settings,
+    shared_traces,
+    tiny_model_root,
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+    # Created without running it: the step task is not executed here.
+    job = services.tuning_job_create(
+        actor=alice,
+        organization=alice_org,
+        name="j",
+        traffic_sample=sample,
+        served_model=model,
+        slo=SLO,
+        peak_rps=1.0,
+    )
+    before = (TuningJob.objects.count(), AuditEvent.objects.count(), TuningJob.objects.get().cancel_requested)
+    charlie_client, bob_client = Client(), Client()
+    charlie_client.force_login(charlie)
+    bob_client.force_login(bob)
+    for name in ("jobs:detail", "jobs:trials"):
+        assert charlie_client.get(reverse(name, args=[job.id])).status_code == 404
+        assert bob_client.get(reverse(name, args=[job.id])).status_code == 200
+    assert charlie_client.post(reverse("jobs:cancel", args=[job.id])).status_code == 404
+    assert bob_client.post(reverse("jobs:cancel", args=[job.id])).status_code == 403
+    assert bob_client.post(reverse("jobs:list"), {"traffic_sample": str(sample.id)}).status_code == 403
+    assert bob_client.post(reverse("jobs:model_register"), {"name": "m", "path": "/x"}).status_code == 403
+    charlie_api, bob_api = APIClient(), APIClient()
+    charlie_api.force_login(charlie)
+    bob_api.force_login(bob)
+    assert charlie_api.get(f"/api/v1/tuning-jobs/{job.id}/").status_code == 404
+    assert charlie_api.post(f"/api/v1/tuning-jobs/{job.id}/cancel/").status_code == 404
+    assert charlie_api.get("/api/v1/tuning-jobs/").json()["count"] == 0
+    # Charlie cannot point a job of his at Alice's sample or model.
+    response = charlie_api.post(
+        "/api/v1/tuning-jobs/",
+        {"traffic_sample": str(sample.id), "served_model": str(model.id), "slo": SLO, "peak_rps": 1},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert set(response.json()) == {"traffic_sample", "served_model"}
+    assert bob_api.post(f"/api/v1/tuning-jobs/{job.id}/cancel/").status_code == 403
+    assert bob_api.post("/api/v1/models/", {"name": "m", "path": "/x"}, format="json").status_code == 403
+    assert (
+        TuningJob.objects.count(),
+        AuditEvent.objects.count(),
+        TuningJob.objects.get().cancel_requested,
+    ) == before
+    # Alice cancels her queued job at once.
+    alice_api = APIClient()
+    alice_api.force_login(alice)
+    cancelled = alice_api.post(f"/api/v1/tuning-jobs/{job.id}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert alice_api.post(f"/api/v1/tuning-jobs/{job.id}/cancel/").status_code == 400
+
+
+@pytest.mark.engine
+@pytest.mark.django_db
+def test_a_job_runs_end_to_end_in_the_portal(
+    alice, alice_org, job_settings, shared_traces, tiny_model_root, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    sample = _sample(
+        alice_org, alice, shared_traces / "mooncake_synthetic.jsonl", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+    client = Client()
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            reverse("jobs:list"),
+            {
+                "traffic_sample": str(sample.id),
+                "served_model": str(model.id),
+                "ttft_p50_ms": 2000,
+                "ttft_p95_ms": 8000,
+                "peak_rps": 1.0,
+                "headroom": 1.25,
+                "hardware": "local-cpu",
+                "budget_trials": 2,
+                "strategy": "tpe",
+            },
+        )
+    assert response.status_code == 302, response.content.decode()[-1500:]
+    # Eager tasks: the first step ran trial 0, enqueued the next step, and so on to the end.
+    job = TuningJob.objects.get()
+    assert job.status == TuningJob.Status.SUCCEEDED, job.error
+    trials = list(job.trials.order_by("number"))
+    assert [t.number for t in trials] == [0, 1]
+    assert trials[0].assignment["dtype"] == "float32"  # the reference
+    for t in trials:
+        assert t.status == Trial.Status.DONE
+        assert t.result["status"] == "ok", t.result.get("error")
+        assert t.result["correctness"]["positions"] > 0
+        assert len(t.result["load"]) >= 2
+    assert job.report["selection"]["summary"]
+    page = client.get(reverse("jobs:detail", args=[job.id]))
+    assert b"selection-summary" in page.content and b'data-trial="1"' in page.content
+
+
+def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool=solo",
+            "--loglevel=INFO",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.celery_worker
+@pytest.mark.django_db(transaction=True)
+def test_a_job_survives_a_killed_worker(
+    alice,
+    alice_org,
+    job_settings,
+    shared_traces,
+    tiny_model_root,
+    tmp_path,
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    if connection.vendor != "postgresql":
+        pytest.skip("workers share the test database only on PostgreSQL")
+    redis_url = os.environ.get("TAILGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    redis.Redis.from_url(redis_url, socket_timeout=5).flushdb()
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+    s = connection.settings_dict
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}",
+        CELERY_BROKER_URL=redis_url,
+        CELERY_TASK_ALWAYS_EAGER="false",
+        TRAFFIC_WORKLOAD_DIR=str(job_settings.TRAFFIC_WORKLOAD_DIR),
+        TUNING_WORK_DIR=str(job_settings.TUNING_WORK_DIR),
+        TUNING_MODEL_ROOTS=str(tiny_model_root),
+        TUNING_LEASE_S="15",
+        CELERY_VISIBILITY_TIMEOUT_S="30",
+        CELERY_UNACKED_RESTORE_INTERVAL_S="2",
+    )
+    from portal.celery import app
+
+    app.conf.update(task_always_eager=False, broker_url=redis_url)
+    app._pool = None
+    app.amqp._producer_pool = None
+    log = tmp_path / "workers.log"
+    first = _worker(env, log)
+    second = None
+    try:
+        job = services.tuning_job_create(
+            actor=alice,
+            organization=alice_org,
+            name="survivor",
+            traffic_sample=sample,
+            served_model=model,
+            slo=SLO,
+            peak_rps=1.0,
+            budget_trials=2,
+            duration_s=8,
+            repeats=1,
+        )
+        # Kill the worker once trial 0 is under way (its engine is starting or measuring).
+        deadline = time.monotonic() + 120
+        while not Trial.objects.filter(job=job, number=0).exists():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(5)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        assert Trial.objects.get(job=job, number=0).status == Trial.Status.RUNNING
+        second = _worker(env, log)
+        deadline = time.monotonic() + 480
+        while TuningJob.objects.get(pk=job.pk).is_active:
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            assert second.poll() is None, log.read_text()[-4000:]
+            time.sleep(2)
+        job.refresh_from_db()
+        assert job.status == TuningJob.Status.SUCCEEDED, job.error
+        trials = list(job.trials.order_by("number"))
+        assert [(t.number, t.status) for t in trials] == [(0, "done"), (1, "done")]
+        assert trials[0].attempts == 2  # re-run after the kill, not duplicated
+        assert trials[1].attempts == 1
+    finally:
+        for worker in (first, second):
+            if worker is not None and worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGTERM)
+                try:
+                    worker.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(worker.pid, signal.SIGKILL)
+        app.conf.update(task_always_eager=True)
+    # No engine outlived its worker.
+    leftovers = subprocess.run(
+        ["pgrep", "-f", str(tiny_model_root)], capture_output=True, text=True, check=False
+    )
+    assert leftovers.stdout.strip() == "", leftovers.stdout
