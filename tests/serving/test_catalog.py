@@ -13,7 +13,7 @@ REQUIRED_HARDWARE = {"h100", "h200", "b200", "b300", "mi300x", "mi355x", "tpu-v6
 
 
 def test_the_catalog_covers_the_accelerators_customers_choose_between() -> None:
-    assert REQUIRED_HARDWARE <= set(HARDWARE)
+    assert set(HARDWARE) >= REQUIRED_HARDWARE
 
 
 @pytest.mark.parametrize("name", sorted(HARDWARE))
@@ -59,7 +59,7 @@ def test_regions_answer_data_residency_questions() -> None:
 def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(UnknownHardware, match="h200"):
         get_hardware("a100")
-    with pytest.raises(UnknownModel, match="llama-3.1-8b"):
+    with pytest.raises(UnknownModel, match=r"llama-3\.1-8b"):
         get_model("gpt-5")
     assert get_hardware("CPU").name == "cpu-local"
 
