@@ -10,20 +10,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from tuning.search.job import (
-    JobSpec,
-    JobSpecError,
-    Prepared,
-    TrialRecord,
-    next_assignment,
-    plan_job,
-    reference_capture,
-    report,
-    write_json,
-)
-from tuning.search.trial import describe, run_trial
+from tuning.search.job import JobSpec, JobSpecError, TrialRecord, plan_job, report, run_trials, write_json
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,40 +68,17 @@ def _tune(args: argparse.Namespace) -> int:
         print(prepared.space.describe())
         return 0
     history = _load_history(work_dir, spec)
-    run_job(prepared, history, work_dir, log=lambda line: print(line, file=sys.stderr))
+    run_trials(
+        prepared,
+        history,
+        work_dir,
+        log=lambda line: print(line, file=sys.stderr),
+        on_trial=lambda records: _save_history(work_dir, spec, records),
+    )
     write_json(args.json, report(prepared, history))
     selection = report(prepared, history)["selection"]
     print(selection["summary"])
     return 0
-
-
-def run_job(
-    prepared: Prepared, history: list[TrialRecord], work_dir: Path, *, log: Any = None
-) -> list[TrialRecord]:
-    """Runs trials until the budget is spent, saving state after each one."""
-    while (assignment := next_assignment(prepared, history)) is not None:
-        number = len(history)
-        config = prepared.space.to_config(assignment)
-        reference = prepared.reference if number else assignment
-        change = prepared.space.change_type(assignment, reference)
-        if log:
-            log(f"trial {number}: {describe(assignment)} [{change}]")
-        result = run_trial(
-            prepared.plan,
-            config,
-            change_type=change,
-            reference=reference_capture(history),
-            work_dir=work_dir / f"trial-{number}",
-        )
-        history.append(TrialRecord(number=number, assignment=assignment, result=result.to_dict()))
-        _save_history(work_dir, prepared.spec, history)
-        if log:
-            verdict = "ok" if result.status == "ok" else f"failed: {result.error}"
-            log(
-                f"  p50 TTFT {result.ttft_p50_ms:,.0f} ms, p95 {result.ttft_p95_ms:,.0f} ms, "
-                f"SLO {'met' if result.slo_met else 'missed'}, gates {'passed' if result.gates_passed else 'failed'} ({verdict})"
-            )
-    return history
 
 
 def _state_file(work_dir: Path) -> Path:

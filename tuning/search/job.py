@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from tuning.search.space import (
     model_info,
 )
 from tuning.search.strategies import PENALTY, GridStrategy, Observation, Strategy, TPEStrategy
-from tuning.search.trial import TrialPlan, describe
+from tuning.search.trial import TrialPlan, describe, run_trial
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import ingest_path
 from tuning.workload.synth import synthesize, write_mooncake_jsonl
@@ -126,29 +127,30 @@ def validate(
 def plan_job(spec: JobSpec, work_dir: Path, *, allowed_regions: Sequence[str] | None = None) -> Prepared:
     """Validate, profile the trace, synthesise the target-rate workload, fix the golden set."""
     slo, hardware = validate(spec, allowed_regions=allowed_regions)
-    try:
-        sample = ingest_path(spec.trace_path, trace_format=spec.trace_format, keep_blocks=True)
-    except TraceError as exc:
-        raise JobSpecError("trace", str(exc)) from None
-    except OSError as exc:
-        raise JobSpecError("trace", f"cannot read {spec.trace_path}: {exc.strerror}") from None
-    if sample.profile.num_requests < MIN_REQUESTS_FOR_P95:
-        raise JobSpecError(
-            "trace",
-            f"{sample.profile.num_requests} requests are too few to estimate a p95 (need {MIN_REQUESTS_FOR_P95})",
-        )
     model = model_info(spec.model_path)
     space = build_space(model=model, hardware=hardware, max_model_len=spec.max_model_len)
     work_dir.mkdir(parents=True, exist_ok=True)
     workload = work_dir / "workload.jsonl"
+    # The workload is synthesised once; later steps of the same job (other workers) reuse it.
     if not workload.exists():
+        try:
+            sample = ingest_path(spec.trace_path, trace_format=spec.trace_format, keep_blocks=True)
+        except TraceError as exc:
+            raise JobSpecError("trace", str(exc)) from None
+        except OSError as exc:
+            raise JobSpecError("trace", f"cannot read {spec.trace_path}: {exc.strerror}") from None
+        if sample.profile.num_requests < MIN_REQUESTS_FOR_P95:
+            raise JobSpecError(
+                "trace",
+                f"{sample.profile.num_requests} requests are too few to estimate a p95 (need {MIN_REQUESTS_FOR_P95})",
+            )
         trace = synthesize(
             sample,
             target_rps=spec.target_rps,
             duration_s=spec.duration_s,
             rng=np.random.default_rng(spec.seed),
         )
-        tmp = workload.with_suffix(".tmp")
+        tmp = workload.with_suffix(f".{os.getpid()}.tmp")
         with tmp.open("wb") as out:
             write_mooncake_jsonl(trace, out)
         tmp.replace(workload)
@@ -205,14 +207,16 @@ def strategy_for(prepared: Prepared) -> Strategy:
     )
 
 
-def next_assignment(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any] | None:
+def next_assignment(
+    prepared: Prepared, history: Sequence[TrialRecord], *, strategy: Strategy | None = None
+) -> dict[str, Any] | None:
     """Trial 0 is the reference; then the strategy, until the budget is spent."""
     if len(history) >= prepared.spec.budget_trials:
         return None
     if not history:
         return dict(prepared.reference)
     observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in history]
-    return strategy_for(prepared).propose(prepared.space, observations)
+    return (strategy or strategy_for(prepared)).propose(prepared.space, observations)
 
 
 def reference_capture(history: Sequence[TrialRecord]) -> gates.Capture | None:
@@ -275,6 +279,45 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
         ],
         "selection": selection.to_dict(),
     }
+
+
+def run_trials(
+    prepared: Prepared,
+    history: list[TrialRecord],
+    work_dir: Path,
+    *,
+    strategy: Strategy | None = None,
+    log: Callable[[str], None] | None = None,
+    on_trial: Callable[[list[TrialRecord]], None] | None = None,
+) -> list[TrialRecord]:
+    """Runs trials in this process until the budget is spent (the CLI and benchmarks).
+
+    `on_trial` is called after each trial (to persist); `strategy` overrides the job's.
+    """
+    while (assignment := next_assignment(prepared, history, strategy=strategy)) is not None:
+        number = len(history)
+        reference = prepared.reference if number else assignment
+        change = prepared.space.change_type(assignment, reference)
+        if log:
+            log(f"trial {number}: {describe(assignment)} [{change}]")
+        result = run_trial(
+            prepared.plan,
+            prepared.space.to_config(assignment),
+            change_type=change,
+            reference=reference_capture(history),
+            work_dir=work_dir / f"trial-{number}",
+        )
+        history.append(TrialRecord(number=number, assignment=assignment, result=result.to_dict()))
+        if on_trial:
+            on_trial(history)
+        if log:
+            outcome = "ok" if result.status == "ok" else f"failed: {result.error}"
+            log(
+                f"  p50 TTFT {result.ttft_p50_ms:,.0f} ms, p95 {result.ttft_p95_ms:,.0f} ms, "
+                f"SLO {'met' if result.slo_met else 'missed'}, gates {'passed' if result.gates_passed else 'failed'}, "
+                f"sustains {result.sustainable_multiple}x ({outcome})"
+            )
+    return history
 
 
 def write_json(path: Path, data: Any) -> None:
