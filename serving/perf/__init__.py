@@ -1,5 +1,6 @@
 """Performance model: step latency per operator class, calibrated from measurements."""
 
+from serving.perf.feedback import correct_efficiency
 from serving.perf.model import (
     ACCELERATOR_PRIOR,
     Efficiency,
@@ -17,6 +18,7 @@ __all__ = [
     "StepShape",
     "StepTime",
     "StepTimeModel",
+    "correct_efficiency",
     "load_efficiency",
     "nearest_measured",
     "step_model_for",

@@ -430,15 +430,9 @@ class _Loop:
                     raise RuntimeError("simulated engine stalled: nothing schedulable and no arrivals left")
                 now = max(now, next_arrival)
                 continue
-            dt = m.step_seconds(
-                out.num_tokens,
-                out.num_seqs,
-                out.num_sampled,
-                out.prefill_attn_pairs,
-                out.prefill_cached_tokens,
-                out.decode_ctx_tokens,
-            )
-            self._account_ops(m.step_time(_shape(out)))
+            st = m.step_time(_shape(out))
+            self._account_ops(st)
+            dt = st.total_s
             if out.blocked_by is not None:
                 self.blocked_steps[out.blocked_by] = self.blocked_steps.get(out.blocked_by, 0.0) + dt
             used = s.pool.num_used

@@ -156,3 +156,32 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
     assert gemm["memory_efficiency"] == pytest.approx(0.8, abs=0.03)
     assert out["held_out_mape"] < 0.03 and set(out["held_out_models"]) == set(HELD_OUT)
     assert out["efficiency"]["measured"] and "priors" in out["efficiency"]["how"]
+
+
+def test_live_feedback_moves_the_calibration_towards_the_measurements() -> None:
+    from serving.engine import EngineConfig
+    from serving.loadgen.results import ReplaySummary
+    from serving.loadgen.traces import TraceRequest
+    from serving.perf.feedback import correct_efficiency
+    from serving.sim import simulate
+
+    base = load_efficiency("cpu-local")
+    assert base is not None
+    trace = [TraceRequest(i * 0.5, 800, 20) for i in range(20)]
+    spec, hw = get_model("tiny-llama-s"), get_hardware("cpu-local")
+
+    def run(eff: Efficiency) -> ReplaySummary:
+        model = StepTimeModel(spec, hw, weight_format="fp32", efficiency=eff)
+        return simulate(
+            trace, model=spec, hardware=hw, config=EngineConfig.cpu_default(), step_model=model
+        ).summary
+
+    slower = dataclasses.replace(
+        base, step_overhead_ms=base.step_overhead_ms * 3 + 2, request_overhead_ms=30.0
+    )
+    live, predicted = run(slower), run(base)
+    corrected = correct_efficiency(base, [(live, predicted)], weight=1.0)
+    after = run(corrected)
+    assert abs(after.tpot_ms.mean - live.tpot_ms.mean) < abs(predicted.tpot_ms.mean - live.tpot_ms.mean)
+    assert abs(after.ttft_ms.p50 - live.ttft_ms.p50) < abs(predicted.ttft_ms.p50 - live.ttft_ms.p50)
+    assert "corrected from 1 live trial" in corrected.how
