@@ -99,7 +99,9 @@ def test_scheduler_invariants(raw: list[tuple[float, int, int, list[int]]], cfg:
         if r.num_preemptions == 0:
             assert scheduled_tokens[r.index] == r.num_prompt_tokens + r.max_output_tokens - 1 - cached
         else:
-            assert scheduled_tokens[r.index] > r.num_prompt_tokens + r.max_output_tokens - 1 - cached
+            # Recomputation may hit the request's own freed-but-cached prompt blocks.
+            reusable = len(r.block_hashes) * cfg.block_size
+            assert scheduled_tokens[r.index] >= r.num_prompt_tokens + r.max_output_tokens - 1 - reusable
 
 
 @settings(max_examples=40, deadline=None)
