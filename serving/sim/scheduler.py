@@ -43,6 +43,20 @@ class SchedulerConfig:
     spec_acceptance_rate: float = 0.0  # chance each draft token is accepted (given the previous one was)
     long_prefill_token_threshold: int = 0  # 0: off
 
+    def __post_init__(self) -> None:
+        # vLLM's own checks (SchedulerConfig.verify_max_model_len): without chunking, a prompt
+        # longer than the budget could never be scheduled, so the engine refuses to start.
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({self.max_model_len}) with chunked prefill off: vLLM refuses this configuration"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): vLLM refuses this configuration"
+            )
+
     @property
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size

@@ -18,13 +18,14 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from serving.catalog.fit import check_fit
 from serving.catalog.hardware import Hardware
 from serving.catalog.models import ModelSpec
-from serving.engine.config import EngineConfig
+from serving.engine.config import EngineConfig, InvalidEngineConfig
 from serving.loadgen.arrivals import trace_offsets_s
 from serving.loadgen.results import SLO, ReplaySummary, RequestResult, summarize
 from serving.loadgen.traces import TraceRequest
@@ -92,7 +93,7 @@ def resolve_config(
     spec_tokens = config.num_speculative_tokens or 0
     if spec_acceptance_rate is None:
         spec_acceptance_rate = SPEC_ACCEPTANCE_DEFAULT.get(config.speculative_method or "", 0.5)
-    sched = SchedulerConfig(
+    sched = _scheduler_config(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_tokens,
         enable_chunked_prefill=chunked,
@@ -105,6 +106,14 @@ def resolve_config(
         spec_acceptance_rate=spec_acceptance_rate if spec_tokens else 0.0,
     )
     return sched, weight_format, kv_format
+
+
+def _scheduler_config(**fields: Any) -> SchedulerConfig:
+    try:
+        return SchedulerConfig(**fields)
+    except ValueError as exc:
+        flag = "--max-num-batched-tokens"
+        raise InvalidEngineConfig(str(exc), flag=flag) from exc
 
 
 def _weight_format(config: EngineConfig, model: ModelSpec) -> str:

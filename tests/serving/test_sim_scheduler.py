@@ -66,7 +66,7 @@ def test_running_requests_go_first_and_share_the_budget() -> None:
 
 
 def test_without_chunking_a_prompt_waits_for_a_step_it_fits_in() -> None:
-    s = Scheduler(config(enable_chunked_prefill=False))
+    s = Scheduler(config(enable_chunked_prefill=False, max_model_len=16))
     s.add_request(req(0, 10, 2))
     s.add_request(req(1, 10, 2))
     out, tokens = step(s)
@@ -190,3 +190,10 @@ def test_requests_longer_than_the_model_or_the_cache_are_refused() -> None:
         s.add_request(req(0, 30, 5))
     with pytest.raises(ValueError, match="KV blocks"):
         s.add_request(req(1, 16, 4))
+
+
+def test_configurations_vllm_refuses_are_refused() -> None:
+    with pytest.raises(ValueError, match="smaller than max_model_len"):
+        config(enable_chunked_prefill=False)  # budget 16 < max_model_len 256
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        config(max_num_seqs=32)
