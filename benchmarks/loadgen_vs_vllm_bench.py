@@ -9,7 +9,9 @@ both times. Reported: both clients' p50/p95 TTFT and the ratios ours / vLLM's.
 
 A second phase sweeps Poisson arrival rates against a tiny model with short requests (to push
 the client, not the model) and reports our send lateness at the highest rate the machine
-sustains (no errors, TTFT p95 below 1 s: the engine is keeping up).
+sustains: no errors, completions at >= 90% of the offered rate, and median TTFT within 2x of
+the lowest rate's (no queue building up in the engine). The client shares the machine's two
+cores with the engine, so lateness here includes time the client waits for a CPU.
 
 Requests: lengths of the first requests of the Azure LLM inference trace 2023 (conversation;
 Azure/AzurePublicDataset, CC-BY 4.0), prompts capped at 1024 tokens, outputs at 32.
@@ -276,7 +278,15 @@ def lateness_phase(work: Path, *, rates: list[float], duration_s: float) -> list
                 request_timeout_s=120,
             )
             s = result.summary
-            sustained = s.num_errors == 0 and s.ttft_ms.p95 < 1000.0
+            baseline_ttft_p50_ms = cases[0]["ttft_p50_ms"] if cases else s.ttft_ms.p50
+            # Sustained: no errors, completions keep pace with the offered rate, and no queue
+            # builds up in the engine (median TTFT within 2x of the lowest rate's).
+            sustained = (
+                s.num_errors == 0
+                and s.request_throughput_rps >= 0.9 * rate
+                and s.ttft_ms.p50 <= 2.0 * baseline_ttft_p50_ms
+                and s.ttft_ms.p95 < 1000.0
+            )
             cases.append(
                 {
                     "rate_rps": rate,
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--rate-rps", type=float, default=1.0)
     parser.add_argument("--size", default="m", help="model size preset for the accuracy phase")
-    parser.add_argument("--sweep-rates", default="5,10,20,40,80,160")
+    parser.add_argument("--sweep-rates", default="5,10,20,40,60,80,120")
     parser.add_argument("--sweep-duration-s", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args(argv)

@@ -48,7 +48,6 @@ class PromptSynthesizer:
         self.seed = seed
         self.chat = chat
         self._pool = self._word_pool()
-        self._block_cache: dict[tuple[int, int], list[int]] = {}
         sample = "".join(self._pool[:16])
         self.overhead_tokens = (
             tokenizer.chat_overhead_tokens(sample) if chat else tokenizer.special_tokens_added()
@@ -89,12 +88,10 @@ class PromptSynthesizer:
         return pool
 
     def _block_words(self, key: tuple[int, int], num_words: int) -> list[int]:
-        cached = self._block_cache.get(key)
-        if cached is None or len(cached) < num_words:
-            rng = np.random.default_rng([self.seed, *key])
-            cached = [int(i) for i in rng.integers(0, len(self._pool), size=num_words)]
-            self._block_cache[key] = cached
-        return cached[:num_words]
+        # Regenerated on every use rather than cached: a generator seeded by (seed, key) is cheap,
+        # and a cache of every block of a long trace would hold gigabytes.
+        rng = np.random.default_rng([self.seed, *key])
+        return [int(i) for i in rng.integers(0, len(self._pool), size=num_words)]
 
     def synthesize(
         self, request: TraceRequest, *, request_index: int, max_prompt_tokens: int | None = None
