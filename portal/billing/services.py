@@ -1,0 +1,668 @@
+"""Writes of billing: customers and checkout, usage recording and reporting, Stripe webhooks.
+
+Every state change writes its audit event in the same transaction. Calls to Stripe happen
+outside row locks where possible and always carry a key derived from the business event, so
+repeating any of them (a double click, a retried task, a redelivered webhook) changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import stripe
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import Max, Q, Sum
+from django.urls import reverse
+from django.utils import timezone
+
+from compliance.services import audit_record
+from portal.accounts.models import Membership, Organization, Role, User
+from portal.billing import stripe_api
+from portal.billing.config import HOW_TO_ENABLE, BillingConfig, billing_config
+from portal.billing.models import (
+    BillingAccount,
+    Meter,
+    SubscriptionStatus,
+    UsageRecord,
+    UsageReport,
+    WebhookEvent,
+)
+from portal.billing.usage import (
+    billable_minutes,
+    hour_ceil,
+    hour_floor,
+    idempotency_key,
+    normalize_dimension,
+    split_by_hour,
+)
+from portal.jobs.models import Trial
+
+logger = logging.getLogger(__name__)
+
+# A sender holds a report this long; longer than one Stripe call with its retries.
+_SEND_LEASE = timedelta(minutes=5)
+
+# Stripe's subscription statuses, folded into ours.
+_STATUS_FROM_STRIPE = {
+    "active": SubscriptionStatus.ACTIVE,
+    "trialing": SubscriptionStatus.ACTIVE,
+    "past_due": SubscriptionStatus.PAST_DUE,
+    "unpaid": SubscriptionStatus.PAST_DUE,
+    # A paused subscription (trial ended without a payment method) is not paying either.
+    "paused": SubscriptionStatus.PAST_DUE,
+    "incomplete": SubscriptionStatus.INCOMPLETE,
+    "incomplete_expired": SubscriptionStatus.CANCELED,
+    "canceled": SubscriptionStatus.CANCELED,
+}
+
+
+class BillingError(Exception):
+    """A billing action that could not be done; the message tells the person why."""
+
+
+class WebhookRejected(Exception):
+    """A webhook delivery that is not provably from Stripe (or not now); answered with 400."""
+
+
+def _require_config() -> BillingConfig:
+    config = billing_config()
+    if config is None:
+        raise ValidationError(HOW_TO_ENABLE)
+    return config
+
+
+def _require_billing_admin(actor: User, organization: Organization) -> None:
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(Role.ADMIN):
+        raise PermissionDenied(f"Only an admin or above can manage billing; your role is {membership.role}.")
+
+
+def _site_url(path: str) -> str:
+    from django.conf import settings
+
+    return settings.SITE_URL + path
+
+
+# --- Gate used by other apps ------------------------------------------------------------------
+
+
+def billing_assert_can_start_jobs(*, organization: Organization) -> None:
+    """Refuses new tuning jobs while the subscription is past due. Running work is untouched."""
+    if billing_config() is None:
+        return
+    status = BillingAccount.objects.filter(organization=organization).values_list("status", flat=True).first()
+    if status == SubscriptionStatus.PAST_DUE:
+        raise ValidationError(
+            "Your subscription is past due, so new tuning jobs cannot start. Running jobs and "
+            "endpoints keep running. An admin can update the payment method on the Billing page."
+        )
+
+
+# --- Customer, checkout and the customer portal -------------------------------------------------
+
+
+def billing_account_ensure(*, organization: Organization) -> BillingAccount:
+    account, _ = BillingAccount.objects.get_or_create(organization=organization)
+    return account
+
+
+def _ensure_customer(*, actor: User, organization: Organization, config: BillingConfig) -> BillingAccount:
+    billing_account_ensure(organization=organization)
+    with transaction.atomic():
+        # The row lock makes concurrent first subscriptions wait for one customer; the derived
+        # idempotency key covers a crash between Stripe's answer and this commit.
+        account = BillingAccount.objects.select_for_update().get(organization=organization)
+        if account.stripe_customer_id:
+            return account
+        try:
+            customer_id = stripe_api.customer_create(
+                config,
+                name=organization.name,
+                organization_id=str(organization.id),
+                idempotency_key=f"tg:customer:{organization.id}",
+            )
+        except stripe_api.StripeCallError as exc:
+            raise BillingError(str(exc)) from None
+        account.stripe_customer_id = customer_id
+        account.save(update_fields=["stripe_customer_id", "updated_at"])
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="billing.customer.create",
+            target=account,
+            data={"stripe_customer_id": customer_id},
+        )
+    return account
+
+
+def billing_checkout_start(*, actor: User, organization: Organization, plan: str) -> str:
+    """Returns the Stripe Checkout URL to send the person to."""
+    _require_billing_admin(actor, organization)
+    config = _require_config()
+    price = config.plans.get(plan)
+    if price is None:
+        raise ValidationError({"plan": f"Choose one of: {', '.join(sorted(config.plans))}."})
+    account = BillingAccount.objects.filter(organization=organization).first()
+    if account is not None and account.is_subscribed:
+        raise ValidationError(
+            "This organization already has a subscription; change it in the customer portal."
+        )
+    account = _ensure_customer(actor=actor, organization=organization, config=config)
+    overview = reverse("billing:overview")
+    try:
+        url = stripe_api.checkout_session_create(
+            config,
+            customer_id=str(account.stripe_customer_id),
+            plan_price=price,
+            organization_id=str(organization.id),
+            plan=plan,
+            success_url=_site_url(overview + "?checkout=success"),
+            cancel_url=_site_url(overview + "?checkout=cancelled"),
+        )
+    except stripe_api.StripeCallError as exc:
+        raise BillingError(str(exc)) from None
+    with transaction.atomic():
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="billing.checkout.start",
+            target=account,
+            data={"plan": plan, "price": price},
+        )
+    return url
+
+
+def billing_portal_start(*, actor: User, organization: Organization) -> str:
+    """Returns the Stripe customer portal URL (payment methods, plan changes, cancellation)."""
+    _require_billing_admin(actor, organization)
+    config = _require_config()
+    account = BillingAccount.objects.filter(organization=organization).first()
+    if account is None or not account.stripe_customer_id:
+        raise ValidationError(
+            "Subscribe to a plan first; the customer portal manages an existing subscription."
+        )
+    try:
+        url = stripe_api.portal_session_create(
+            config, customer_id=account.stripe_customer_id, return_url=_site_url(reverse("billing:overview"))
+        )
+    except stripe_api.StripeCallError as exc:
+        raise BillingError(str(exc)) from None
+    with transaction.atomic():
+        audit_record(actor=actor, organization=organization, action="billing.portal.open", target=account)
+    return url
+
+
+# --- Usage: recording ----------------------------------------------------------------------------
+
+
+def usage_record(
+    *,
+    organization: Organization,
+    meter: str,
+    started_at: datetime,
+    ended_at: datetime,
+    source: str,
+    dimension: str = "",
+) -> int:
+    """Records usage as it happened, one row per UTC hour it touches. Returns rows stored.
+
+    Idempotent per (meter, source, hour): recording the same business event again stores
+    nothing. An endpoint runner records each closed running segment with
+    `meter=Meter.ENDPOINT_HOURS`, `dimension=<hardware type>` and a `source` naming the segment
+    (e.g. `endpoint:<id>:<segment start>`).
+    """
+    if meter not in Meter.values:
+        raise ValidationError({"meter": f"Unknown meter {meter!r}; use one of {', '.join(Meter.values)}."})
+    if meter == Meter.ENDPOINT_HOURS:
+        try:
+            dimension = normalize_dimension(dimension)
+        except ValueError as exc:
+            raise ValidationError({"dimension": str(exc)}) from None
+    elif dimension:
+        raise ValidationError({"dimension": "Tuning minutes carry no hardware type."})
+    source = (source or "").strip()
+    if not source or len(source) > 200:
+        raise ValidationError({"source": "Name the usage's source in 1 to 200 characters."})
+    try:
+        slices = split_by_hour(started_at, ended_at)
+    except ValueError as exc:
+        raise ValidationError({"ended_at": str(exc)}) from None
+    rows = [
+        UsageRecord(
+            organization=organization,
+            meter=meter,
+            dimension=dimension,
+            source=source,
+            hour=s.hour,
+            started_at=s.started_at,
+            ended_at=s.ended_at,
+            duration_ms=s.duration_ms,
+        )
+        for s in slices
+        if s.duration_ms > 0
+    ]
+    before = UsageRecord.objects.filter(meter=meter, source=source).count()
+    UsageRecord.objects.bulk_create(rows, ignore_conflicts=True)
+    return UsageRecord.objects.filter(meter=meter, source=source).count() - before
+
+
+def usage_collect_trials(*, now: datetime | None = None, lookback: timedelta | None = None) -> int:
+    """Records trial-minutes of finished trials not recorded yet. Returns trials recorded.
+
+    A trial's minutes run from its start to its finish (a trial re-run after a worker died is
+    billed from its first start: the row keeps one start time).
+    """
+    now = now or timezone.now()
+    if lookback is None:
+        config = billing_config()
+        lookback = timedelta(hours=config.trial_lookback_h if config else 48)
+    trials = list(
+        Trial.objects.filter(
+            status=Trial.Status.DONE, finished_at__isnull=False, finished_at__gte=now - lookback
+        ).values("id", "organization_id", "started_at", "finished_at")
+    )
+    sources = {f"trial:{t['id']}": t for t in trials}
+    seen = set(
+        UsageRecord.objects.filter(meter=Meter.TUNING_MINUTES, source__in=list(sources)).values_list(
+            "source", flat=True
+        )
+    )
+    recorded = 0
+    for source, trial in sources.items():
+        if source in seen or trial["finished_at"] < trial["started_at"]:
+            continue
+        rows = [
+            UsageRecord(
+                organization_id=trial["organization_id"],
+                meter=Meter.TUNING_MINUTES,
+                dimension="",
+                source=source,
+                hour=s.hour,
+                started_at=s.started_at,
+                ended_at=s.ended_at,
+                duration_ms=s.duration_ms,
+            )
+            for s in split_by_hour(trial["started_at"], trial["finished_at"])
+            if s.duration_ms > 0
+        ]
+        UsageRecord.objects.bulk_create(rows, ignore_conflicts=True)
+        recorded += 1
+    return recorded
+
+
+# --- Usage: reporting -----------------------------------------------------------------------------
+
+
+def _event_name(config: BillingConfig, meter: str, dimension: str) -> str:
+    if meter == Meter.TUNING_MINUTES:
+        return config.meter_event_tuning
+    return f"{config.meter_event_endpoint_prefix}{dimension.replace('-', '_')}"
+
+
+def usage_reports_prepare(*, now: datetime | None = None) -> int:
+    """Turns unreported usage of settled hours into reports. Returns reports created.
+
+    An hour is settled `usage_settle_s` after it ends. Usage recorded after its hour was
+    reported becomes a further report of the difference (sequence 1, 2, ...). Only hours from
+    the subscription's start are billed, and only while the organization is subscribed.
+    """
+    config = _require_config()
+    now = now or timezone.now()
+    cutoff = hour_floor(now - timedelta(seconds=config.usage_settle_s))
+    created = 0
+    account_ids = BillingAccount.objects.filter(
+        status__in=[SubscriptionStatus.ACTIVE, SubscriptionStatus.PAST_DUE],
+        stripe_customer_id__isnull=False,
+        usage_billed_from__isnull=False,
+    ).values_list("id", flat=True)
+    for account_id in account_ids:
+        with transaction.atomic():
+            # One preparer per organization at a time: the sequence numbers stay dense.
+            account = BillingAccount.objects.select_for_update().get(id=account_id)
+            if not account.is_subscribed or account.usage_billed_from is None:
+                continue
+            organization_id = account.organization_id
+            unreported = UsageRecord.objects.filter(
+                organization_id=organization_id,
+                report__isnull=True,
+                hour__lt=cutoff,
+                hour__gte=account.usage_billed_from,
+            )
+            buckets = (
+                unreported.values("meter", "dimension", "hour")
+                .distinct()
+                .order_by("hour", "meter", "dimension")
+            )
+            for bucket in list(buckets):
+                in_bucket = {
+                    "organization_id": organization_id,
+                    "meter": bucket["meter"],
+                    "dimension": bucket["dimension"],
+                    "hour": bucket["hour"],
+                }
+                total_ms = UsageRecord.objects.filter(**in_bucket).aggregate(ms=Sum("duration_ms"))["ms"] or 0
+                prior = UsageReport.objects.filter(**in_bucket).aggregate(
+                    q=Sum("quantity"), n=Max("sequence")
+                )
+                # Rounded over the whole bucket, minus what earlier reports of it already billed.
+                quantity = max(billable_minutes(total_ms) - (prior["q"] or 0), 0)
+                sequence = 0 if prior["n"] is None else prior["n"] + 1
+                report = UsageReport.objects.create(
+                    **in_bucket,
+                    sequence=sequence,
+                    quantity=quantity,
+                    idempotency_key=idempotency_key(
+                        organization_id=organization_id,
+                        meter=bucket["meter"],
+                        dimension=bucket["dimension"],
+                        hour=bucket["hour"],
+                        sequence=sequence,
+                    ),
+                    event_name=_event_name(config, bucket["meter"], bucket["dimension"]),
+                    status=UsageReport.Status.PENDING if quantity else UsageReport.Status.EMPTY,
+                )
+                unreported.filter(
+                    meter=bucket["meter"], dimension=bucket["dimension"], hour=bucket["hour"]
+                ).update(report=report)
+                created += 1
+    return created
+
+
+def usage_report_send(*, report_id: object, now: datetime | None = None) -> str:
+    """Sends one pending report to Stripe. Returns "sent", "retry", "failed" or "busy-or-done".
+
+    The report is claimed with a conditional update first, so a duplicated task sends nothing;
+    a sender that died mid-call loses its claim after `_SEND_LEASE` and the next run re-sends
+    with the same idempotency key, which Stripe answers without billing again.
+    """
+    config = _require_config()
+    now = now or timezone.now()
+    claimed = (
+        UsageReport.objects.filter(id=report_id, status=UsageReport.Status.PENDING)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .update(claimed_until=now + _SEND_LEASE)
+    )
+    if not claimed:
+        return "busy-or-done"
+    report = UsageReport.objects.select_related("organization").get(id=report_id)
+    UsageReport.objects.filter(id=report_id).update(attempts=report.attempts + 1)
+    account = BillingAccount.objects.get(organization_id=report.organization_id)
+    try:
+        stripe_api.meter_event_create(
+            config,
+            event_name=report.event_name,
+            customer_id=str(account.stripe_customer_id),
+            value=report.quantity,
+            timestamp=int(report.hour.timestamp()),
+            key=report.idempotency_key,
+            dimensions={"hardware": report.dimension} if report.dimension else {},
+        )
+    except stripe_api.StripeCallError as exc:
+        if not exc.permanent:
+            UsageReport.objects.filter(id=report_id).update(claimed_until=None, error=str(exc))
+            logger.warning("usage report %s not sent yet: %s", report_id, exc)
+            return "retry"
+        with transaction.atomic():
+            UsageReport.objects.filter(id=report_id).update(
+                status=UsageReport.Status.FAILED, claimed_until=None, error=str(exc)
+            )
+            audit_record(
+                actor=None,
+                organization=report.organization,
+                action="billing.usage_report.failed",
+                target=report,
+                data={"key": report.idempotency_key, "quantity": report.quantity, "error": str(exc)[:300]},
+            )
+        return "failed"
+    with transaction.atomic():
+        UsageReport.objects.filter(id=report_id, status=UsageReport.Status.PENDING).update(
+            status=UsageReport.Status.SENT, sent_at=timezone.now(), claimed_until=None, error=""
+        )
+        audit_record(
+            actor=None,
+            organization=report.organization,
+            action="billing.usage_report.sent",
+            target=report,
+            data={
+                "meter": report.meter,
+                "dimension": report.dimension,
+                "hour": report.hour.isoformat(),
+                "quantity": report.quantity,
+                "key": report.idempotency_key,
+            },
+        )
+    return "sent"
+
+
+def usage_report_run(*, now: datetime | None = None) -> dict[str, int]:
+    """The scheduled job: record finished trials, prepare settled hours, send what is pending."""
+    if billing_config() is None:
+        return {"enabled": 0}
+    now = now or timezone.now()
+    outcome: dict[str, int] = {
+        "enabled": 1,
+        "trials_recorded": usage_collect_trials(now=now),
+        "reports_prepared": usage_reports_prepare(now=now),
+    }
+    pending = UsageReport.objects.filter(status=UsageReport.Status.PENDING).order_by("hour", "sequence")
+    for report_id in list(pending.values_list("id", flat=True)):
+        result = usage_report_send(report_id=report_id, now=now)
+        outcome[result] = outcome.get(result, 0) + 1
+    return outcome
+
+
+# --- Webhooks --------------------------------------------------------------------------------------
+
+
+def _signature_timestamp(header: str) -> int:
+    for part in header.split(","):
+        key, _, value = part.strip().partition("=")
+        if key == "t":
+            return int(value)
+    raise ValueError("no timestamp")
+
+
+def webhook_verify(*, payload: bytes, signature_header: str | None) -> dict[str, Any]:
+    """The event, if the payload is signed with the configured secret at about this moment."""
+    config = _require_config()
+    tolerance = config.webhook_tolerance_s
+    try:
+        text = payload.decode("utf-8")
+        stripe.WebhookSignature.verify_header(text, signature_header, config.webhook_secret, tolerance)
+        # The SDK refuses only old timestamps; one from the future is refused here as well, so a
+        # signature cannot be prepared now and replayed later.
+        timestamp = _signature_timestamp(signature_header or "")
+    except (stripe.SignatureVerificationError, UnicodeDecodeError, ValueError) as exc:
+        raise WebhookRejected(f"Signature verification failed: {exc}") from None
+    skew = timestamp - time.time()
+    if abs(skew) > tolerance:
+        raise WebhookRejected(f"Signature timestamp is {skew:+.0f} s from now (tolerance {tolerance} s).")
+    try:
+        event = json.loads(text)
+        if not isinstance(event, dict):
+            raise ValueError("not an object")
+        for key in ("id", "type", "created"):
+            if key not in event:
+                raise ValueError(f"missing {key!r}")
+        if not isinstance((event.get("data") or {}).get("object"), dict):
+            raise ValueError("missing data.object")
+    except ValueError as exc:
+        raise WebhookRejected(f"Not a Stripe event: {exc}") from None
+    return event
+
+
+def _plan_of(subscription: dict[str, Any], config: BillingConfig) -> str:
+    by_price = {price: name for name, price in config.plans.items()}
+    for item in (subscription.get("items") or {}).get("data") or []:
+        price = (item.get("price") or {}).get("id")
+        if price in by_price:
+            return by_price[price]
+    return ""
+
+
+def _period_end(subscription: dict[str, Any]) -> datetime | None:
+    # Newer API versions keep the period on each item rather than on the subscription.
+    ends = [subscription.get("current_period_end")]
+    ends += [item.get("current_period_end") for item in (subscription.get("items") or {}).get("data") or []]
+    values = [int(e) for e in ends if isinstance(e, int | float)]
+    return datetime.fromtimestamp(max(values), tz=UTC) if values else None
+
+
+def _notify_admins(account_id: object, status: str) -> None:
+    from portal.billing.tasks import billing_status_notify
+
+    transaction.on_commit(lambda: billing_status_notify.delay(str(account_id), status))
+
+
+def _apply_subscription(
+    account: BillingAccount,
+    subscription: dict[str, Any],
+    event: dict[str, Any],
+    created: datetime,
+    config: BillingConfig,
+) -> str:
+    if account.state_event_created is not None and created < account.state_event_created:
+        return "stale"
+    subscription_id = str(subscription.get("id") or "")
+    if (
+        account.stripe_subscription_id
+        and subscription_id != account.stripe_subscription_id
+        and account.is_subscribed
+        and _STATUS_FROM_STRIPE.get(str(subscription.get("status"))) == SubscriptionStatus.CANCELED
+    ):
+        # The end of an older subscription says nothing about the current one.
+        return "ignored"
+    stripe_status = (
+        "canceled" if event["type"] == "customer.subscription.deleted" else str(subscription.get("status"))
+    )
+    new_status = _STATUS_FROM_STRIPE.get(stripe_status)
+    if new_status is None:
+        return "ignored"
+    previous = account.status
+    account.stripe_subscription_id = subscription_id
+    account.stripe_status = stripe_status
+    account.plan = _plan_of(subscription, config) or account.plan
+    account.current_period_end = _period_end(subscription)
+    account.state_event_created = created
+    if new_status == SubscriptionStatus.ACTIVE and (
+        account.usage_billed_from is None
+        or previous in {SubscriptionStatus.CANCELED, SubscriptionStatus.NONE}
+    ):
+        # Bill usage from the first full hour of the subscription, never before it.
+        start = subscription.get("start_date")
+        started = datetime.fromtimestamp(int(start), tz=UTC) if isinstance(start, int) else created
+        account.usage_billed_from = hour_ceil(started)
+    if new_status != previous:
+        account.status = new_status
+        account.status_changed_at = timezone.now()
+    account.save()
+    if new_status != previous:
+        audit_record(
+            actor=None,
+            organization=account.organization,
+            action=f"billing.subscription.{new_status}",
+            target=account,
+            data={
+                "from": previous,
+                "to": new_status,
+                "stripe_status": stripe_status,
+                "plan": account.plan,
+                "subscription": subscription_id,
+                "event": event["id"],
+            },
+        )
+        if new_status in {SubscriptionStatus.PAST_DUE, SubscriptionStatus.CANCELED}:
+            _notify_admins(account.id, new_status)
+    return "applied"
+
+
+def webhook_event_process(*, event: dict[str, Any]) -> str:
+    """Applies one verified Stripe event, exactly once per event id. Returns the outcome."""
+    config = _require_config()
+    event_type = str(event["type"])
+    obj: dict[str, Any] = event["data"]["object"]
+    created = datetime.fromtimestamp(int(event["created"]), tz=UTC)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                record = WebhookEvent.objects.create(
+                    stripe_event_id=str(event["id"]), event_type=event_type, outcome="processing"
+                )
+        except IntegrityError:
+            # Delivered before (or being applied by a concurrent delivery that holds the row).
+            return "duplicate"
+        outcome = "ignored"
+        account = None
+        customer = obj.get("customer")
+        if event_type.startswith("customer.subscription.") or event_type == "checkout.session.completed":
+            account = (
+                BillingAccount.objects.select_for_update()
+                .select_related("organization")
+                .filter(stripe_customer_id=customer)
+                .first()
+                if isinstance(customer, str)
+                else None
+            )
+            if account is None:
+                outcome = "unknown-customer"
+            elif event_type == "checkout.session.completed":
+                if obj.get("mode") == "subscription" and obj.get("subscription"):
+                    if not account.is_subscribed:
+                        account.stripe_subscription_id = str(obj["subscription"])
+                        account.save(update_fields=["stripe_subscription_id", "updated_at"])
+                    audit_record(
+                        actor=None,
+                        organization=account.organization,
+                        action="billing.checkout.completed",
+                        target=account,
+                        data={"subscription": str(obj["subscription"]), "event": event["id"]},
+                    )
+                    outcome = "applied"
+            else:
+                outcome = _apply_subscription(account, obj, event, created, config)
+        record.outcome = outcome
+        record.organization = account.organization if account is not None else None
+        record.save(update_fields=["outcome", "organization"])
+    return outcome
+
+
+# --- Notices ------------------------------------------------------------------------------------------
+
+
+def billing_status_notify(*, account_id: str, status: str) -> int:
+    """Emails the organization's owners and admins that its subscription needs attention."""
+    account = BillingAccount.objects.select_related("organization").filter(id=account_id).first()
+    if account is None or account.status != status:
+        # The state moved on before the notice went out; the newer state sends its own.
+        return 0
+    recipients = list(
+        Membership.objects.filter(organization=account.organization, role__in=[Role.OWNER, Role.ADMIN])
+        .values_list("user__email", flat=True)
+        .order_by("user__email")
+    )
+    if not recipients:
+        return 0
+    name = account.organization.name
+    if status == SubscriptionStatus.PAST_DUE:
+        subject = f"Payment needed for {name} on Tailguard"
+        body = (
+            f"The last payment for {name} did not go through, so the subscription is past due.\n\n"
+            "Running tuning jobs and endpoints keep running, but new tuning jobs cannot start until "
+            f"the payment method is updated: {_site_url(reverse('billing:overview'))}"
+        )
+    else:
+        subject = f"The Tailguard subscription of {name} has ended"
+        body = (
+            f"The subscription of {name} was cancelled. Usage is no longer reported for billing.\n\n"
+            f"Subscribe again at any time: {_site_url(reverse('billing:overview'))}"
+        )
+    send_mail(subject=subject, message=body, from_email=None, recipient_list=recipients)
+    return len(recipients)
