@@ -1,12 +1,74 @@
-"""Writes of the compliance app. Callers run these inside their own `transaction.atomic()`."""
+"""Writes of the compliance app: the audit trail, residency, BAAs, sensitive objects, retention
+and deletion of an organization's data.
+
+Every mutating function takes the acting user, checks the actor's role itself and writes its
+audit event in the same transaction. Refusals are `ValidationError`s whose message names the
+rule that refused ("data-residency rule", "BAA rule"), so the UI and the API can say why.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import csv
+import io
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
 
-from django.db import models
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models, transaction
+from django.utils import timezone
 
-from compliance.models import AuditEvent
+from compliance import chain, context, selectors
+from compliance.models import (
+    AuditChainHead,
+    AuditEvent,
+    BAARecord,
+    ResidencyPolicy,
+    RetentionPolicy,
+    StoredObject,
+)
+from compliance.storage import ObjectTooLarge, StorageError, get_store
+
+logger = logging.getLogger(__name__)
+
+# Keys that would carry text a person wrote (prompts, messages, notes): never in the trail.
+_FORBIDDEN_DATA_KEYS = frozenset({"prompt", "prompts", "text", "content", "messages", "completion", "body"})
+_MAX_DATA_STRING = 512
+
+
+# --- Audit trail ------------------------------------------------------------------------------
+
+
+def _check_no_text(value: Any, path: str = "data") -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if str(key).lower() in _FORBIDDEN_DATA_KEYS:
+                raise ValueError(f"audit {path}.{key}: text fields never go into the audit trail")
+            _check_no_text(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_no_text(item, f"{path}[{index}]")
+    elif isinstance(value, str) and len(value) > _MAX_DATA_STRING:
+        raise ValueError(f"audit {path}: strings longer than {_MAX_DATA_STRING} characters are refused")
+
+
+def _lock_head(key: str) -> AuditChainHead:
+    """The chain's head row, locked until the transaction ends: appends to one chain queue here."""
+    head = AuditChainHead.objects.select_for_update().filter(chain=key).first()
+    if head is None:
+        # Two first events racing: ON CONFLICT DO NOTHING, then both lock the one row.
+        AuditChainHead.objects.bulk_create(
+            [AuditChainHead(chain=key, seq=0, hash=chain.GENESIS_HASH)], ignore_conflicts=True
+        )
+        head = AuditChainHead.objects.select_for_update().get(chain=key)
+    return head
 
 
 def audit_record(
@@ -16,15 +78,642 @@ def audit_record(
     organization: Any = None,
     target: models.Model | None = None,
     data: dict[str, Any] | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one audit event. `actor` is a user, or None for the system."""
+    """Append one audit event to its organization's chain. `actor` is a user, or None for the
+    system. `before`/`after` are recorded as digests only. Joins the caller's transaction."""
+    data = data or {}
+    _check_no_text(data)
     label = "system" if actor is None else str(getattr(actor, "email", actor))
-    return AuditEvent.objects.create(
-        organization=organization,
-        actor=actor if getattr(actor, "pk", None) else None,
-        actor_label=label,
-        action=action,
-        target_type=target._meta.label_lower if target is not None else "",
-        target_id=str(target.pk) if target is not None else "",
-        data=data or {},
+    organization_id = getattr(organization, "pk", organization)
+    actor_id = getattr(actor, "pk", None)
+    key = chain.chain_key(organization_id)
+    with transaction.atomic():
+        head = _lock_head(key)
+        event = AuditEvent(
+            organization_id=organization_id,
+            actor_id=actor_id,
+            actor_label=label[:254],
+            action=action,
+            target_type=target._meta.label_lower if target is not None else "",
+            target_id=str(target.pk) if target is not None else "",
+            data=data,
+            request_id=context.request_id.get(),
+            before_digest=chain.digest(before),
+            after_digest=chain.digest(after),
+            created_at=timezone.now(),
+            chain=key,
+            seq=head.seq + 1,
+            prev_hash=head.hash,
+        )
+        # Hash what the database will return: JSON round-tripped, ids as text.
+        event.data = json.loads(chain.canonical_json(data))
+        event.hash = chain.event_hash(_hashed_fields(event))
+        event.save(force_insert=True)
+        AuditChainHead.objects.filter(chain=key).update(seq=event.seq, hash=event.hash)
+    return event
+
+
+def _hashed_fields(event: AuditEvent) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in chain.HASHED_FIELDS}
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    chain: str
+    seq: int
+    event_id: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"event id {self.event_id}" if self.event_id is not None else "chain head"
+        return f"chain {self.chain}, position {self.seq} ({where}): {self.reason}"
+
+
+def audit_verify(*, chain_key: str | None = None) -> list[BrokenLink]:
+    """Recomputes every chain (or one) and returns the first broken link of each broken chain."""
+    keys: Iterable[str]
+    if chain_key is not None:
+        keys = [chain_key]
+    else:
+        keys = sorted(
+            set(AuditEvent.objects.values_list("chain", flat=True).distinct())
+            | set(AuditChainHead.objects.values_list("chain", flat=True))
+        )
+    broken = []
+    for key in keys:
+        link = _verify_chain(key)
+        if link is not None:
+            broken.append(link)
+    return broken
+
+
+def _verify_chain(key: str) -> BrokenLink | None:
+    expected_seq, expected_prev = 1, chain.GENESIS_HASH
+    events = AuditEvent.objects.filter(chain=key).order_by("seq").iterator(chunk_size=2000)
+    for event in events:
+        if event.seq != expected_seq:
+            return BrokenLink(
+                key, expected_seq, event.id, f"event missing (next found is position {event.seq})"
+            )
+        if event.prev_hash != expected_prev:
+            return BrokenLink(key, event.seq, event.id, "previous-hash does not match the event before it")
+        if chain.event_hash(_hashed_fields(event)) != event.hash:
+            return BrokenLink(key, event.seq, event.id, "content does not match its hash (edited)")
+        expected_seq, expected_prev = event.seq + 1, event.hash
+    head = AuditChainHead.objects.filter(chain=key).first()
+    if head is not None and (head.seq != expected_seq - 1 or head.hash != expected_prev):
+        return BrokenLink(
+            key, expected_seq, None, f"the chain head is at position {head.seq}: events removed"
+        )
+    return None
+
+
+def _require(actor: Any, organization: Any, minimum: str, doing: str) -> None:
+    from portal.accounts.models import Membership
+
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(minimum):
+        raise PermissionDenied(f"Only an {minimum} or above can {doing}; your role is {membership.role}.")
+
+
+_EXPORT_FIELDS = (
+    "id",
+    "chain",
+    "seq",
+    "created_at",
+    "actor_label",
+    "actor_id",
+    "organization_id",
+    "action",
+    "target_type",
+    "target_id",
+    "request_id",
+    "data",
+    "before_digest",
+    "after_digest",
+    "prev_hash",
+    "hash",
+)
+
+
+def _export_row(event: AuditEvent) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in _EXPORT_FIELDS:
+        value = getattr(event, name)
+        if name == "created_at":
+            value = chain.timestamp(value)
+        elif name in {"actor_id", "organization_id"} and value is not None:
+            value = str(value)
+        row[name] = value
+    return row
+
+
+def audit_export(*, actor: Any, organization: Any, fmt: str, region: str | None = None) -> tuple[str, bytes]:
+    """The organization's whole audit chain as CSV or JSON, with every hash, for an auditor to
+    verify offline. The export is itself recorded (in the same chain, after the exported part).
+
+    `region` is where the export may be handed out from: it must be one the organization's
+    residency policy allows (the default is its first allowed region)."""
+    _require(actor, organization, "admin", "export the audit trail")
+    if fmt not in {"csv", "json"}:
+        raise ValidationError({"format": "Choose csv or json."})
+    target_region = region or storage_region_for(organization=organization)
+    residency_require(organization=organization, region=target_region, doing="this export", field="region")
+    with transaction.atomic():
+        events = list(selectors.audit_event_chain(organization=organization))
+        rows = [_export_row(e) for e in events]
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="audit.export",
+            data={"format": fmt, "events": len(rows), "region": target_region},
+        )
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    name = f"audit-{organization.slug}-{stamp}.{fmt}"
+    if fmt == "json":
+        body = json.dumps(
+            {
+                "organization": str(organization.pk),
+                "chain": chain.chain_key(organization.pk),
+                "hash_format": {
+                    "algorithm": "sha256",
+                    "fields": list(chain.HASHED_FIELDS),
+                    "encoding": "JSON array of the fields in this order; sorted keys, no spaces",
+                    "genesis": chain.GENESIS_HASH,
+                },
+                "events": rows,
+            },
+            indent=1,
+        ).encode()
+    else:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(_EXPORT_FIELDS))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "data": chain.canonical_json(row["data"])})
+        body = buffer.getvalue().encode()
+    return name, body
+
+
+# --- Residency --------------------------------------------------------------------------------
+
+
+def residency_require(*, organization: Any, region: str, doing: str, field: str = "region") -> None:
+    """Refuses, before anything is written, data or compute outside the organization's regions."""
+    allowed = selectors.allowed_regions(organization=organization)
+    if region not in allowed:
+        raise ValidationError(
+            {
+                field: (
+                    f"Refused by the data-residency rule of {organization.name}: data and compute may only be in "
+                    f"{', '.join(allowed) or 'no region'}; {doing} would be in {region!r}."
+                )
+            },
+            code="residency",
+        )
+
+
+def storage_region_for(*, organization: Any) -> str:
+    """Where this organization's new objects go: chosen by policy, never by the caller."""
+    allowed = selectors.allowed_regions(organization=organization)
+    for region in settings.COMPLIANCE_REGIONS:
+        if region in allowed:
+            return region
+    raise ValidationError(
+        {
+            "region": (
+                f"Refused by the data-residency rule of {organization.name}: none of its allowed regions "
+                f"({', '.join(allowed) or 'none'}) is available in this deployment "
+                f"({', '.join(settings.COMPLIANCE_REGIONS)})."
+            )
+        },
+        code="residency",
     )
+
+
+def residency_policy_set(*, actor: Any, organization: Any, allowed_regions: list[str]) -> ResidencyPolicy:
+    _require(actor, organization, "owner", "change data residency")
+    regions = sorted({r.strip() for r in allowed_regions if r and r.strip()})
+    if not regions:
+        raise ValidationError({"allowed_regions": "Allow at least one region."})
+    unknown = [r for r in regions if r not in settings.COMPLIANCE_REGIONS]
+    if unknown:
+        raise ValidationError(
+            {
+                "allowed_regions": (
+                    f"Unknown region {', '.join(unknown)}; this deployment has {', '.join(settings.COMPLIANCE_REGIONS)}."
+                )
+            }
+        )
+    stranded = (
+        StoredObject.objects.filter(organization=organization)
+        .exclude(region__in=regions)
+        .values_list("region", flat=True)
+    )
+    if stranded:
+        where = ", ".join(sorted(set(stranded)))
+        raise ValidationError(
+            {
+                "allowed_regions": (
+                    f"Refused by the data-residency rule: {len(stranded)} stored object(s) are in {where}; "
+                    "delete them before removing the region."
+                )
+            }
+        )
+    with transaction.atomic():
+        before = selectors.allowed_regions(organization=organization)
+        policy, _ = ResidencyPolicy.objects.select_for_update().get_or_create(
+            organization=organization, defaults={"allowed_regions": regions, "updated_by": actor}
+        )
+        policy.allowed_regions = regions
+        policy.updated_by = actor
+        policy.save()
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="residency.set",
+            target=policy,
+            data={"allowed_regions": regions, "previous": before},
+            before={"allowed_regions": before},
+            after={"allowed_regions": regions},
+        )
+    return policy
+
+
+# --- BAA --------------------------------------------------------------------------------------
+
+
+def baa_require(*, organization: Any, doing: str, field: str) -> BAARecord:
+    baa = selectors.baa_effective(organization=organization)
+    if baa is None:
+        raise ValidationError(
+            {
+                field: (
+                    f"Refused by the BAA rule: {organization.name} has no effective business associate "
+                    f"agreement, so it cannot {doing}. An owner or admin records the signed BAA on the "
+                    "Compliance page first."
+                )
+            },
+            code="baa",
+        )
+    return baa
+
+
+def baa_record_create(
+    *,
+    actor: Any,
+    organization: Any,
+    counterparty: str,
+    version: str,
+    signed_on: date,
+    effective_on: date,
+    ends_on: date | None = None,
+    document: Any = None,
+) -> BAARecord:
+    """Records a signed BAA; the signed document (optional) is stored like any sensitive file."""
+    _require(actor, organization, "admin", "record a BAA")
+    errors: dict[str, str] = {}
+    counterparty = (counterparty or "").strip()
+    version = (version or "").strip()
+    if not counterparty:
+        errors["counterparty"] = "Name the counterparty."
+    if not version:
+        errors["version"] = "Give the agreement's version."
+    if effective_on < signed_on:
+        errors["effective_on"] = "The agreement cannot take effect before it was signed."
+    if ends_on is not None and ends_on < effective_on:
+        errors["ends_on"] = "The end date is before the effective date."
+    if errors:
+        raise ValidationError(errors)
+    record_id = uuid.uuid4()
+    stored = None
+    if document is not None:
+        stored = sensitive_object_store(
+            actor=actor,
+            organization=organization,
+            kind=StoredObject.Kind.BAA_DOCUMENT,
+            stream=document,
+            size_hint=getattr(document, "size", None),
+            owner_id=str(record_id),
+        )
+    try:
+        with transaction.atomic():
+            record = BAARecord.objects.create(
+                id=record_id,
+                organization=organization,
+                counterparty=counterparty[:200],
+                version=version[:64],
+                signed_on=signed_on,
+                effective_on=effective_on,
+                ends_on=ends_on,
+                document=stored,
+                recorded_by=actor,
+            )
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="baa.record",
+                target=record,
+                data={
+                    "counterparty": record.counterparty,
+                    "version": record.version,
+                    "effective_on": effective_on.isoformat(),
+                    "ends_on": ends_on.isoformat() if ends_on else None,
+                    "document_sha256": stored.sha256 if stored else None,
+                },
+            )
+    except Exception:
+        if stored is not None:
+            sensitive_object_delete(actor=actor, obj=stored, reason="baa record failed")
+        raise
+    return record
+
+
+# --- Sensitive objects ------------------------------------------------------------------------
+
+
+def _object_key(organization: Any, kind: str, object_id: uuid.UUID) -> str:
+    return f"org/{organization.pk}/{kind}/{object_id}"
+
+
+def sensitive_object_store(
+    *,
+    actor: Any,
+    organization: Any,
+    kind: str,
+    stream: IO[bytes] | Any,
+    contains_phi: bool = False,
+    size_hint: int | None = None,
+    owner_id: str = "",
+) -> StoredObject:
+    """Stores one sensitive file in the region the organization's policy chooses.
+
+    Checked before anything is written: the BAA rule for PHI, the residency rule, the size
+    limit (again while streaming)."""
+    if contains_phi:
+        baa_require(organization=organization, doing="store files containing PHI", field="contains_phi")
+    region = storage_region_for(organization=organization)
+    residency_require(organization=organization, region=region, doing="this file", field="file")
+    limit = settings.COMPLIANCE_OBJECT_MAX_BYTES
+    if size_hint is not None and size_hint > limit:
+        raise ValidationError({"file": f"The file is larger than the limit of {limit:,} bytes."})
+    object_id = uuid.uuid4()
+    key = _object_key(organization, kind, object_id)
+    if hasattr(stream, "seek"):
+        stream.seek(0)
+    store = get_store()
+    try:
+        result = store.put(region=region, key=key, stream=stream, max_bytes=limit)
+    except ObjectTooLarge:
+        raise ValidationError({"file": f"The file is larger than the limit of {limit:,} bytes."}) from None
+    except StorageError as exc:
+        raise ValidationError({"file": f"The file could not be stored: {exc}"}) from None
+    try:
+        with transaction.atomic():
+            obj = StoredObject.objects.create(
+                id=object_id,
+                organization=organization,
+                kind=kind,
+                region=region,
+                key=key,
+                size_bytes=result.size_bytes,
+                sha256=result.sha256,
+                contains_phi=contains_phi,
+                owner_id=owner_id,
+            )
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="object.store",
+                target=obj,
+                data={
+                    "kind": kind,
+                    "region": region,
+                    "size_bytes": result.size_bytes,
+                    "contains_phi": contains_phi,
+                },
+            )
+    except Exception:
+        store.delete(region=region, key=key)
+        raise
+    return obj
+
+
+def sensitive_object_read(*, obj: StoredObject, target: IO[bytes]) -> None:
+    get_store().get(region=obj.region, key=obj.key, target=target)
+
+
+def sensitive_object_delete(*, actor: Any, obj: StoredObject, reason: str) -> None:
+    get_store().delete(region=obj.region, key=obj.key)
+    with transaction.atomic():
+        audit_record(
+            actor=actor,
+            organization=obj.organization_id,
+            action="object.delete",
+            target=obj,
+            data={"kind": obj.kind, "region": obj.region, "reason": reason},
+        )
+        obj.delete()
+
+
+def upload_admit(*, organization: Any, contains_phi: bool) -> str:
+    """What a traffic upload must pass before a byte is written: the BAA rule for PHI and the
+    residency rule. Returns the region the upload goes to."""
+    if contains_phi:
+        baa_require(organization=organization, doing="upload samples containing PHI", field="contains_phi")
+    region = storage_region_for(organization=organization)
+    residency_require(organization=organization, region=region, doing="this upload", field="file")
+    return region
+
+
+# --- Retention and deletion -------------------------------------------------------------------
+
+
+def retention_policy_set(
+    *, actor: Any, organization: Any, sample_retention_days: int, retain_prompt_text: bool = False
+) -> RetentionPolicy:
+    _require(actor, organization, "owner", "change data retention")
+    if not 1 <= sample_retention_days <= 3650:
+        raise ValidationError({"sample_retention_days": "Use 1 to 3650 days."})
+    if retain_prompt_text:
+        baa_require(organization=organization, doing="retain prompt text", field="retain_prompt_text")
+    with transaction.atomic():
+        before = selectors.retention_settings(organization=organization)
+        policy, _ = RetentionPolicy.objects.select_for_update().get_or_create(
+            organization=organization,
+            defaults={"sample_retention_days": sample_retention_days, "updated_by": actor},
+        )
+        policy.sample_retention_days = sample_retention_days
+        policy.retain_prompt_text = retain_prompt_text
+        policy.updated_by = actor
+        policy.save()
+        after = selectors.retention_settings(organization=organization)
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="retention.set",
+            target=policy,
+            data=after,
+            before=before,
+            after=after,
+        )
+    return policy
+
+
+def _delete_sample_files(sample: Any) -> None:
+    from portal.traffic.services import workload_path
+
+    if sample.staging_name:
+        (Path(settings.TRAFFIC_STAGING_DIR) / sample.staging_name).unlink(missing_ok=True)
+    workload_path(sample).unlink(missing_ok=True)
+
+
+def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
+    """Deletes what is past each organization's retention: traffic samples (their stored
+    objects in every region, their workload files and, unless a tuning job still refers to
+    them, their rows). Idempotent; the scheduled task calls it. Returns counts."""
+    from portal.accounts.models import Organization
+    from portal.traffic.models import TrafficSample
+
+    moment = now or timezone.now()
+    counts = {"samples": 0, "objects": 0}
+    store = get_store()
+    for organization in Organization.objects.all().iterator():
+        days = selectors.retention_settings(organization=organization)["sample_retention_days"]
+        cutoff = moment - timedelta(days=days)
+        expired_objects = StoredObject.objects.filter(
+            organization=organization, kind=StoredObject.Kind.SAMPLE_UPLOAD, created_at__lt=cutoff
+        )
+        for obj in expired_objects:
+            store.delete(region=obj.region, key=obj.key)
+            with transaction.atomic():
+                audit_record(
+                    actor=None,
+                    organization=organization,
+                    action="retention.object_delete",
+                    target=obj,
+                    data={"region": obj.region, "retention_days": days},
+                )
+                obj.delete()
+            counts["objects"] += 1
+        for sample in TrafficSample.objects.filter(organization=organization, created_at__lt=cutoff):
+            _delete_sample_files(sample)
+            with transaction.atomic():
+                in_use = sample.tuning_jobs.exists()
+                audit_record(
+                    actor=None,
+                    organization=organization,
+                    action="retention.sample_delete",
+                    target=sample,
+                    data={"retention_days": days, "row_kept_for_jobs": in_use},
+                )
+                if not in_use:
+                    sample.delete()
+            counts["samples"] += 1
+    return counts
+
+
+def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> dict[str, int]:
+    """Deletes everything an organization has: its objects in every region of the deployment
+    (not only the allowed ones: a past policy may have allowed others), its files and its rows.
+    What remains is the audit trail, which never held its data, ending with this deletion."""
+    _require(actor, organization, "owner", "delete the organization's data")
+    if confirm != organization.slug:
+        raise ValidationError({"confirm": f"Type the organization's slug ({organization.slug}) to confirm."})
+    from portal.jobs.models import TuningJob
+    from portal.traffic.models import TrafficSample
+
+    store = get_store()
+    prefix = f"org/{organization.pk}/"
+    per_region: dict[str, int] = {}
+    for region in settings.COMPLIANCE_REGIONS:
+        per_region[region] = store.delete_prefix(region=region, prefix=prefix)
+    for sample in TrafficSample.objects.filter(organization=organization):
+        _delete_sample_files(sample)
+    for job in TuningJob.objects.filter(organization=organization):
+        shutil.rmtree(Path(settings.TUNING_WORK_DIR) / str(job.id), ignore_errors=True)
+    organization_id, name = organization.pk, organization.name
+    with transaction.atomic():
+        counts = {
+            "objects": sum(per_region.values()),
+            "samples": TrafficSample.objects.filter(organization=organization).count(),
+            "jobs": TuningJob.objects.filter(organization=organization).count(),
+        }
+        audit_record(
+            actor=actor,
+            organization=organization_id,
+            action="organization.data_delete",
+            data={"name": name, "objects_by_region": per_region, **counts},
+        )
+        TuningJob.objects.filter(organization=organization).delete()
+        organization.delete()
+    return counts
+
+
+# --- Raw traffic uploads (called by portal.traffic.services) ----------------------------------
+
+_OBJECT_REF = "object:"
+
+
+def sample_upload_store(
+    *, actor: Any, organization: Any, sample_id: str, upload: Any, contains_phi: bool
+) -> str:
+    """Stores a raw upload in the region the policy chooses (after the BAA and residency rules)
+    and returns the reference the sample keeps until it is read."""
+    obj = sensitive_object_store(
+        actor=actor,
+        organization=organization,
+        kind=StoredObject.Kind.SAMPLE_UPLOAD,
+        stream=upload,
+        contains_phi=contains_phi,
+        size_hint=getattr(upload, "size", None),
+        owner_id=sample_id,
+    )
+    return f"{_OBJECT_REF}{obj.id}"
+
+
+def is_object_reference(reference: str) -> bool:
+    return reference.startswith(_OBJECT_REF)
+
+
+def sample_upload_fetch(*, reference: str, target: IO[bytes]) -> bool:
+    """Decrypts/downloads a raw upload into `target`; False when it is gone."""
+    obj = StoredObject.objects.filter(id=reference.removeprefix(_OBJECT_REF)).first()
+    if obj is None:
+        return False
+    try:
+        sensitive_object_read(obj=obj, target=target)
+    except StorageError:
+        logger.error("stored upload %s could not be read", obj.id)
+        return False
+    return True
+
+
+def sample_upload_release(*, organization: Any, reference: str) -> None:
+    """After ingest: the raw upload (prompt text) is deleted, unless the organization retains
+    prompt text under an effective BAA, in which case retention deletes it later."""
+    obj = StoredObject.objects.filter(id=reference.removeprefix(_OBJECT_REF)).first()
+    if obj is None:
+        return
+    if selectors.retention_settings(organization=organization)[
+        "retain_prompt_text"
+    ] and selectors.baa_effective(organization=organization):
+        return
+    sensitive_object_delete(actor=None, obj=obj, reason="read by ingest; prompt text is not retained")
+
+
+def sample_objects_delete(*, actor: Any, sample: Any) -> None:
+    """Deletes every stored object of one traffic sample, in whatever region it is."""
+    for obj in StoredObject.objects.filter(organization=sample.organization_id, owner_id=str(sample.pk)):
+        sensitive_object_delete(actor=actor, obj=obj, reason="sample deleted")
+
+
+def sample_upload_discard(*, reference: str) -> None:
+    """Removes a raw upload whose sample was never created (the request failed)."""
+    obj = StoredObject.objects.filter(id=reference.removeprefix(_OBJECT_REF)).first()
+    if obj is not None:
+        sensitive_object_delete(actor=None, obj=obj, reason="upload request failed")

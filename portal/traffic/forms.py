@@ -17,6 +17,10 @@ class TrafficSampleForm(forms.Form):
         required=False,
     )
     file = forms.FileField(allow_empty_file=False)
+    # Needs an effective BAA (compliance.services.upload_admit says why when there is none).
+    contains_phi = forms.BooleanField(
+        required=False, label="This sample contains PHI (protected health information)"
+    )
 
     def __init__(self, *args: Any, upload_too_large: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -19,6 +19,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.utils import timezone
 
+from compliance import services as compliance
 from compliance.services import audit_record
 from portal.accounts.models import Membership, Organization, Role, User
 from portal.traffic.models import TrafficSample
@@ -45,7 +46,13 @@ def _require_member(actor: User, organization: Organization, minimum: str, doing
 
 
 def traffic_sample_create(
-    *, actor: User, organization: Organization, name: str, upload: UploadedFile, trace_format: str = "auto"
+    *,
+    actor: User,
+    organization: Organization,
+    name: str,
+    upload: UploadedFile,
+    trace_format: str = "auto",
+    contains_phi: bool = False,
 ) -> TrafficSample:
     _require_member(actor, organization, Role.MEMBER, "upload traffic samples")
     name = (name or "").strip()
@@ -62,6 +69,8 @@ def traffic_sample_create(
         errors["file"] = "The file is empty."
     if errors:
         raise ValidationError(errors)
+    # Compliance, before a byte is written: the BAA rule (PHI) and the data-residency rule.
+    compliance.upload_admit(organization=organization, contains_phi=contains_phi)
 
     sample = TrafficSample(
         organization=organization,
@@ -70,14 +79,16 @@ def traffic_sample_create(
         size_bytes=upload.size or 0,
         created_by=actor,
     )
-    sample.staging_name = f"{sample.id}.upload"
-    target = _staging_dir() / sample.staging_name
-    # Written before the row exists and removed if the transaction fails: never a row without
-    # its file, and no file left behind by a failed request.
-    with open(target, "xb") as out:
-        os.fchmod(out.fileno(), 0o600)
-        for chunk in upload.chunks():
-            out.write(chunk)
+    # The raw upload goes to object storage in the region the organization's residency policy
+    # chooses (encrypted), before the row exists; removed if the transaction fails: never a row
+    # without its file, and no file left behind by a failed request.
+    sample.staging_name = compliance.sample_upload_store(
+        actor=actor,
+        organization=organization,
+        sample_id=str(sample.id),
+        upload=upload,
+        contains_phi=contains_phi,
+    )
     try:
         with transaction.atomic():
             sample.save()
@@ -93,7 +104,7 @@ def traffic_sample_create(
             sample_id = str(sample.id)
             transaction.on_commit(lambda: ingest_task.delay(sample_id))
     except Exception:
-        target.unlink(missing_ok=True)
+        compliance.sample_upload_discard(reference=sample.staging_name)
         raise
     return sample
 
@@ -110,6 +121,13 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
         return "skipped"
     sample = TrafficSample.objects.select_related("organization").get(id=sample_id)
     path = _staging_dir() / sample.staging_name
+    if compliance.is_object_reference(sample.staging_name):
+        # Decrypted into the private staging folder for the one read, removed below.
+        path = _staging_dir() / f"{sample.id}.upload"
+        with open(path, "wb") as out:
+            os.fchmod(out.fileno(), 0o600)
+            if not compliance.sample_upload_fetch(reference=sample.staging_name, target=out):
+                path.unlink()
     last_reported = 0
 
     def progress(read_bytes: int) -> None:
@@ -161,8 +179,10 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
             "error": "Internal error while reading the file; our team was notified.",
         }
     finally:
-        # The raw upload is never kept (retention under a BAA arrives with the compliance app).
+        # The raw upload is not kept, unless the organization retains prompt text under a BAA.
         path.unlink(missing_ok=True)
+        if compliance.is_object_reference(sample.staging_name):
+            compliance.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
     with transaction.atomic():
         TrafficSample.objects.filter(id=sample_id).update(
             **updates, staging_name="", progress_bytes=sample.size_bytes, finished_at=timezone.now()
@@ -207,6 +227,7 @@ def _write_workload(sample: TrafficSample, result: IngestResult) -> None:
 
 def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
     _require_member(actor, sample.organization, Role.MEMBER, "delete traffic samples")
+    compliance.sample_objects_delete(actor=actor, sample=sample)
     with transaction.atomic():
         audit_record(
             actor=actor,
@@ -217,6 +238,6 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
         )
         staging = sample.staging_name
         sample.delete()
-    if staging:
+    if staging and not compliance.is_object_reference(staging):
         (_staging_dir() / staging).unlink(missing_ok=True)
     workload_path(sample).unlink(missing_ok=True)

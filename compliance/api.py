@@ -1,0 +1,209 @@
+"""REST API of the compliance app (routed from portal/api/urls.py). Thin: serializers check
+shape, services decide and write; every view is tenant-scoped through TenantScopedMixin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from compliance import selectors, services
+from compliance.models import AuditEvent, BAARecord
+from portal.accounts.models import Organization, Role
+from portal.api.base import TenantScopedMixin
+
+
+class ResidencySerializer(serializers.Serializer):
+    allowed_regions = serializers.ListField(child=serializers.CharField(max_length=32), allow_empty=False)
+    is_default = serializers.BooleanField(read_only=True)
+
+
+class RetentionSerializer(serializers.Serializer):
+    sample_retention_days = serializers.IntegerField(min_value=1, max_value=3650)
+    retain_prompt_text = serializers.BooleanField(default=False)
+
+
+class BAASerializer(serializers.ModelSerializer):
+    recorded_by = serializers.EmailField(source="recorded_by.email", read_only=True, allow_null=True)
+    document_sha256 = serializers.CharField(source="document.sha256", read_only=True, allow_null=True)
+    document_region = serializers.CharField(source="document.region", read_only=True, allow_null=True)
+
+    class Meta:
+        model = BAARecord
+        fields = [
+            "id",
+            "counterparty",
+            "version",
+            "signed_on",
+            "effective_on",
+            "ends_on",
+            "recorded_by",
+            "recorded_at",
+            "document_sha256",
+            "document_region",
+        ]
+        read_only_fields = ["id", "recorded_by", "recorded_at", "document_sha256", "document_region"]
+
+
+class BAACreateSerializer(BAASerializer):
+    document = serializers.FileField(required=False, write_only=True)
+
+    class Meta(BAASerializer.Meta):
+        fields = [*BAASerializer.Meta.fields, "document"]
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id",
+            "seq",
+            "created_at",
+            "actor_label",
+            "action",
+            "target_type",
+            "target_id",
+            "request_id",
+            "data",
+            "before_digest",
+            "after_digest",
+            "prev_hash",
+            "hash",
+        ]
+        read_only_fields = fields
+
+
+class OrganizationDeleteSerializer(serializers.Serializer):
+    confirm = serializers.CharField(max_length=64, help_text="The organization's slug.")
+
+
+class _OrganizationView(TenantScopedMixin, generics.GenericAPIView):
+    """Settings that belong to the organization itself (one per tenant)."""
+
+    def tenant_queryset(self) -> QuerySet[Any]:
+        return Organization.objects.none()
+
+    @property
+    def organization(self) -> Organization:
+        assert self.tenant is not None
+        return self.tenant.organization
+
+
+class ResidencyView(_OrganizationView):
+    serializer_class = ResidencySerializer
+    write_role = Role.OWNER
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "allowed_regions": selectors.allowed_regions(organization=self.organization),
+            "is_default": selectors.residency_is_default(organization=self.organization),
+        }
+
+    def get(self, request: Request) -> Response:
+        return Response(self._body())
+
+    def put(self, request: Request) -> Response:
+        serializer = ResidencySerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.residency_policy_set(
+            actor=request.user, organization=self.organization, **serializer.validated_data
+        )
+        return Response(self._body())
+
+
+class RetentionView(_OrganizationView):
+    serializer_class = RetentionSerializer
+    write_role = Role.OWNER
+
+    def get(self, request: Request) -> Response:
+        return Response(selectors.retention_settings(organization=self.organization))
+
+    def put(self, request: Request) -> Response:
+        serializer = RetentionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.retention_policy_set(
+            actor=request.user, organization=self.organization, **serializer.validated_data
+        )
+        return Response(selectors.retention_settings(organization=self.organization))
+
+
+class BAAListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
+    """Record a signed BAA (multipart, with the signed document) or list them."""
+
+    serializer_class = BAASerializer
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    write_role = Role.ADMIN
+
+    def tenant_queryset(self) -> QuerySet[BAARecord]:
+        return BAARecord.objects.select_related("document", "recorded_by")
+
+    @extend_schema(request=BAACreateSerializer, responses={201: BAASerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = BAACreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        record = services.baa_record_create(
+            actor=request.user, organization=self.tenant.organization, **serializer.validated_data
+        )
+        return Response(BAASerializer(record).data, status=status.HTTP_201_CREATED)
+
+
+class BAADetailView(TenantScopedMixin, generics.RetrieveAPIView):
+    serializer_class = BAASerializer
+
+    def tenant_queryset(self) -> QuerySet[BAARecord]:
+        return BAARecord.objects.select_related("document", "recorded_by")
+
+
+class AuditEventListView(TenantScopedMixin, generics.ListAPIView):
+    serializer_class = AuditEventSerializer
+
+    def tenant_queryset(self) -> QuerySet[AuditEvent]:
+        return AuditEvent.objects.order_by("-seq")
+
+
+class AuditExportView(_OrganizationView):
+    """The organization's whole audit chain, with hashes, as a CSV or JSON download (admins)."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("export_format", str, enum=["json", "csv"], default="json"),
+            OpenApiParameter("region", str, required=False, description="Must be an allowed region."),
+        ],
+        responses={(200, "application/json"): OpenApiTypes.OBJECT, (200, "text/csv"): OpenApiTypes.STR},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        name, body = services.audit_export(
+            actor=request.user,
+            organization=self.organization,
+            fmt=request.query_params.get("export_format", "json"),
+            region=request.query_params.get("region") or None,
+        )
+        response = HttpResponse(
+            body, content_type="application/json" if name.endswith(".json") else "text/csv"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+
+class OrganizationDataDeleteView(_OrganizationView):
+    """Deletes all of the organization's data in every region; the audit trail remains."""
+
+    serializer_class = OrganizationDeleteSerializer
+    write_role = Role.OWNER
+
+    @extend_schema(request=OrganizationDeleteSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request: Request) -> Response:
+        serializer = OrganizationDeleteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        counts = services.organization_data_delete(
+            actor=request.user, organization=self.organization, confirm=serializer.validated_data["confirm"]
+        )
+        return Response(counts)

@@ -1,0 +1,154 @@
+"""HTML views of the compliance page: thin; they parse forms, call services and render."""
+
+from __future__ import annotations
+
+import tempfile
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from compliance import selectors, services
+from compliance.forms import BAAForm, OrganizationDeleteForm, ResidencyForm, RetentionForm
+from compliance.models import BAARecord
+from portal.accounts.tenancy import get_object_for_member, member_required
+
+
+def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpResponse:
+    organization = request.membership.organization  # type: ignore[attr-defined]
+    regions = selectors.allowed_regions(organization=organization)
+    retention = selectors.retention_settings(organization=organization)
+    context = {
+        "allowed_regions": regions,
+        "residency_is_default": selectors.residency_is_default(organization=organization),
+        "retention": retention,
+        "baa_effective": selectors.baa_effective(organization=organization),
+        "baas": selectors.baa_list(organization=organization),
+        "events": selectors.audit_event_list(organization=organization)[:50],
+        "residency_form": forms.get("residency_form") or ResidencyForm(initial={"allowed_regions": regions}),
+        "retention_form": forms.get("retention_form") or RetentionForm(initial=retention),
+        "baa_form": forms.get("baa_form") or BAAForm(),
+        "delete_form": forms.get("delete_form") or OrganizationDeleteForm(),
+    }
+    template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"  # type: ignore[attr-defined]
+    return render(request, template, context, status=status)
+
+
+def _apply(form: object, exc: Exception) -> None:
+    form.add_error(None, exc)  # type: ignore[attr-defined]
+
+
+@member_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@member_required
+@require_POST
+def residency(request: HttpRequest) -> HttpResponse:
+    form = ResidencyForm(request.POST)
+    if form.is_valid():
+        try:
+            services.residency_policy_set(
+                actor=request.user,
+                organization=request.membership.organization,  # type: ignore[attr-defined]
+                allowed_regions=form.cleaned_data["allowed_regions"],
+            )
+        except ValidationError as exc:
+            _apply(form, exc)
+        else:
+            messages.success(request, "Data residency updated.")
+            return redirect("compliance:overview")
+    return _page(request, status=400, residency_form=form)
+
+
+@member_required
+@require_POST
+def retention(request: HttpRequest) -> HttpResponse:
+    form = RetentionForm(request.POST)
+    if form.is_valid():
+        try:
+            services.retention_policy_set(
+                actor=request.user,
+                organization=request.membership.organization,  # type: ignore[attr-defined]
+                **form.cleaned_data,
+            )
+        except ValidationError as exc:
+            _apply(form, exc)
+        else:
+            messages.success(request, "Retention updated.")
+            return redirect("compliance:overview")
+    return _page(request, status=400, retention_form=form)
+
+
+@member_required
+@require_POST
+def baa_create(request: HttpRequest) -> HttpResponse:
+    form = BAAForm(request.POST, request.FILES)
+    if form.is_valid():
+        try:
+            services.baa_record_create(
+                actor=request.user,
+                organization=request.membership.organization,  # type: ignore[attr-defined]
+                **form.cleaned_data,
+            )
+        except ValidationError as exc:
+            _apply(form, exc)
+        else:
+            messages.success(request, "BAA recorded.")
+            return redirect("compliance:overview")
+    return _page(request, status=400, baa_form=form)
+
+
+@member_required
+@require_GET
+def baa_document(request: HttpRequest, baa_id: str) -> HttpResponse:
+    baa = get_object_for_member(request, BAARecord.objects.select_related("document"), baa_id)
+    if baa.document is None:
+        raise Http404
+    if not request.membership.has_role("admin"):  # type: ignore[attr-defined]
+        raise PermissionDenied("Only an admin or above can download signed agreements.")
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 - FileResponse closes it
+    services.sensitive_object_read(obj=baa.document, target=spool)
+    spool.seek(0)
+    return FileResponse(spool, as_attachment=True, filename=f"baa-{baa.version}.pdf")
+
+
+@member_required
+@require_GET
+def audit_export(request: HttpRequest) -> HttpResponse:
+    try:
+        name, body = services.audit_export(
+            actor=request.user,
+            organization=request.membership.organization,  # type: ignore[attr-defined]
+            fmt=request.GET.get("export_format", "json"),
+            region=request.GET.get("region") or None,
+        )
+    except ValidationError as exc:
+        return HttpResponse("; ".join(exc.messages), status=400, content_type="text/plain")
+    content_type = "application/json" if name.endswith(".json") else "text/csv"
+    response = HttpResponse(body, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@member_required
+@require_POST
+def organization_delete(request: HttpRequest) -> HttpResponse:
+    form = OrganizationDeleteForm(request.POST)
+    if form.is_valid():
+        try:
+            services.organization_data_delete(
+                actor=request.user,
+                organization=request.membership.organization,  # type: ignore[attr-defined]
+                confirm=form.cleaned_data["confirm"],
+            )
+        except ValidationError as exc:
+            _apply(form, exc)
+        else:
+            messages.success(request, "The organization and all its data were deleted.")
+            return redirect("accounts:dashboard")
+    return _page(request, status=400, delete_form=form)
