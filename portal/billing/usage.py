@@ -50,6 +50,8 @@ def next_month(start: datetime) -> datetime:
 
 def split_by_hour(started_at: datetime, ended_at: datetime) -> list[HourSlice]:
     """The interval cut at UTC hour boundaries (and therefore at day and month boundaries)."""
+    if started_at.tzinfo is None or ended_at.tzinfo is None:
+        raise ValueError("naive datetime: usage times must carry a timezone")
     if ended_at < started_at:
         raise ValueError("usage ends before it starts")
     start = started_at.astimezone(UTC)
