@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "serving.commands",
     "serving.sim_commands",
     "tuning.commands.tune",
+    "serving.runner.cli",
 ]
 
 

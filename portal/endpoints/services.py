@@ -1,0 +1,278 @@
+"""Writes of the endpoints app: deploy a job's winner, watch it, stop it.
+
+The endpoint runs as its own supervisor process on the serving host (`tailguard endpoint
+serve`), detached from the Celery worker that started it: the router keeps the address, the
+supervisor restarts crashed engines and re-deploys without failing requests when its config
+file changes. The portal talks to it through files (config in, state out) and the engine's
+metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from compliance.services import audit_record
+from portal.accounts import tokens
+from portal.accounts.models import Membership, Role, User
+from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
+from portal.jobs.models import TuningJob
+from serving.engine.launcher import free_port
+from serving.metrics import MetricsFormatError, snapshot_delta, snapshot_from_text
+
+ENDPOINT_KEY_PREFIX = "tgk_"
+
+
+def _require(actor: User, organization: object, minimum: str, doing: str) -> None:
+    membership = Membership.objects.filter(user=actor, organization=organization).first()
+    if membership is None:
+        raise PermissionDenied("You are not a member of this organization.")
+    if not membership.has_role(minimum):
+        raise PermissionDenied(f"Only a {minimum} or above can {doing}; your role is {membership.role}.")
+
+
+def endpoint_dir(endpoint: Endpoint) -> Path:
+    return Path(settings.ENDPOINTS_DIR) / str(endpoint.id)
+
+
+def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[Endpoint, str]:
+    """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once)."""
+    _require(actor, job.organization, Role.MEMBER, "deploy endpoints")
+    if job.status != TuningJob.Status.SUCCEEDED or job.winner_trial is None:
+        raise ValidationError({"job": "Only a finished job with a winner can be deployed."})
+    trial = job.trials.filter(number=job.winner_trial).first()
+    if trial is None or not trial.result:
+        raise ValidationError({"job": "The winning trial's record is missing."})
+    config = dict(trial.result["config"])
+    prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
+    api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
+    used = set(Endpoint.objects.values_list("port", flat=True))
+    port = next(p for p in (free_port() for _ in range(20)) if p not in used)
+    result = trial.result
+    with transaction.atomic():
+        endpoint = Endpoint.objects.create(
+            organization=job.organization,
+            name=(name or f"{job.served_model.name} (tuned)")[:120],
+            served_model=job.served_model,
+            job=job,
+            config=config,
+            port=port,
+            api_key_prefix=prefix,
+            api_key_hash=tokens.digest(api_key),
+            created_by=actor,
+        )
+        EndpointRevision.objects.create(
+            organization=job.organization,
+            endpoint=endpoint,
+            generation=1,
+            config=config,
+            job=job,
+            trial_number=trial.number,
+            reason=f"deployed the winner of tuning job {job.name!r} (trial {trial.number})",
+            measured_ttft_p50_ms=result.get("ttft_p50_ms"),
+            measured_ttft_p95_ms=result.get("ttft_p95_ms"),
+            measured_tokens_per_s=_tokens_per_s(result),
+        )
+        audit_record(
+            actor=actor,
+            organization=job.organization,
+            action="endpoint.deploy",
+            target=endpoint,
+            data={"job": str(job.id), "trial": trial.number, "port": port},
+        )
+        _write_files(endpoint, config, api_key)
+        from portal.endpoints.tasks import endpoint_start
+
+        endpoint_id = str(endpoint.id)
+        transaction.on_commit(lambda: endpoint_start.delay(endpoint_id))
+    return endpoint, api_key
+
+
+def _tokens_per_s(result: dict[str, object]) -> float | None:
+    load = result.get("load") or []
+    at_target = [p["tokens_per_s"] for p in load if isinstance(p, dict) and p.get("rate_multiple") == 1.0]  # type: ignore[union-attr]
+    return float(sum(at_target) / len(at_target)) if at_target else None
+
+
+def _write_files(endpoint: Endpoint, config: dict[str, object], api_key: str) -> None:
+    folder = endpoint_dir(endpoint)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key_file = folder / "api_key"
+    key_file.write_text(api_key)
+    key_file.chmod(0o600)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def endpoint_start(*, endpoint_id: str) -> str:
+    """Start the endpoint's supervisor process (idempotent: a running supervisor is kept)."""
+    endpoint = Endpoint.objects.get(id=endpoint_id)
+    if endpoint.status == Endpoint.Status.STOPPED:
+        return "stopped"
+    if endpoint.supervisor_pid and _alive(endpoint.supervisor_pid):
+        return "running"
+    folder = endpoint_dir(endpoint)
+    command = [
+        sys.executable,
+        "-m",
+        "tuning.cli",
+        "endpoint",
+        "serve",
+        "--model",
+        endpoint.served_model.path,
+        "--config",
+        str(folder / "config.json"),
+        "--port",
+        str(endpoint.port),
+        "--work-dir",
+        str(folder / "logs"),
+        "--state-file",
+        str(folder / "state.json"),
+        "--api-key-file",
+        str(folder / "api_key"),
+    ]
+    with (folder / "supervisor.log").open("ab") as log:
+        # A new session: the endpoint outlives the worker that started it.
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(Path(settings.BASE_DIR)),
+        )
+    Endpoint.objects.filter(id=endpoint_id).update(
+        supervisor_pid=process.pid, status=Endpoint.Status.STARTING
+    )
+    return "started"
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+def read_state(endpoint: Endpoint) -> dict[str, object]:
+    path = endpoint_dir(endpoint) / "state.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnapshot | None:
+    """Update the status from the supervisor's state and store one metrics snapshot."""
+    import httpx
+
+    endpoint = Endpoint.objects.get(id=endpoint_id)
+    if not endpoint.is_active:
+        return None
+    state = read_state(endpoint)
+    status = str(state.get("status") or endpoint.status)
+    if endpoint.supervisor_pid and not _alive(endpoint.supervisor_pid) and status != "failed":
+        status = Endpoint.Status.DEGRADED
+        state["last_error"] = "the endpoint's supervisor process is not running"
+    if status not in Endpoint.Status.values:
+        status = Endpoint.Status.DEGRADED
+    Endpoint.objects.filter(id=endpoint_id).update(
+        status=status, status_detail=str(state.get("last_error") or "")[-2000:]
+    )
+    engine_url = state.get("engine_url")
+    now = timezone.now()
+    if status != Endpoint.Status.HEALTHY or not engine_url:
+        return MetricSnapshot.objects.create(
+            organization_id=endpoint.organization_id,
+            endpoint=endpoint,
+            taken_at=now,
+            gap=True,
+            gap_reason=f"endpoint {status}",
+        )
+    try:
+        response = httpx.get(f"{engine_url}/metrics", timeout=timeout_s)
+        response.raise_for_status()
+        text = response.text
+        current = snapshot_from_text(text, taken_at_s=time.time())
+    except (httpx.HTTPError, MetricsFormatError) as exc:
+        # Garbage or silence is a gap, never zeros.
+        return MetricSnapshot.objects.create(
+            organization_id=endpoint.organization_id,
+            endpoint=endpoint,
+            taken_at=now,
+            gap=True,
+            gap_reason=f"metrics unavailable: {type(exc).__name__}",
+        )
+    values: dict[str, float | None] = {}
+    if endpoint.last_metrics_text and endpoint.last_metrics_at:
+        try:
+            previous = snapshot_from_text(
+                endpoint.last_metrics_text, taken_at_s=endpoint.last_metrics_at.timestamp()
+            )
+            delta = snapshot_delta(previous, current)
+            values = {
+                "ttft_p50_ms": delta.ttft_p50_ms,
+                "ttft_p95_ms": delta.ttft_p95_ms,
+                "requests_per_s": delta.requests_finished_per_s,
+                "prompt_tokens_per_s": delta.prompt_tokens_per_s,
+                "generation_tokens_per_s": delta.generation_tokens_per_s,
+                "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+            }
+        except (MetricsFormatError, ValueError):
+            values = {}
+    clean = {k: (None if v is None or v != v else float(v)) for k, v in values.items()}
+    with transaction.atomic():
+        Endpoint.objects.filter(id=endpoint_id).update(
+            last_metrics_text=text, last_metrics_at=datetime.fromtimestamp(current.taken_at_s, tz=UTC)
+        )
+        return MetricSnapshot.objects.create(
+            organization_id=endpoint.organization_id,
+            endpoint=endpoint,
+            taken_at=now,
+            gap=not values,
+            gap_reason="" if values else "first scrape: no interval yet",
+            **clean,
+        )
+
+
+def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
+    """Stop the engine and router and revoke the key."""
+    _require(actor, endpoint.organization, Role.MEMBER, "stop endpoints")
+    if endpoint.status == Endpoint.Status.STOPPED:
+        raise ValidationError("This endpoint is already stopped.")
+    if endpoint.supervisor_pid and _alive(endpoint.supervisor_pid):
+        os.kill(endpoint.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while _alive(endpoint.supervisor_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    (endpoint_dir(endpoint) / "api_key").unlink(missing_ok=True)
+    with transaction.atomic():
+        Endpoint.objects.filter(id=endpoint.id).update(
+            status=Endpoint.Status.STOPPED, stopped_at=timezone.now(), api_key_hash=""
+        )
+        audit_record(actor=actor, organization=endpoint.organization, action="endpoint.stop", target=endpoint)
+
+
+def endpoints_watch() -> int:
+    """Beat task body: refresh every active endpoint. Returns how many were scraped."""
+    count = 0
+    for endpoint_id in Endpoint.objects.filter(status__in=Endpoint.ACTIVE).values_list("id", flat=True):
+        endpoint_refresh(endpoint_id=str(endpoint_id))
+        count += 1
+    cutoff = timezone.now() - settings.ENDPOINT_METRICS_RETENTION
+    MetricSnapshot.objects.filter(taken_at__lt=cutoff).delete()
+    return count

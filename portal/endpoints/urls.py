@@ -1,0 +1,12 @@
+from django.urls import path
+
+from portal.endpoints import views
+
+app_name = "endpoints"
+
+urlpatterns = [
+    path("", views.endpoint_list, name="list"),
+    path("deploy/<uuid:job_id>/", views.endpoint_deploy, name="deploy"),
+    path("<uuid:endpoint_id>/", views.endpoint_detail, name="detail"),
+    path("<uuid:endpoint_id>/stop/", views.endpoint_stop, name="stop"),
+]

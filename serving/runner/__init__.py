@@ -1,0 +1,1 @@
+"""Endpoint runners: keep a configuration serving behind a stable address."""

@@ -1,0 +1,275 @@
+"""The local runner: one endpoint on this machine, behind `vllm-router` at a fixed address.
+
+The router (an existing proxy, not ours) owns the stable port. Engines come and go behind it:
+
+- `start()` starts the router and the first engine and registers the engine as a worker;
+- `check()` restarts a dead engine with exponential back-off, and after `max_restarts` crashes
+  inside `restart_window_s` marks the endpoint degraded instead of restart-looping;
+- `deploy(config)` swaps configurations without failing a request: the new engine starts and
+  must be healthy, then it joins the router, then the old one leaves the router, drains its
+  in-flight requests, and only then stops.
+
+Both the router and the engines run under the launcher's watchdog, so none outlives the process
+that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+import serving.engine
+from serving.engine.config import EngineConfig
+from serving.engine.launcher import EngineLaunchError, EngineProcess, free_port, read_log_tail, start_engine
+from serving.metrics import scrape
+
+_WATCHDOG = Path(serving.engine.__file__).parent / "watchdog.py"
+
+
+class RouterError(RuntimeError):
+    """The router did not start or refused a worker change; the message has its log."""
+
+
+def router_command() -> list[str]:
+    """`vllm-router` from this environment (installed with the engine extra)."""
+    candidate = Path(sys.executable).parent / "vllm-router"
+    return [str(candidate)] if candidate.exists() else ["vllm-router"]
+
+
+class RouterProcess:
+    """vllm-router on a fixed port, with workers added and removed at run time."""
+
+    def __init__(self, *, port: int, log_path: Path, host: str = "127.0.0.1") -> None:
+        self.host, self.port, self.log_path = host, port, log_path
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, first_worker: str, timeout_s: float = 60.0) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_file = Path(tempfile.mkdtemp(prefix="tailguard-router-")) / "router.pid"
+        command = [
+            *router_command(),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--worker-urls",
+            first_worker,
+            "--policy",
+            "round_robin",
+            "--health-check-interval-secs",
+            "2",
+            "--request-timeout-secs",
+            "600",
+            "--log-level",
+            "warning",
+        ]
+        with self.log_path.open("ab") as log:
+            self._watchdog = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_WATCHDOG),
+                    "--pid-file",
+                    str(pid_file),
+                    "--grace-s",
+                    "5",
+                    "--",
+                    *command,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._watchdog.poll() is not None:
+                raise RouterError(
+                    "router exited during start-up:\n" + "\n".join(read_log_tail(self.log_path, 20))
+                )
+            if first_worker in self.workers(quiet=True):
+                return
+            time.sleep(0.3)
+        self.stop()
+        raise RouterError(
+            f"router not ready after {timeout_s:.0f} s:\n" + "\n".join(read_log_tail(self.log_path, 20))
+        )
+
+    def workers(self, *, quiet: bool = False) -> list[str]:
+        try:
+            response = httpx.get(f"{self.base_url}/list_workers", timeout=5.0)
+            response.raise_for_status()
+        except httpx.HTTPError:
+            if quiet:
+                return []
+            raise
+        data = response.json()
+        urls = (data.get("urls") or data.get("workers") or []) if isinstance(data, dict) else data
+        return [u if isinstance(u, str) else str(u.get("url")) for u in urls or []]
+
+    def add_worker(self, url: str) -> None:
+        response = httpx.post(f"{self.base_url}/add_worker", params={"url": url}, timeout=60.0)
+        if response.status_code >= 400:
+            raise RouterError(f"router refused worker {url}: {response.status_code} {response.text[:300]}")
+
+    def remove_worker(self, url: str) -> None:
+        response = httpx.post(f"{self.base_url}/remove_worker", params={"url": url}, timeout=30.0)
+        if response.status_code >= 400:
+            raise RouterError(f"router refused to remove {url}: {response.status_code} {response.text[:300]}")
+
+    def alive(self) -> bool:
+        return self._watchdog is not None and self._watchdog.poll() is None
+
+    def stop(self) -> None:
+        if self._watchdog is None:
+            return
+        if self._watchdog.poll() is None:
+            self._watchdog.terminate()
+            try:
+                self._watchdog.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait(timeout=10)
+        if self._watchdog.stdin:
+            with contextlib.suppress(OSError):
+                self._watchdog.stdin.close()
+
+
+@dataclass
+class EndpointState:
+    """What the runner reports (the portal stores it)."""
+
+    status: str = "stopped"  # starting | healthy | restarting | degraded | stopped
+    restarts: list[float] = field(default_factory=list)  # monotonic times of crash restarts
+    generation: int = 0  # how many configurations have been deployed
+    last_error: str = ""
+
+
+class LocalEndpoint:
+    def __init__(
+        self,
+        *,
+        model: str,
+        config: EngineConfig,
+        port: int,
+        work_dir: Path,
+        startup_timeout_s: float = 600.0,
+        drain_timeout_s: float = 120.0,
+        max_restarts: int = 3,
+        restart_window_s: float = 600.0,
+        backoff_s: float = 2.0,
+        engine_command: list[str] | None = None,
+    ) -> None:
+        self.model, self.config, self.port, self.work_dir = model, config, port, work_dir
+        self.startup_timeout_s, self.drain_timeout_s = startup_timeout_s, drain_timeout_s
+        self.max_restarts, self.restart_window_s, self.backoff_s = max_restarts, restart_window_s, backoff_s
+        self.engine_command = engine_command
+        self.router = RouterProcess(port=port, log_path=work_dir / "router.log")
+        self.engine: EngineProcess | None = None
+        self.state = EndpointState()
+
+    @property
+    def base_url(self) -> str:
+        """The stable address clients use (append /v1 for the OpenAI API)."""
+        return self.router.base_url
+
+    def _start_engine(self, config: EngineConfig) -> EngineProcess:
+        self.state.generation += 1
+        return start_engine(
+            model=self.model,
+            config=config,
+            startup_timeout_s=self.startup_timeout_s,
+            command=self.engine_command,
+            log_path=self.work_dir / f"engine-{self.state.generation}.log",
+            port=free_port(),
+        )
+
+    def start(self) -> None:
+        self.state.status = "starting"
+        self.engine = self._start_engine(self.config)
+        try:
+            self.router.start(self.engine.base_url)
+        except RouterError:
+            self.engine.stop()
+            raise
+        self.state.status = "healthy"
+
+    def deploy(self, config: EngineConfig) -> None:
+        """Zero-failure switch to `config` (see the module docstring). The old engine keeps
+        serving if the new one fails to start; the error is raised."""
+        old = self.engine
+        new = self._start_engine(config)
+        try:
+            self.router.add_worker(new.base_url)
+        except RouterError:
+            new.stop()
+            raise
+        if old is not None:
+            self.router.remove_worker(old.base_url)
+            self._drain(old)
+            old.stop()
+        self.engine, self.config = new, config
+        self.state.status = "healthy"
+
+    def _drain(self, engine: EngineProcess) -> None:
+        deadline = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                snap = scrape(engine.base_url, timeout_s=5.0)
+            except Exception:
+                return  # the engine is gone or not answering: nothing left to drain
+            if snap.num_requests_running + snap.num_requests_waiting == 0:
+                return
+            time.sleep(0.2)
+
+    def check(self) -> str:
+        """One supervision round: restart a dead engine (with back-off), or mark degraded."""
+        if self.engine is None or self.state.status in {"degraded", "stopped"}:
+            return self.state.status
+        if self.engine.alive() and self.engine.healthy(timeout_s=5.0):
+            self.state.status = "healthy"
+            return self.state.status
+        now = time.monotonic()
+        self.state.restarts = [t for t in self.state.restarts if now - t < self.restart_window_s]
+        self.state.last_error = "\n".join(self.engine.log_tail(20))
+        dead = self.engine
+        with contextlib.suppress(RouterError, httpx.HTTPError):
+            self.router.remove_worker(dead.base_url)
+        dead.stop()
+        if len(self.state.restarts) >= self.max_restarts:
+            self.state.status = "degraded"
+            return self.state.status
+        self.state.status = "restarting"
+        time.sleep(self.backoff_s * (2 ** len(self.state.restarts)))
+        self.state.restarts.append(time.monotonic())
+        try:
+            self.engine = self._start_engine(self.config)
+            self.router.add_worker(self.engine.base_url)
+        except (EngineLaunchError, RouterError) as exc:
+            self.state.last_error = str(exc)
+            self.state.status = "restarting"
+            return self.state.status
+        self.state.status = "healthy"
+        return self.state.status
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.router.stop()
+        self.state.status = "stopped"
+
+    def __enter__(self) -> LocalEndpoint:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
