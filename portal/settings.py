@@ -7,6 +7,7 @@ README ("Production settings"); with them `manage.py check --deploy` is clean (a
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "portal.accounts",
     "portal.traffic",
     "portal.jobs",
+    "portal.endpoints",
     "compliance",
 ]
 
@@ -172,6 +174,7 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
+    "endpoints-watch": {"task": "portal.endpoints.tasks.endpoints_watch", "schedule": 15.0},
     "invitations-expire": {
         "task": "portal.accounts.tasks.invitations_expire",
         "schedule": 3600.0,
@@ -232,6 +235,9 @@ TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workl
 TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
 TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
 TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
+# Dedicated endpoints: their config, key and logs on the serving host; how long metrics are kept.
+ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
+ENDPOINT_METRICS_RETENTION = timedelta(days=env.int("ENDPOINT_METRICS_RETENTION_DAYS", 30, minimum=1))
 # The broker re-delivers a task whose worker died after this long; longer than one trial.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10)

@@ -25,6 +25,7 @@ urlpatterns = [
     path("", include("portal.accounts.urls")),
     path("traffic/", include("portal.traffic.urls")),
     path("jobs/", include("portal.jobs.urls")),
+    path("endpoints/", include("portal.endpoints.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("vendor/plotly.min.js", plotly_js, name="plotly-js"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
