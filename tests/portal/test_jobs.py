@@ -302,6 +302,7 @@ def test_a_job_survives_a_killed_worker(
             budget_trials=2,
             duration_s=8,
             repeats=1,
+            capacity_steps=(1.5,),
         )
         # Kill the worker once trial 0 is under way (its engine is starting or measuring).
         deadline = time.monotonic() + 120

@@ -1,0 +1,157 @@
+"""Dedicated endpoints: deploy a job's winner, call it with the OpenAI client, watch it, stop it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from compliance.models import AuditEvent
+from portal.endpoints import services
+from portal.endpoints.models import Endpoint, MetricSnapshot
+from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.traffic.models import TrafficSample
+from serving.engine import EngineConfig
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from serving.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("endpoint-models")
+    build_tiny_model(arch="llama", size="xs", out_dir=root / "llama-xs", seed=0)
+    return root
+
+
+def _finished_job(org, user, model_root: Path) -> TuningJob:  # type: ignore[no-untyped-def]
+    """A job as the tuning pipeline leaves it (that pipeline has its own tests)."""
+    sample = TrafficSample.objects.create(
+        organization=org, name="s", status=TrafficSample.Status.READY, profile={"num_requests": 100}
+    )
+    model = ServedModel.objects.create(organization=org, name="llama-xs", path=str(model_root / "llama-xs"))
+    job = TuningJob.objects.create(
+        organization=org,
+        name="j",
+        traffic_sample=sample,
+        served_model=model,
+        spec={},
+        created_by=user,
+        status=TuningJob.Status.SUCCEEDED,
+        winner_trial=0,
+    )
+    config = EngineConfig.cpu_default(max_model_len=1024, cpu_kv_cache_space_gib=1).to_mapping()
+    Trial.objects.create(
+        organization=org,
+        job=job,
+        number=0,
+        assignment={"dtype": "float32"},
+        label="dtype=float32",
+        status=Trial.Status.DONE,
+        result={
+            "config": config,
+            "ttft_p50_ms": 40.0,
+            "ttft_p95_ms": 80.0,
+            "load": [{"rate_multiple": 1.0, "tokens_per_s": 500.0}],
+        },
+    )
+    return job
+
+
+@pytest.fixture
+def endpoint_settings(settings, tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings.ENDPOINTS_DIR = tmp_path / "endpoints"
+    return settings
+
+
+@pytest.mark.django_db
+def test_only_a_finished_job_with_a_winner_deploys_and_tenancy_holds(
+    alice, alice_org, bob, charlie, endpoint_settings, model_root
+) -> None:  # type: ignore[no-untyped-def]
+    job = _finished_job(alice_org, alice, model_root)
+    TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.RUNNING)
+    running = TuningJob.objects.get(pk=job.pk)
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="finished job"):
+        services.endpoint_deploy(actor=alice, job=running)
+    TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED)
+    endpoint = Endpoint.objects.create(
+        organization=alice_org,
+        name="e",
+        served_model=job.served_model,
+        job=job,
+        config={},
+        port=1,
+        api_key_prefix="x",
+        api_key_hash="y",
+        status=Endpoint.Status.STOPPED,
+    )
+    before = (Endpoint.objects.count(), AuditEvent.objects.count())
+    charlie_client, bob_client = Client(), Client()
+    charlie_client.force_login(charlie)
+    bob_client.force_login(bob)
+    assert charlie_client.get(reverse("endpoints:detail", args=[endpoint.id])).status_code == 404
+    assert charlie_client.post(reverse("endpoints:stop", args=[endpoint.id])).status_code == 404
+    assert charlie_client.post(reverse("endpoints:deploy", args=[job.id])).status_code == 404
+    assert bob_client.get(reverse("endpoints:detail", args=[endpoint.id])).status_code == 200
+    assert bob_client.post(reverse("endpoints:deploy", args=[job.id])).status_code == 403
+    assert bob_client.post(reverse("endpoints:stop", args=[endpoint.id])).status_code == 403
+    assert (Endpoint.objects.count(), AuditEvent.objects.count()) == before
+
+
+@pytest.mark.engine
+@pytest.mark.django_db
+def test_deploy_call_with_openai_watch_and_stop(
+    alice, alice_org, endpoint_settings, model_root, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    import openai
+
+    job = _finished_job(alice_org, alice, model_root)
+    client = Client()
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        page = client.post(reverse("endpoints:deploy", args=[job.id]))
+    assert page.status_code == 200
+    endpoint = Endpoint.objects.get()
+    api_key = page.context["api_key"]
+    assert api_key.startswith("tgk_") and api_key not in str(list(Endpoint.objects.values()))
+    try:
+        deadline = time.monotonic() + 600
+        while services.read_state(endpoint).get("status") != "healthy":
+            assert time.monotonic() < deadline, (
+                endpoint_settings.ENDPOINTS_DIR / str(endpoint.id) / "supervisor.log"
+            ).read_text()[-3000:]
+            assert services.read_state(endpoint).get("status") != "failed", services.read_state(endpoint)
+            time.sleep(1)
+        base_url = f"http://127.0.0.1:{endpoint.port}/v1"
+        model = str(model_root / "llama-xs")
+        answer = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=60).completions.create(
+            model=model, prompt="hello there", max_tokens=5
+        )
+        assert answer.choices[0].text is not None and answer.usage.completion_tokens == 5
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base_url, api_key="tgk_wrong", timeout=60).completions.create(
+                model=model, prompt="x", max_tokens=1
+            )
+        services.endpoint_refresh(endpoint_id=str(endpoint.id))
+        openai.OpenAI(base_url=base_url, api_key=api_key, timeout=60).completions.create(
+            model=model, prompt="again", max_tokens=3
+        )
+        snapshot = services.endpoint_refresh(endpoint_id=str(endpoint.id))
+        assert snapshot is not None and not snapshot.gap
+        assert snapshot.requests_per_s is not None and snapshot.requests_per_s > 0
+        endpoint.refresh_from_db()
+        assert endpoint.status == Endpoint.Status.HEALTHY
+        detail = client.get(reverse("endpoints:detail", args=[endpoint.id]))
+        assert b"deployed the winner" in detail.content
+    finally:
+        endpoint.refresh_from_db()
+        if endpoint.is_active:
+            services.endpoint_stop(actor=alice, endpoint=endpoint)
+    endpoint.refresh_from_db()
+    assert endpoint.status == Endpoint.Status.STOPPED
+    assert not services._alive(endpoint.supervisor_pid)
+    assert MetricSnapshot.objects.filter(endpoint=endpoint).count() >= 2
