@@ -106,6 +106,7 @@ def tuning_job_create(
     repeats: int = 2,
     max_prompt_tokens: int | None = 1024,
     max_output_tokens: int | None = 64,
+    capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
 ) -> TuningJob:
     _require(actor, organization, Role.MEMBER, "start tuning jobs")
     if traffic_sample.organization_id != organization.id or served_model.organization_id != organization.id:
@@ -139,6 +140,7 @@ def tuning_job_create(
         repeats=repeats,
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,
+        capacity_steps=capacity_steps,
     )
     try:
         validate(spec)
