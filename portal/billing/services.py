@@ -298,6 +298,60 @@ def usage_collect_trials(*, now: datetime | None = None, lookback: timedelta | N
     return recorded
 
 
+def _endpoint_hardware(spec: object) -> str:
+    hardware = (spec or {}).get("hardware") if isinstance(spec, dict) else None
+    try:
+        return normalize_dimension(str(hardware or "unspecified"))
+    except ValueError:
+        return "unspecified"
+
+
+def usage_collect_endpoints(*, now: datetime | None = None, lookback: timedelta | None = None) -> int:
+    """Records endpoint hours by hardware type (the tuning job's `hardware`). Returns rows stored.
+
+    A running endpoint is recorded for each hour once that hour is over; a stopped one up to its
+    stop. Each (endpoint, hour) is recorded once (the source is the endpoint), so running this
+    every few minutes bills every hour exactly once. An endpoint that failed to start never
+    served and is not billed.
+    """
+    from portal.endpoints.models import Endpoint
+
+    now = now or timezone.now()
+    if lookback is None:
+        config = billing_config()
+        lookback = timedelta(hours=config.trial_lookback_h if config else 48)
+    horizon = hour_floor(now - lookback)
+    endpoints = Endpoint.objects.filter(
+        Q(status__in=Endpoint.ACTIVE) | Q(status=Endpoint.Status.STOPPED, stopped_at__gte=horizon)
+    ).values("id", "organization_id", "status", "created_at", "stopped_at", "job__spec")
+    stored = 0
+    for endpoint in endpoints:
+        stopped = endpoint["status"] == Endpoint.Status.STOPPED
+        end = endpoint["stopped_at"] if stopped else hour_floor(now)
+        start = max(endpoint["created_at"], horizon)
+        if end is None or end <= start:
+            continue
+        source = f"endpoint:{endpoint['id']}"
+        rows = [
+            UsageRecord(
+                organization_id=endpoint["organization_id"],
+                meter=Meter.ENDPOINT_HOURS,
+                dimension=_endpoint_hardware(endpoint["job__spec"]),
+                source=source,
+                hour=s.hour,
+                started_at=s.started_at,
+                ended_at=s.ended_at,
+                duration_ms=s.duration_ms,
+            )
+            for s in split_by_hour(start, end)
+            if s.duration_ms > 0
+        ]
+        before = UsageRecord.objects.filter(meter=Meter.ENDPOINT_HOURS, source=source).count()
+        UsageRecord.objects.bulk_create(rows, ignore_conflicts=True)
+        stored += UsageRecord.objects.filter(meter=Meter.ENDPOINT_HOURS, source=source).count() - before
+    return stored
+
+
 # --- Usage: reporting -----------------------------------------------------------------------------
 
 
@@ -443,13 +497,14 @@ def usage_report_send(*, report_id: object, now: datetime | None = None) -> str:
 
 
 def usage_report_run(*, now: datetime | None = None) -> dict[str, int]:
-    """The scheduled job: record finished trials, prepare settled hours, send what is pending."""
+    """The scheduled job: record trials and endpoint hours, prepare settled hours, send them."""
     if billing_config() is None:
         return {"enabled": 0}
     now = now or timezone.now()
     outcome: dict[str, int] = {
         "enabled": 1,
         "trials_recorded": usage_collect_trials(now=now),
+        "endpoint_hours_recorded": usage_collect_endpoints(now=now),
         "reports_prepared": usage_reports_prepare(now=now),
     }
     pending = UsageReport.objects.filter(status=UsageReport.Status.PENDING).order_by("hour", "sequence")
@@ -492,6 +547,8 @@ def webhook_verify(*, payload: bytes, signature_header: str | None) -> dict[str,
         for key in ("id", "type", "created"):
             if key not in event:
                 raise ValueError(f"missing {key!r}")
+        if not isinstance(event["created"], int) or not isinstance(event["type"], str):
+            raise ValueError("'created' must be a timestamp and 'type' a string")
         if not isinstance((event.get("data") or {}).get("object"), dict):
             raise ValueError("missing data.object")
     except ValueError as exc:

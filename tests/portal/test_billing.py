@@ -441,6 +441,53 @@ def test_trial_minutes_are_recorded_from_finished_trials_once(alice: User, alice
     assert all(r.organization_id == alice_org.id and r.meter == Meter.TUNING_MINUTES for r in rows)
 
 
+@pytest.mark.django_db
+def test_endpoint_hours_are_recorded_per_finished_hour_by_hardware(
+    alice: User, alice_org: Organization
+) -> None:
+    from portal.endpoints.models import Endpoint
+
+    job = _job(alice_org, alice)
+    TuningJob.objects.filter(pk=job.pk).update(spec={"hardware": "H200"})
+
+    def endpoint(port: int, status: str, created: datetime, stopped: datetime | None) -> Endpoint:
+        row = Endpoint.objects.create(
+            organization=alice_org,
+            name=f"ep{port}",
+            served_model=job.served_model,
+            job=job,
+            config={},
+            port=port,
+            api_key_prefix="p",
+            api_key_hash="h",
+            status=status,
+        )
+        Endpoint.objects.filter(pk=row.pk).update(created_at=created, stopped_at=stopped)
+        return row
+
+    running = endpoint(41001, Endpoint.Status.HEALTHY, _utc(2026, 4, 30, 22, 40), None)
+    stopped = endpoint(41002, Endpoint.Status.STOPPED, _utc(2026, 4, 30, 23, 0), _utc(2026, 5, 1, 0, 30))
+    endpoint(41003, Endpoint.Status.FAILED, _utc(2026, 4, 30, 23, 0), None)
+    now = _utc(2026, 5, 1, 1, 20)
+    # Running: 22:40-23:00, 23:00-00:00, 00:00-01:00 (the hour in progress waits); stopped: 23:00-00:30.
+    assert services.usage_collect_endpoints(now=now) == 5
+    assert services.usage_collect_endpoints(now=now + timedelta(minutes=30)) == 0
+    assert services.usage_collect_endpoints(now=now + timedelta(hours=1)) == 1
+    by_source = {
+        source: sorted(
+            UsageRecord.objects.filter(source=f"endpoint:{e.id}").values_list("hour", "duration_ms")
+        )
+        for source, e in (("running", running), ("stopped", stopped))
+    }
+    assert by_source["stopped"] == [(_utc(2026, 4, 30, 23), 3_600_000), (_utc(2026, 5, 1, 0), 1_800_000)]
+    assert [ms for _, ms in by_source["running"]] == [1_200_000, 3_600_000, 3_600_000, 3_600_000]
+    assert set(UsageRecord.objects.values_list("dimension", flat=True)) == {"h200"}
+    april = selectors.usage_month(organization=alice_org, month=_utc(2026, 4, 1))
+    may = selectors.usage_month(organization=alice_org, month=_utc(2026, 5, 1))
+    assert [(line.dimension, line.unbilled_minutes) for line in april] == [("h200", 20 + 60 + 60)]
+    assert [(line.dimension, line.unbilled_minutes) for line in may] == [("h200", 60 + 60 + 30)]
+
+
 # --- Checkout, portal and reporting against the loopback Stripe ---------------------------------
 
 
