@@ -601,6 +601,9 @@ def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
                 obj.delete()
             counts["objects"] += 1
         for sample in TrafficSample.objects.filter(organization=organization, created_at__lt=cutoff):
+            for obj in StoredObject.objects.filter(organization=organization, owner_id=str(sample.pk)):
+                sensitive_object_delete(actor=None, obj=obj, reason=f"retention ({days} days)")
+                counts["objects"] += 1
             _delete_sample_files(sample)
             with transaction.atomic():
                 in_use = sample.tuning_jobs.exists()

@@ -1,0 +1,119 @@
+"""Retention and deletion across regions, on the S3 server (moto, loopback)."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from compliance import services, tasks
+from compliance.models import AuditEvent, BAARecord, StoredObject
+from portal.accounts.models import Membership, Organization
+from portal.traffic import services as traffic_services
+from portal.traffic.models import TrafficSample
+from tests.compliance.conftest import s3_keys
+
+pytestmark = pytest.mark.django_db
+
+
+def _objects_in_both_regions(alice, org):  # type: ignore[no-untyped-def]
+    """One object in the EU bucket, then one in the US bucket (the policy decides each time)."""
+    services.residency_policy_set(actor=alice, organization=org, allowed_regions=["eu"])
+    eu = services.sensitive_object_store(
+        actor=alice, organization=org, kind="sample_upload", stream=io.BytesIO(b"eu calls"), owner_id="s-eu"
+    )
+    services.residency_policy_set(actor=alice, organization=org, allowed_regions=["eu", "us"])
+    us = services.sensitive_object_store(
+        actor=alice, organization=org, kind="sample_upload", stream=io.BytesIO(b"us calls"), owner_id="s-us"
+    )
+    assert (eu.region, us.region) == ("eu", "us")
+    return eu, us
+
+
+def test_retention_deletes_expired_objects_in_every_region(alice, alice_org, charlie, s3_regions) -> None:  # type: ignore[no-untyped-def]
+    eu, us = _objects_in_both_regions(alice, alice_org)
+    charlie_org = charlie.memberships.get().organization
+    kept = services.sensitive_object_store(
+        actor=charlie, organization=charlie_org, kind="sample_upload", stream=io.BytesIO(b"charlie")
+    )
+    services.retention_policy_set(actor=alice, organization=alice_org, sample_retention_days=7)
+    assert services.retention_enforce(now=timezone.now() + timedelta(days=1)) == {"samples": 0, "objects": 0}
+    result = services.retention_enforce(now=timezone.now() + timedelta(days=8))
+    assert result["objects"] == 2  # Alice's two (7 days); Charlie's default is 30 days
+    assert s3_keys(s3_regions, "eu") == []
+    assert s3_keys(s3_regions, "us") == [kept.key]
+    assert set(StoredObject.objects.values_list("id", flat=True)) == {kept.id}
+    assert not StoredObject.objects.filter(id__in=[eu.id, us.id]).exists()
+    assert AuditEvent.objects.filter(action="retention.object_delete", organization=alice_org).count() == 2
+    assert services.audit_verify() == []
+    # Idempotent: a second run finds nothing.
+    assert services.retention_enforce(now=timezone.now() + timedelta(days=8))["objects"] == 0
+
+
+def test_retention_deletes_expired_samples(alice, alice_org, regions) -> None:  # type: ignore[no-untyped-def]
+    sample = traffic_services.traffic_sample_create(
+        actor=alice,
+        organization=alice_org,
+        name="old",
+        upload=SimpleUploadedFile("a.jsonl", b'{"timestamp": 1}\n'),
+    )
+    TrafficSample.objects.filter(id=sample.id).update(created_at=timezone.now() - timedelta(days=31))
+    result = tasks.retention_enforce.apply().get()
+    assert result == {"samples": 1, "objects": 1}
+    assert not TrafficSample.objects.filter(id=sample.id).exists()
+    assert not StoredObject.objects.exists()
+
+
+def test_delete_my_organizations_data_everywhere(alice, alice_org, bob, charlie, s3_regions) -> None:  # type: ignore[no-untyped-def]
+    _objects_in_both_regions(alice, alice_org)
+    services.baa_record_create(
+        actor=alice,
+        organization=alice_org,
+        counterparty="Tailguard Inc.",
+        version="v1",
+        signed_on=timezone.now().date(),
+        effective_on=timezone.now().date(),
+        document=SimpleUploadedFile("baa.pdf", b"%PDF"),
+    )
+    charlie_org = charlie.memberships.get().organization
+    theirs = services.sensitive_object_store(
+        actor=charlie, organization=charlie_org, kind="baa_document", stream=io.BytesIO(b"charlie")
+    )
+    org_id = alice_org.pk
+    events_before = AuditEvent.objects.filter(organization_id=org_id).count()
+
+    # Bob (viewer) and a wrong confirmation change nothing.
+    api = APIClient()
+    api.force_authenticate(bob)
+    assert api.post("/api/v1/compliance/delete-organization/", {"confirm": alice_org.slug}).status_code == 403
+    with pytest.raises(ValidationError, match="slug"):
+        services.organization_data_delete(actor=alice, organization=alice_org, confirm="nope")
+    assert len(s3_keys(s3_regions, "us")) == 3 and len(s3_keys(s3_regions, "eu")) == 1
+
+    api.force_authenticate(alice)
+    response = api.post("/api/v1/compliance/delete-organization/", {"confirm": alice_org.slug})
+    assert response.status_code == 200, response.content
+    assert response.json()["objects"] == 3
+    assert s3_keys(s3_regions, "eu") == [] and s3_keys(s3_regions, "us") == [theirs.key]
+    assert not Organization.objects.filter(pk=org_id).exists()
+    assert not Membership.objects.filter(organization_id=org_id).exists()
+    assert not BAARecord.objects.filter(organization_id=org_id).exists()
+    assert not StoredObject.objects.filter(organization_id=org_id).exists()
+    # Only the audit trail remains, ending with the deletion, and it still verifies.
+    events = AuditEvent.objects.filter(organization_id=org_id).order_by("seq")
+    assert events.count() == events_before + 1
+    last = events.last()
+    assert last.action == "organization.data_delete" and last.data["objects_by_region"] == {"us": 2, "eu": 1}
+    assert services.audit_verify() == []
+
+
+def test_charlie_cannot_delete_alices_data(alice, alice_org, charlie_client, regions) -> None:  # type: ignore[no-untyped-def]
+    response = charlie_client.post(reverse("compliance:organization_delete"), {"confirm": alice_org.slug})
+    assert response.status_code == 400  # his own slug is what his organization would need
+    assert Organization.objects.filter(pk=alice_org.pk).exists()
