@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stripe
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
@@ -86,8 +87,6 @@ def _require_billing_admin(actor: User, organization: Organization) -> None:
 
 
 def _site_url(path: str) -> str:
-    from django.conf import settings
-
     return settings.SITE_URL + path
 
 
