@@ -37,12 +37,22 @@ def _require_role(membership: Membership | None, minimum: str, doing: str) -> Me
     if membership is None:
         raise PermissionDenied("You are not a member of this organization.")
     if not membership.has_role(minimum):
-        raise PermissionDenied(f"Only an {minimum} or above can {doing}; your role is {membership.role}.")
+        article = "an" if minimum[0] in "aeiou" else "a"
+        raise PermissionDenied(
+            f"Only {article} {minimum} or above can {doing}; your role is {membership.role}."
+        )
     return membership
 
 
 def _membership(user: User, organization: Organization) -> Membership | None:
     return Membership.objects.filter(user=user, organization=organization).first()
+
+
+def require_role(*, actor: User, organization: Organization, minimum: str, doing: str) -> Membership:
+    """The actor's membership if its role is at least `minimum`; else PermissionDenied saying why.
+
+    Every service that changes an organization's data starts with this."""
+    return _require_role(_membership(actor, organization), minimum, doing)
 
 
 def user_signup(*, email: str, password: str, full_name: str = "") -> User:

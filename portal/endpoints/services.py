@@ -20,13 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from compliance.services import audit_record
 from portal.accounts import tokens
-from portal.accounts.models import Membership, Role, User
+from portal.accounts.models import Role, User
+from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
 from serving.engine.launcher import free_port
@@ -35,21 +36,13 @@ from serving.metrics import MetricsFormatError, snapshot_delta, snapshot_from_te
 ENDPOINT_KEY_PREFIX = "tgk_"
 
 
-def _require(actor: User, organization: object, minimum: str, doing: str) -> None:
-    membership = Membership.objects.filter(user=actor, organization=organization).first()
-    if membership is None:
-        raise PermissionDenied("You are not a member of this organization.")
-    if not membership.has_role(minimum):
-        raise PermissionDenied(f"Only a {minimum} or above can {doing}; your role is {membership.role}.")
-
-
 def endpoint_dir(endpoint: Endpoint) -> Path:
     return Path(settings.ENDPOINTS_DIR) / str(endpoint.id)
 
 
 def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[Endpoint, str]:
     """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once)."""
-    _require(actor, job.organization, Role.MEMBER, "deploy endpoints")
+    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
     if job.status != TuningJob.Status.SUCCEEDED or job.winner_trial is None:
         raise ValidationError({"job": "Only a finished job with a winner can be deployed."})
     trial = job.trials.filter(number=job.winner_trial).first()
@@ -251,7 +244,7 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
 
 def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
     """Stop the engine and router and revoke the key."""
-    _require(actor, endpoint.organization, Role.MEMBER, "stop endpoints")
+    require_role(actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="stop endpoints")
     if endpoint.status == Endpoint.Status.STOPPED:
         raise ValidationError("This endpoint is already stopped.")
     if endpoint.supervisor_pid and _alive(endpoint.supervisor_pid):

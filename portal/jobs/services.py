@@ -21,8 +21,11 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from compliance.selectors import allowed_regions
 from compliance.services import audit_record
-from portal.accounts.models import Membership, Organization, Role, User
+from portal.accounts.models import Organization, Role, User
+from portal.accounts.services import require_role
+from portal.billing.services import billing_assert_can_start_jobs
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
@@ -44,18 +47,8 @@ logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 5.0
 
 
-def _require(actor: User, organization: Organization, minimum: str, doing: str) -> None:
-    membership = Membership.objects.filter(user=actor, organization=organization).first()
-    if membership is None:
-        raise PermissionDenied("You are not a member of this organization.")
-    if not membership.has_role(minimum):
-        raise PermissionDenied(
-            f"Only a{'n' if minimum == Role.ADMIN else ''} {minimum} or above can {doing}; your role is {membership.role}."
-        )
-
-
 def served_model_register(*, actor: User, organization: Organization, name: str, path: str) -> ServedModel:
-    _require(actor, organization, Role.ADMIN, "register models")
+    require_role(actor=actor, organization=organization, minimum=Role.ADMIN, doing="register models")
     name = (name or "").strip()
     errors: dict[str, str] = {}
     if not name:
@@ -108,7 +101,8 @@ def tuning_job_create(
     max_output_tokens: int | None = 64,
     capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
 ) -> TuningJob:
-    _require(actor, organization, Role.MEMBER, "start tuning jobs")
+    require_role(actor=actor, organization=organization, minimum=Role.MEMBER, doing="start tuning jobs")
+    billing_assert_can_start_jobs(organization=organization)
     if traffic_sample.organization_id != organization.id or served_model.organization_id != organization.id:
         # Never reachable through the views (they look objects up in the organization); kept
         # as the last wall.
@@ -143,7 +137,8 @@ def tuning_job_create(
         capacity_steps=capacity_steps,
     )
     try:
-        validate(spec)
+        # The organization's data-residency rule decides which hardware regions are possible.
+        validate(spec, allowed_regions=allowed_regions(organization=organization))
     except JobSpecError as exc:
         field = {"model_path": "served_model", "trace": "traffic_sample"}.get(exc.field, exc.field)
         raise ValidationError({field: exc.message}) from None
@@ -175,7 +170,7 @@ def tuning_job_create(
 
 
 def tuning_job_cancel(*, actor: User, job: TuningJob) -> TuningJob:
-    _require(actor, job.organization, Role.MEMBER, "cancel tuning jobs")
+    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="cancel tuning jobs")
     if not job.is_active:
         raise ValidationError("This job has already ended.")
     with transaction.atomic():

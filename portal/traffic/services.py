@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.utils import timezone
 
 from compliance import services as compliance
 from compliance.services import audit_record
-from portal.accounts.models import Membership, Organization, Role, User
+from portal.accounts.models import Organization, Role, User
+from portal.accounts.services import require_role
 from portal.traffic.models import TrafficSample
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import IngestLimits, IngestResult, ingest
@@ -37,14 +38,6 @@ def _staging_dir() -> Path:
     return path
 
 
-def _require_member(actor: User, organization: Organization, minimum: str, doing: str) -> None:
-    membership = Membership.objects.filter(user=actor, organization=organization).first()
-    if membership is None:
-        raise PermissionDenied("You are not a member of this organization.")
-    if not membership.has_role(minimum):
-        raise PermissionDenied(f"Only a {minimum} or above can {doing}; your role is {membership.role}.")
-
-
 def traffic_sample_create(
     *,
     actor: User,
@@ -54,7 +47,7 @@ def traffic_sample_create(
     trace_format: str = "auto",
     contains_phi: bool = False,
 ) -> TrafficSample:
-    _require_member(actor, organization, Role.MEMBER, "upload traffic samples")
+    require_role(actor=actor, organization=organization, minimum=Role.MEMBER, doing="upload traffic samples")
     name = (name or "").strip()
     errors: dict[str, str] = {}
     if not name:
@@ -226,7 +219,9 @@ def _write_workload(sample: TrafficSample, result: IngestResult) -> None:
 
 
 def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
-    _require_member(actor, sample.organization, Role.MEMBER, "delete traffic samples")
+    require_role(
+        actor=actor, organization=sample.organization, minimum=Role.MEMBER, doing="delete traffic samples"
+    )
     compliance.sample_objects_delete(actor=actor, sample=sample)
     with transaction.atomic():
         audit_record(
