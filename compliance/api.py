@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from compliance import selectors, services
-from compliance.models import AuditEvent, BAARecord
+from compliance.models import AuditEvent, BAARecord, ResidencyPolicy
 from portal.accounts.models import Organization, Role
 from portal.api.base import TenantScopedMixin
 
@@ -88,7 +88,8 @@ class _OrganizationView(TenantScopedMixin, generics.GenericAPIView):
     """Settings that belong to the organization itself (one per tenant)."""
 
     def tenant_queryset(self) -> QuerySet[Any]:
-        return Organization.objects.none()
+        # Nothing is looked up by id here; the organization is the tenant itself.
+        return ResidencyPolicy.objects.none()
 
     @property
     def organization(self) -> Organization:

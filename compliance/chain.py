@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,23 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
 
 
+def normalise(value: Any) -> Any:
+    """Numbers as PostgreSQL's jsonb gives them back, so a hash survives the round trip: jsonb
+    prints 1e20 as 100000000000000000000 (read back as an int) and drops the sign of -0.0."""
+    if isinstance(value, dict):
+        return {str(k): normalise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [normalise(v) for v in value]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("audit data cannot hold NaN or infinity")
+        if value == 0:
+            return 0.0
+        if value.is_integer() and abs(value) >= 1e16:
+            return int(value)
+    return value
+
+
 def digest(value: Any) -> str:
     """sha256 of a value's canonical JSON; "" for None (nothing recorded)."""
     if value is None:
@@ -65,6 +83,8 @@ def event_hash(fields: Mapping[str, Any]) -> str:
             value = timestamp(value)
         elif name in {"organization_id", "actor_id"} and value is not None:
             value = str(value)
+        elif name == "data":
+            value = normalise(value)
         payload.append(value)
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 

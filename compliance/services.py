@@ -108,7 +108,7 @@ def audit_record(
             prev_hash=head.hash,
         )
         # Hash what the database will return: JSON round-tripped, ids as text.
-        event.data = json.loads(chain.canonical_json(data))
+        event.data = chain.normalise(json.loads(chain.canonical_json(data)))
         event.hash = chain.event_hash(_hashed_fields(event))
         event.save(force_insert=True)
         AuditChainHead.objects.filter(chain=key).update(seq=event.seq, hash=event.hash)

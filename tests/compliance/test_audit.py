@@ -159,6 +159,18 @@ def test_concurrent_appends_never_fork_a_chain(alice, alice_org) -> None:  # typ
     assert services.audit_verify() == []
 
 
+def test_hashes_survive_the_database_round_trip_of_awkward_numbers(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    services.audit_record(
+        actor=alice,
+        organization=alice_org,
+        action="test.numbers",
+        data={"big": 1e20, "tiny": 1e-7, "neg_zero": -0.0, "x": [3.0, 0.1, 2**70], "u": "caf\u00e9"},
+    )
+    assert services.audit_verify() == []
+    with pytest.raises(ValueError, match="NaN"):
+        services.audit_record(actor=alice, organization=alice_org, action="x", data={"v": float("nan")})
+
+
 def test_audit_data_never_takes_text(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
     count = AuditEvent.objects.count()
     with pytest.raises(ValueError, match="text fields"):
@@ -272,3 +284,30 @@ def test_export_outside_the_allowed_regions_is_refused(alice, alice_org, alice_c
     assert response.status_code == 400
     assert "data-residency rule" in json.dumps(response.json())
     assert AuditEvent.objects.count() == count
+
+
+def test_the_daily_verification_task_reports_broken_chains(alice, alice_org, caplog) -> None:  # type: ignore[no-untyped-def]
+    from compliance import tasks
+
+    assert tasks.audit_verify.apply().get() == 0
+    event = _chain(alice_org)[0]
+    _disable_trigger()
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE compliance_auditevent SET actor_label = 'mallory' WHERE id = %s", [event.id])
+    assert tasks.audit_verify.apply().get() == 1
+    assert f"event id {event.id}" in caplog.text
+
+
+def test_audit_rows_are_read_only_in_the_admin(alice) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    from portal.accounts.models import User
+
+    staff = User.objects.create_superuser(email="ops@tailguard.test", password=PASSWORD)
+    client = Client()
+    client.force_login(staff)
+    event = AuditEvent.objects.filter(action="user.signup").first()
+    assert client.get("/admin/compliance/auditevent/").status_code == 200
+    response = client.post(f"/admin/compliance/auditevent/{event.id}/delete/", {"post": "yes"})
+    assert response.status_code == 403
+    assert AuditEvent.objects.filter(id=event.id).exists()
