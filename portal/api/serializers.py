@@ -188,3 +188,61 @@ class TuningJobCreateSerializer(serializers.Serializer):
     strategy = serializers.ChoiceField(choices=["tpe", "grid"], default="tpe")
     duration_s = serializers.FloatField(default=20.0)
     repeats = serializers.IntegerField(default=2)
+
+
+# --- Billing (issue 10) -----------------------------------------------------------------------
+from portal.billing.models import UsageReport  # noqa: E402
+
+
+class BillingAccountSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    how_to_enable = serializers.CharField(allow_blank=True)
+    status = serializers.CharField()
+    plan = serializers.CharField(allow_blank=True)
+    current_period_end = serializers.DateTimeField(allow_null=True)
+    usage_billed_from = serializers.DateTimeField(allow_null=True)
+    plans = serializers.ListField(child=serializers.CharField())
+
+
+class BillingUsageLineSerializer(serializers.Serializer):
+    meter = serializers.CharField()
+    dimension = serializers.CharField(allow_blank=True, help_text="Hardware type of endpoint hours.")
+    duration_ms = serializers.IntegerField()
+    billable_minutes = serializers.IntegerField(help_text="Rounded per UTC hour; billed or to be billed.")
+    reported_minutes = serializers.IntegerField(help_text="Already accepted by Stripe.")
+    pending_minutes = serializers.IntegerField()
+    unbilled_minutes = serializers.IntegerField(help_text="Usage before the subscription started.")
+
+
+class BillingUsageSerializer(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM (UTC)")
+    lines = BillingUsageLineSerializer(many=True)
+
+
+class UsageReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = UsageReport
+        fields = [
+            "id",
+            "meter",
+            "dimension",
+            "hour",
+            "sequence",
+            "quantity",
+            "event_name",
+            "idempotency_key",
+            "status",
+            "attempts",
+            "error",
+            "created_at",
+            "sent_at",
+        ]
+        read_only_fields = fields
+
+
+class BillingCheckoutSerializer(serializers.Serializer):
+    plan = serializers.CharField(max_length=64)
+
+
+class BillingRedirectSerializer(serializers.Serializer):
+    url = serializers.URLField(help_text="Send the person here (Stripe Checkout or the customer portal).")

@@ -314,3 +314,134 @@ class TuningJobCancelView(TenantScopedMixin, generics.GenericAPIView):
     def post(self, request: Request, pk: str) -> Response:
         job = job_services.tuning_job_cancel(actor=request.user, job=self.get_object())  # type: ignore[arg-type]
         return Response(s.TuningJobSerializer(job).data)
+
+
+# --- Billing (issue 10): owners and admins only, reads included ---------------------------------
+from django.utils import timezone  # noqa: E402
+from drf_spectacular.utils import OpenApiParameter  # noqa: E402
+from rest_framework.exceptions import APIException  # noqa: E402
+
+from portal.api.base import TenantRolePermission  # noqa: E402
+from portal.billing import selectors as billing_selectors  # noqa: E402
+from portal.billing import services as billing_services  # noqa: E402
+from portal.billing.config import HOW_TO_ENABLE, billing_config  # noqa: E402
+from portal.billing.models import SubscriptionStatus, UsageReport  # noqa: E402
+from portal.billing.usage import month_start, parse_month  # noqa: E402
+
+
+class BillingUnavailable(APIException):
+    status_code = 502
+    default_detail = "Stripe could not be reached."
+
+
+class BillingRolePermission(TenantRolePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        tenant = view.tenant
+        if not tenant.has_role(Role.ADMIN):
+            self.message = f"Billing needs the admin role or above; you act as {tenant.role}."
+            return False
+        return True
+
+
+class _BillingView(TenantScopedMixin):
+    permission_classes = [permissions.IsAuthenticated, BillingRolePermission]
+    write_role = Role.ADMIN
+
+
+class BillingAccountView(_BillingView, APIView):
+    @extend_schema(responses=s.BillingAccountSerializer)
+    def get(self, request: Request) -> Response:
+        assert self.tenant is not None
+        config = billing_config()
+        account = billing_selectors.billing_account_get(organization=self.tenant.organization)
+        data = {
+            "enabled": config is not None,
+            "how_to_enable": "" if config is not None else HOW_TO_ENABLE,
+            "status": account.status if account else SubscriptionStatus.NONE,
+            "plan": account.plan if account else "",
+            "current_period_end": account.current_period_end if account else None,
+            "usage_billed_from": account.usage_billed_from if account else None,
+            "plans": sorted(config.plans) if config else [],
+        }
+        return Response(s.BillingAccountSerializer(data).data)
+
+
+class BillingUsageView(_BillingView, APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("month", str, description="YYYY-MM (UTC); this month if omitted")],
+        responses=s.BillingUsageSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        assert self.tenant is not None
+        raw = request.query_params.get("month", "")
+        try:
+            month = parse_month(raw) if raw else month_start(timezone.now())
+        except ValueError as exc:
+            raise ValidationError({"month": [str(exc)]}) from None
+        lines = billing_selectors.usage_month(organization=self.tenant.organization, month=month)
+        data = {
+            "month": f"{month:%Y-%m}",
+            "lines": [
+                {
+                    "meter": line.meter,
+                    "dimension": line.dimension,
+                    "duration_ms": line.duration_ms,
+                    "billable_minutes": line.billable_minutes,
+                    "reported_minutes": line.reported_minutes,
+                    "pending_minutes": line.pending_minutes,
+                    "unbilled_minutes": line.unbilled_minutes,
+                }
+                for line in lines
+            ],
+        }
+        return Response(s.BillingUsageSerializer(data).data)
+
+
+class UsageReportListView(_BillingView, generics.ListAPIView):
+    serializer_class = s.UsageReportSerializer
+
+    def tenant_queryset(self) -> QuerySet[UsageReport]:
+        return UsageReport.objects.order_by("-hour", "meter", "dimension", "sequence")
+
+
+class UsageReportDetailView(_BillingView, generics.RetrieveAPIView):
+    serializer_class = s.UsageReportSerializer
+
+    def tenant_queryset(self) -> QuerySet[UsageReport]:
+        return UsageReport.objects.all()
+
+
+class BillingCheckoutView(_BillingView, APIView):
+    """Start a subscription: returns the Stripe Checkout URL to send the person to."""
+
+    @extend_schema(request=s.BillingCheckoutSerializer, responses=s.BillingRedirectSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = s.BillingCheckoutSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assert self.tenant is not None
+        try:
+            url = billing_services.billing_checkout_start(
+                actor=request.user,
+                organization=self.tenant.organization,
+                plan=serializer.validated_data["plan"],
+            )
+        except billing_services.BillingError as exc:
+            raise BillingUnavailable(str(exc)) from None
+        return Response({"url": url})
+
+
+class BillingPortalView(_BillingView, APIView):
+    """Manage the subscription: returns the Stripe customer portal URL."""
+
+    @extend_schema(request=None, responses=s.BillingRedirectSerializer)
+    def post(self, request: Request) -> Response:
+        assert self.tenant is not None
+        try:
+            url = billing_services.billing_portal_start(
+                actor=request.user, organization=self.tenant.organization
+            )
+        except billing_services.BillingError as exc:
+            raise BillingUnavailable(str(exc)) from None
+        return Response({"url": url})
