@@ -3,6 +3,7 @@ shape, services decide and write; every view is tenant-scoped through TenantScop
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -10,12 +11,13 @@ from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from compliance import selectors, services
-from compliance.models import AuditEvent, BAARecord, ResidencyPolicy
+from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, SLATerms
 from portal.accounts.models import Organization, Role
 from portal.api.base import TenantScopedMixin
 
@@ -208,3 +210,75 @@ class OrganizationDataDeleteView(_OrganizationView):
             actor=request.user, organization=self.organization, confirm=serializer.validated_data["confirm"]
         )
         return Response(counts)
+
+
+class CreditTierSerializer(serializers.Serializer):
+    below_pct = serializers.FloatField(min_value=0, max_value=100)
+    credit_pct = serializers.FloatField(min_value=0, max_value=100)
+
+
+class SLATermsSerializer(serializers.Serializer):
+    metric = serializers.ChoiceField(choices=SLATerms.Metric.choices, default=SLATerms.Metric.TTFT_P50)
+    target_ms = serializers.FloatField(min_value=0)
+    source = serializers.ChoiceField(choices=SLATerms.Source.choices, default=SLATerms.Source.ENGINE)
+    credit_tiers = CreditTierSerializer(many=True, required=False, default=list)
+    min_coverage_pct = serializers.FloatField(min_value=0, max_value=100, default=90.0)
+
+
+class EndpointSLASerializer(serializers.Serializer):
+    terms = SLATermsSerializer(allow_null=True)
+    report = serializers.DictField(
+        allow_null=True, help_text="The window's compliance, breaches, gaps and credit."
+    )
+    frozen = serializers.BooleanField(help_text="True for a closed window's stored result.")
+
+
+class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
+    """An endpoint's SLA terms and its compliance for one month (UTC; `?month=YYYY-MM`, default
+    the current one), computed from stored metric snapshots; closed months come frozen."""
+
+    serializer_class = EndpointSLASerializer
+    write_role = Role.ADMIN
+
+    def tenant_queryset(self) -> QuerySet[Any]:
+        from portal.endpoints.models import Endpoint
+
+        return Endpoint.objects.all()
+
+    def _body(self, endpoint: Any) -> dict[str, Any]:
+        terms = selectors.sla_terms_get(endpoint=endpoint)
+        if terms is None:
+            return {"terms": None, "report": None, "frozen": False}
+        month = self.request.query_params.get("month")
+        moment = None
+        if month:
+            try:
+                moment = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+            except ValueError:
+                raise ValidationError({"month": ["Use YYYY-MM."]}) from None
+        stored = terms.reports.filter(window_start=moment).first() if moment is not None else None
+        if stored is not None:
+            report, frozen = stored.result, True
+        else:
+            report, frozen = (
+                selectors.sla_report_json(selectors.sla_report(terms=terms, moment=moment), terms),
+                False,
+            )
+        return {"terms": SLATermsSerializer(terms).data, "report": report, "frozen": frozen}
+
+    @extend_schema(
+        parameters=[OpenApiParameter("month", str, required=False, description="YYYY-MM (UTC)")],
+        responses=EndpointSLASerializer,
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        return Response(self._body(self.get_object()))
+
+    @extend_schema(request=SLATermsSerializer, responses=EndpointSLASerializer)
+    def put(self, request: Request, pk: str) -> Response:
+        endpoint = self.get_object()
+        serializer = SLATermsSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        data["credit_tiers"] = [dict(t) for t in data.get("credit_tiers", [])]
+        services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
+        return Response(self._body(endpoint))

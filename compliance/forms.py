@@ -34,3 +34,46 @@ class BAAForm(forms.Form):
 
 class OrganizationDeleteForm(forms.Form):
     confirm = forms.CharField(max_length=64, label="Type the organization's slug to confirm")
+
+
+class SLATermsForm(forms.Form):
+    endpoint = forms.UUIDField(widget=forms.HiddenInput)
+    metric = forms.ChoiceField(choices=[("ttft_p50_ms", "TTFT p50"), ("ttft_p95_ms", "TTFT p95")])
+    target_ms = forms.FloatField(min_value=1, label="Target (ms)")
+    credit_tiers = forms.CharField(
+        required=False,
+        label="Credit tiers (below %:credit %, ...)",
+        help_text="e.g. 99:10, 95:25",
+    )
+
+    def clean_credit_tiers(self) -> list[dict[str, float]]:
+        tiers = []
+        for item in (self.cleaned_data.get("credit_tiers") or "").split(","):
+            if not item.strip():
+                continue
+            below, sep, credit = item.partition(":")
+            try:
+                tiers.append({"below_pct": float(below), "credit_pct": float(credit)})
+            except ValueError:
+                raise forms.ValidationError(f"{item.strip()!r} is not below:credit") from None
+            if not sep:
+                raise forms.ValidationError(f"{item.strip()!r} is not below:credit")
+        return tiers
+
+
+class ConsoleFilterForm(forms.Form):
+    q = forms.CharField(required=False, label="Organization")
+    baa = forms.ChoiceField(
+        required=False, choices=[("", "Any BAA status"), ("yes", "BAA in effect"), ("no", "No BAA")]
+    )
+    sla = forms.ChoiceField(
+        required=False,
+        label="SLA",
+        choices=[
+            ("", "Any SLA status"),
+            ("met", "Met"),
+            ("breached", "Breached"),
+            ("no data", "No data"),
+            ("no terms", "No terms"),
+        ],
+    )

@@ -69,3 +69,120 @@ def baa_effective(*, organization: Any, on: date | None = None) -> BAARecord | N
 
 def stored_object_list(*, organization: Any) -> QuerySet[StoredObject]:
     return StoredObject.objects.filter(organization=organization).order_by("-created_at")
+
+
+# --- SLA --------------------------------------------------------------------------------------
+
+
+def sla_terms_get(*, endpoint: Any) -> Any:
+    from compliance.models import SLATerms
+
+    return SLATerms.objects.filter(endpoint=endpoint, organization=endpoint.organization_id).first()
+
+
+def _measurements(terms: Any, start: Any, end: Any) -> list[Any]:
+    from compliance import sla
+    from portal.endpoints.models import MetricSnapshot
+
+    if terms.source != terms.Source.ENGINE:
+        # No client-observed series is recorded yet: the whole window is a gap, shown as one.
+        return []
+    margin = sla.lookaround(settings.COMPLIANCE_SLA_MAX_INTERVAL_S)
+    rows = MetricSnapshot.objects.filter(
+        endpoint_id=terms.endpoint_id, taken_at__gte=start - margin, taken_at__lt=end + margin
+    ).values_list("taken_at", "gap", terms.metric)
+    return [sla.Measurement(taken_at=t, value_ms=v, gap=g) for t, g, v in rows]
+
+
+def sla_report(*, terms: Any, moment: Any = None, now: Any = None) -> Any:
+    """The SLA window containing `moment` (default: now), computed from stored snapshots."""
+    from compliance import sla
+
+    current = now or timezone.now()
+    start, end = sla.month_window(moment or current)
+    return sla.evaluate(
+        _measurements(terms, start, end),
+        target_ms=terms.target_ms,
+        window_start=start,
+        window_end=end,
+        now=current,
+        tiers=[sla.CreditTier(float(t["below_pct"]), float(t["credit_pct"])) for t in terms.credit_tiers],
+        max_interval_s=settings.COMPLIANCE_SLA_MAX_INTERVAL_S,
+        min_coverage_pct=terms.min_coverage_pct,
+    )
+
+
+def sla_report_json(report: Any, terms: Any) -> dict[str, Any]:
+    def span(s: Any) -> dict[str, Any]:
+        return {"start": s.start.isoformat(), "end": s.end.isoformat(), "worst_ms": s.worst_ms}
+
+    return {
+        "metric": terms.metric,
+        "target_ms": terms.target_ms,
+        "source": terms.source,
+        "window_start": report.window_start.isoformat(),
+        "window_end": report.window_end.isoformat(),
+        "judged_until": report.judged_until.isoformat(),
+        "status": report.status,
+        "compliance_pct": report.compliance_pct,
+        "compliance_pct_gaps_as_breach": report.compliance_pct_gaps_as_breach,
+        "coverage_pct": report.coverage_pct,
+        "compliant_s": report.compliant_s,
+        "breached_s": report.breached_s,
+        "idle_s": report.idle_s,
+        "gap_s": report.gap_s,
+        "credit_pct": report.credit_pct,
+        "credit_basis": report.credit_basis,
+        "breaches": [span(s) for s in report.breaches],
+        "gaps": [{"start": s.start.isoformat(), "end": s.end.isoformat()} for s in report.gaps],
+    }
+
+
+def sla_terms_list(*, organization: Any) -> Any:
+    from compliance.models import SLATerms
+
+    return SLATerms.objects.filter(organization=organization).select_related("endpoint")
+
+
+def endpoint_sla_rows(*, organization: Any) -> list[dict[str, Any]]:
+    """Each of the organization's endpoints with its SLA terms and this month's result."""
+    from portal.endpoints.models import Endpoint
+
+    rows = []
+    for endpoint in Endpoint.objects.filter(organization=organization).order_by("name"):
+        terms = sla_terms_get(endpoint=endpoint)
+        report = sla_report(terms=terms) if terms is not None else None
+        rows.append({"endpoint": endpoint, "terms": terms, "report": report})
+    return rows
+
+
+def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[dict[str, Any]]:
+    """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only)."""
+    from portal.accounts.models import Organization
+
+    rows = []
+    organizations = Organization.objects.order_by("name")
+    if q:
+        organizations = organizations.filter(name__icontains=q)
+    for organization in organizations:
+        effective = baa_effective(organization=organization)
+        if (baa == "yes" and effective is None) or (baa == "no" and effective is not None):
+            continue
+        endpoints = endpoint_sla_rows(organization=organization)
+        if sla_status:
+            endpoints = [
+                e
+                for e in endpoints
+                if (e["report"].status if e["report"] is not None else "no terms") == sla_status
+            ]
+            if not endpoints:
+                continue
+        rows.append(
+            {
+                "organization": organization,
+                "allowed_regions": allowed_regions(organization=organization),
+                "baa": effective,
+                "endpoints": endpoints,
+            }
+        )
+    return rows

@@ -627,9 +627,13 @@ def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> 
     _require(actor, organization, "owner", "delete the organization's data")
     if confirm != organization.slug:
         raise ValidationError({"confirm": f"Type the organization's slug ({organization.slug}) to confirm."})
+    from portal.endpoints.models import Endpoint
     from portal.jobs.models import TuningJob
     from portal.traffic.models import TrafficSample
 
+    active = Endpoint.objects.filter(organization=organization, status__in=Endpoint.ACTIVE).count()
+    if active:
+        raise ValidationError({"confirm": f"Stop the organization's {active} running endpoint(s) first."})
     store = get_store()
     prefix = f"org/{organization.pk}/"
     per_region: dict[str, int] = {}
@@ -639,6 +643,8 @@ def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> 
         _delete_sample_files(sample)
     for job in TuningJob.objects.filter(organization=organization):
         shutil.rmtree(Path(settings.TUNING_WORK_DIR) / str(job.id), ignore_errors=True)
+    for endpoint_id in Endpoint.objects.filter(organization=organization).values_list("id", flat=True):
+        shutil.rmtree(Path(settings.ENDPOINTS_DIR) / str(endpoint_id), ignore_errors=True)
     organization_id, name = organization.pk, organization.name
     with transaction.atomic():
         counts = {
@@ -652,6 +658,7 @@ def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> 
             action="organization.data_delete",
             data={"name": name, "objects_by_region": per_region, **counts},
         )
+        Endpoint.objects.filter(organization=organization).delete()
         TuningJob.objects.filter(organization=organization).delete()
         organization.delete()
     return counts
@@ -720,3 +727,139 @@ def sample_upload_discard(*, reference: str) -> None:
     obj = StoredObject.objects.filter(id=reference.removeprefix(_OBJECT_REF)).first()
     if obj is not None:
         sensitive_object_delete(actor=None, obj=obj, reason="upload request failed")
+
+
+# --- SLA --------------------------------------------------------------------------------------
+
+
+def sla_terms_set(
+    *,
+    actor: Any,
+    endpoint: Any,
+    target_ms: float,
+    metric: str = "ttft_p50_ms",
+    source: str = "engine",
+    credit_tiers: list[dict[str, float]] | None = None,
+    min_coverage_pct: float = 90.0,
+) -> Any:
+    """Records (or replaces) an endpoint's SLA terms."""
+    from compliance.models import SLATerms
+
+    organization = endpoint.organization
+    _require(actor, organization, "admin", "set SLA terms")
+    errors: dict[str, str] = {}
+    if metric not in SLATerms.Metric.values:
+        errors["metric"] = f"Choose one of: {', '.join(SLATerms.Metric.values)}."
+    if source not in SLATerms.Source.values:
+        errors["source"] = f"Choose one of: {', '.join(SLATerms.Source.values)}."
+    if not 0 < target_ms <= 600_000:
+        errors["target_ms"] = "The target must be between 0 and 600000 ms."
+    if not 0 <= min_coverage_pct <= 100:
+        errors["min_coverage_pct"] = "Use 0 to 100."
+    tiers = []
+    for tier in credit_tiers or []:
+        try:
+            below, credit = float(tier["below_pct"]), float(tier["credit_pct"])
+        except (KeyError, TypeError, ValueError):
+            errors["credit_tiers"] = 'Each tier needs numbers "below_pct" and "credit_pct".'
+            break
+        if not (0 < below <= 100 and 0 <= credit <= 100):
+            errors["credit_tiers"] = "Tier percentages must be between 0 and 100."
+            break
+        tiers.append({"below_pct": below, "credit_pct": credit})
+    if errors:
+        raise ValidationError(errors)
+    tiers.sort(key=lambda t: -t["below_pct"])
+    values = {
+        "metric": metric,
+        "target_ms": float(target_ms),
+        "source": source,
+        "credit_tiers": tiers,
+        "min_coverage_pct": float(min_coverage_pct),
+    }
+    with transaction.atomic():
+        terms = SLATerms.objects.select_for_update().filter(endpoint=endpoint).first()
+        before = None
+        if terms is None:
+            terms = SLATerms(organization=organization, endpoint=endpoint)
+        else:
+            before = {k: getattr(terms, k) for k in values}
+        for key, value in values.items():
+            setattr(terms, key, value)
+        terms.updated_by = actor
+        terms.save()
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="sla.terms_set",
+            target=terms,
+            data={"endpoint": str(endpoint.pk), **values},
+            before=before,
+            after=values,
+        )
+    return terms
+
+
+def sla_windows_close(*, now: datetime | None = None) -> int:
+    """Freezes the result of every SLA window that has ended and is not stored yet (the
+    previous month, the month after it closes). Idempotent. Returns how many were stored."""
+    from compliance import sla
+    from compliance.models import SLATerms, SLAWindowReport
+
+    current = now or timezone.now()
+    this_start, _ = sla.month_window(current)
+    previous_start, _ = sla.month_window(this_start - timedelta(seconds=1))
+    stored = 0
+    for terms in SLATerms.objects.select_related("endpoint").iterator():
+        if SLAWindowReport.objects.filter(terms=terms, window_start=previous_start).exists():
+            continue
+        if terms.endpoint.created_at >= this_start:
+            continue
+        report = selectors.sla_report(terms=terms, moment=previous_start, now=current)
+        result = selectors.sla_report_json(report, terms)
+        with transaction.atomic():
+            _, created = SLAWindowReport.objects.get_or_create(
+                terms=terms,
+                window_start=report.window_start,
+                defaults={
+                    "organization_id": terms.organization_id,
+                    "window_end": report.window_end,
+                    "result": result,
+                },
+            )
+            if created:
+                audit_record(
+                    actor=None,
+                    organization=terms.organization_id,
+                    action="sla.window_close",
+                    target=terms,
+                    data={
+                        "window_start": result["window_start"],
+                        "status": result["status"],
+                        "compliance_pct": result["compliance_pct"],
+                        "credit_pct": result["credit_pct"],
+                    },
+                    after=result,
+                )
+                stored += 1
+    return stored
+
+
+def residency_require_hardware(*, organization: Any, hardware: str, doing: str) -> None:
+    """For compute (tuning jobs, endpoints): the hardware's region must be allowed."""
+    from tuning.search.job import HARDWARE
+
+    target = HARDWARE.get(hardware)
+    if target is None:
+        raise ValidationError({"hardware": f"unknown hardware {hardware!r}"})
+    residency_require(organization=organization, region=target.region, doing=doing, field="hardware")
+
+
+def staff_access_record(
+    *, actor: Any, what: str, organization: Any = None, data: dict[str, Any] | None = None
+) -> None:
+    """Staff looking at tenants' data is itself an audited event."""
+    with transaction.atomic():
+        audit_record(
+            actor=actor, organization=organization, action="staff.access", data={"what": what, **(data or {})}
+        )

@@ -23,3 +23,8 @@ def audit_verify() -> int:
     for link in broken:
         logger.error("audit trail broken: %s", link)
     return len(broken)
+
+
+@shared_task
+def sla_windows_close() -> int:
+    return services.sla_windows_close()

@@ -12,4 +12,6 @@ urlpatterns = [
     path("baa/<uuid:baa_id>/document/", views.baa_document, name="baa_document"),
     path("audit/export/", views.audit_export, name="audit_export"),
     path("organization/delete/", views.organization_delete, name="organization_delete"),
+    path("sla/", views.sla_terms, name="sla_terms"),
+    path("console/", views.console, name="console"),
 ]

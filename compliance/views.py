@@ -5,13 +5,21 @@ from __future__ import annotations
 import tempfile
 
 from django.contrib import messages
+from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from compliance import selectors, services
-from compliance.forms import BAAForm, OrganizationDeleteForm, ResidencyForm, RetentionForm
+from compliance.forms import (
+    BAAForm,
+    ConsoleFilterForm,
+    OrganizationDeleteForm,
+    ResidencyForm,
+    RetentionForm,
+    SLATermsForm,
+)
 from compliance.models import BAARecord
 from portal.accounts.tenancy import get_object_for_member, member_required
 
@@ -31,6 +39,8 @@ def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpRe
         "retention_form": forms.get("retention_form") or RetentionForm(initial=retention),
         "baa_form": forms.get("baa_form") or BAAForm(),
         "delete_form": forms.get("delete_form") or OrganizationDeleteForm(),
+        "sla_rows": selectors.endpoint_sla_rows(organization=organization),
+        "sla_form": forms.get("sla_form") or SLATermsForm(),
     }
     template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"  # type: ignore[attr-defined]
     return render(request, template, context, status=status)
@@ -152,3 +162,45 @@ def organization_delete(request: HttpRequest) -> HttpResponse:
             messages.success(request, "The organization and all its data were deleted.")
             return redirect("accounts:dashboard")
     return _page(request, status=400, delete_form=form)
+
+
+@member_required
+@require_POST
+def sla_terms(request: HttpRequest) -> HttpResponse:
+    from portal.endpoints.models import Endpoint
+
+    form = SLATermsForm(request.POST)
+    if form.is_valid():
+        data = dict(form.cleaned_data)
+        endpoint = get_object_for_member(
+            request, Endpoint.objects.select_related("organization"), data.pop("endpoint")
+        )
+        try:
+            services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
+        except ValidationError as exc:
+            _apply(form, exc)
+        else:
+            messages.success(request, f"SLA terms saved for {endpoint.name}.")
+            return redirect("compliance:overview")
+    return _page(request, status=400, sla_form=form)
+
+
+def _is_platform_admin(user: object) -> bool:
+    return bool(getattr(user, "is_superuser", False) or getattr(user, "staff_role", "") == "platform_admin")
+
+
+@login_required
+@require_GET
+def console(request: HttpRequest) -> HttpResponse:
+    """Every tenant's endpoints with SLA status, BAA status and residency (platform admins)."""
+    if not _is_platform_admin(request.user):
+        raise Http404
+    form = ConsoleFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    rows = selectors.console_rows(
+        q=filters.get("q", ""), baa=filters.get("baa", ""), sla_status=filters.get("sla", "")
+    )
+    services.staff_access_record(
+        actor=request.user, what="compliance console", data={k: v for k, v in filters.items() if v}
+    )
+    return render(request, "compliance/console.html", {"form": form, "rows": rows})

@@ -1,0 +1,272 @@
+"""SLA computation on hand-made metric series with known answers, then terms, API and closing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from compliance import sla
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+TIERS = [sla.CreditTier(99.0, 10.0), sla.CreditTier(95.0, 25.0)]
+
+
+def _series(start: datetime, values: list[float | None], step_s: int = 60, gaps: set[int] = frozenset()):  # type: ignore[no-untyped-def,assignment]
+    """A snapshot at `start`, then one per step measuring the step before it."""
+    out = [sla.Measurement(start, None, True)]
+    for i, value in enumerate(values, start=1):
+        out.append(sla.Measurement(start + timedelta(seconds=i * step_s), value, i in gaps))
+    return out
+
+
+def test_compliant_breached_and_idle_time_with_credit() -> None:
+    values = [500.0] * 30 + [850.0] * 10 + [900.0] * 5 + [None] * 15
+    report = sla.evaluate(
+        _series(T0, values),
+        target_ms=800,
+        window_start=T0,
+        window_end=datetime(2026, 12, 1, tzinfo=UTC),
+        now=T0 + timedelta(hours=1),
+        tiers=TIERS,
+    )
+    assert (report.compliant_s, report.breached_s, report.idle_s, report.gap_s) == (1800, 900, 900, 0)
+    assert report.compliance_pct == pytest.approx(100 * 1800 / 2700)
+    assert report.coverage_pct == 100
+    assert report.credit_pct == 25 and report.credit_basis == "measured"
+    assert report.status == "breached"
+    (breach,) = report.breaches
+    assert (breach.start, breach.end, breach.worst_ms) == (
+        T0 + timedelta(minutes=30),
+        T0 + timedelta(minutes=45),
+        900,
+    )
+    assert report.judged_until == T0 + timedelta(hours=1)
+
+
+def test_gaps_are_gaps_not_compliance() -> None:
+    # 60 one-minute intervals; minutes 11-20 are gap snapshots; minutes 41-50 have no snapshot
+    # at all (a 11-minute hole, longer than the 2-minute limit).
+    values: list[float | None] = [100.0] * 60
+    series = [m for i, m in enumerate(_series(T0, values, gaps=set(range(11, 21)))) if not 41 <= i <= 50]
+    report = sla.evaluate(
+        series,
+        target_ms=800,
+        window_start=T0,
+        window_end=T0 + timedelta(hours=2),
+        now=T0 + timedelta(hours=2),
+        tiers=TIERS,
+        max_interval_s=120,
+    )
+    # Measured: 60 min - 10 (gap snapshots) - 11 (hole) = 39 min; the second hour has no data.
+    assert report.compliant_s == 39 * 60 and report.breached_s == 0
+    assert report.gap_s == (10 + 11 + 60) * 60
+    assert report.compliance_pct == 100  # of measured time ...
+    assert report.coverage_pct == pytest.approx(100 * 39 / 120)
+    # ... but coverage is under 90 %, so gaps count against the provider for the credit.
+    assert report.compliance_pct_gaps_as_breach == pytest.approx(100 * 39 / 120)
+    assert report.credit_pct == 25 and report.credit_basis.startswith("gaps counted")
+    assert [(g.start - T0, g.end - T0) for g in report.gaps] == [
+        (timedelta(minutes=10), timedelta(minutes=20)),
+        (timedelta(minutes=40), timedelta(minutes=51)),
+        (timedelta(minutes=60), timedelta(minutes=120)),
+    ]
+
+
+def test_month_boundary_in_utc_splits_intervals() -> None:
+    oct_start, nov_start = datetime(2026, 10, 1, tzinfo=UTC), T0
+    # Snapshots every 60 s from 23:59:30 on Oct 31 (UTC): the first interval straddles midnight.
+    series = _series(nov_start - timedelta(seconds=30), [900.0] + [100.0] * 9)
+    october = sla.evaluate(
+        series, target_ms=800, window_start=oct_start, window_end=nov_start, now=nov_start + timedelta(days=1)
+    )
+    assert october.judged_until == nov_start
+    assert october.breached_s == 30 and october.compliant_s == 0
+    assert october.gap_s == (nov_start - oct_start).total_seconds() - 30
+    november = sla.evaluate(
+        series,
+        target_ms=800,
+        window_start=nov_start,
+        window_end=datetime(2026, 12, 1, tzinfo=UTC),
+        now=nov_start + timedelta(minutes=10),
+    )
+    assert november.breached_s == 30 and november.compliant_s == 9 * 60
+    # 00:09:30 to 00:10 is the interval still running: not judged yet, so not a gap either.
+    assert november.gap_s == 0 and november.judged_until == nov_start + timedelta(minutes=9, seconds=30)
+    # Month windows are UTC calendar months whatever the caller's time zone.
+    eastern = timezone(timedelta(hours=-5))
+    assert sla.month_window(datetime(2026, 11, 30, 22, 0, tzinfo=eastern)) == (
+        datetime(2026, 12, 1, tzinfo=UTC),
+        datetime(2027, 1, 1, tzinfo=UTC),
+    )
+    assert sla.month_window(datetime(2026, 12, 31, 23, 59, tzinfo=UTC))[1] == datetime(2027, 1, 1, tzinfo=UTC)
+
+
+def test_no_data_is_no_data_and_credit_thresholds_are_strict() -> None:
+    report = sla.evaluate(
+        [],
+        target_ms=800,
+        window_start=T0,
+        window_end=T0 + timedelta(days=1),
+        now=T0 + timedelta(days=2),
+        tiers=TIERS,
+    )
+    assert report.status == "no data" and report.compliance_pct is None
+    assert report.gap_s == 86400 and report.coverage_pct == 0
+    assert sla.credit_for(99.0, TIERS) == 0  # exactly at the threshold owes nothing
+    assert sla.credit_for(98.999, TIERS) == 10
+    assert sla.credit_for(50.0, TIERS) == 25
+    assert sla.credit_for(None, TIERS) == 0
+
+
+# --- Terms, stored snapshots, API, closing windows, the console -------------------------------
+
+
+def _endpoint(org, name: str = "voice", port: int = 41001):  # type: ignore[no-untyped-def]
+    from portal.endpoints.models import Endpoint
+    from portal.jobs.models import ServedModel
+
+    model = ServedModel.objects.create(organization=org, name=f"m-{name}", path="/models/x")
+    return Endpoint.objects.create(
+        organization=org,
+        name=name,
+        served_model=model,
+        config={},
+        port=port,
+        api_key_prefix="x",
+        api_key_hash="y",
+        status="healthy",
+    )
+
+
+def _snapshots(endpoint, start: datetime, values: list[float | None]) -> None:  # type: ignore[no-untyped-def]
+    from portal.endpoints.models import MetricSnapshot
+
+    MetricSnapshot.objects.create(
+        organization=endpoint.organization, endpoint=endpoint, taken_at=start, gap=True
+    )
+    for i, value in enumerate(values, start=1):
+        MetricSnapshot.objects.create(
+            organization=endpoint.organization,
+            endpoint=endpoint,
+            taken_at=start + timedelta(minutes=i),
+            gap=False,
+            ttft_p50_ms=value,
+            ttft_p95_ms=None if value is None else value * 2,
+        )
+
+
+def _api(user):  # type: ignore[no-untyped-def]
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+TERMS = {
+    "metric": "ttft_p50_ms",
+    "target_ms": 800,
+    "credit_tiers": [{"below_pct": 95, "credit_pct": 25}, {"below_pct": 99, "credit_pct": 10}],
+}
+
+
+@pytest.mark.django_db
+def test_terms_and_report_through_the_api(alice, alice_org, bob, charlie) -> None:  # type: ignore[no-untyped-def]
+    from compliance.models import AuditEvent, SLATerms
+
+    endpoint = _endpoint(alice_org)
+    start = datetime(2026, 10, 31, 23, 0, tzinfo=UTC)
+    # October's last hour: 50 min at target, 10 min breached.
+    _snapshots(endpoint, start, [500.0] * 50 + [1000.0] * 10 + [500.0] * 30)
+    url = f"/api/v1/compliance/endpoints/{endpoint.id}/sla/"
+    assert _api(alice).get(url).json() == {"terms": None, "report": None, "frozen": False}
+
+    # Bob (viewer) cannot set terms; Charlie cannot see the endpoint at all.
+    assert _api(bob).put(url, TERMS, format="json").status_code == 403
+    assert _api(charlie).get(url).status_code == 404
+    assert _api(charlie).put(url, TERMS, format="json").status_code == 404
+    assert not SLATerms.objects.exists()
+
+    response = _api(alice).put(url, TERMS, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["terms"]["credit_tiers"] == [
+        {"below_pct": 99.0, "credit_pct": 10.0},
+        {"below_pct": 95.0, "credit_pct": 25.0},
+    ]
+    assert AuditEvent.objects.filter(action="sla.terms_set", organization=alice_org).count() == 1
+    report = _api(alice).get(url, {"month": "2026-10"}).json()["report"]
+    assert report["window_start"] == "2026-10-01T00:00:00+00:00"
+    assert (report["compliant_s"], report["breached_s"]) == (3000, 600)
+    assert report["source"] == "engine"
+    assert report["credit_basis"].startswith("gaps counted")  # one hour of a month is measured
+    assert len(report["breaches"]) == 1 and report["breaches"][0]["worst_ms"] == 1000
+    november = _api(alice).get(url, {"month": "2026-11"}).json()["report"]
+    assert november["compliant_s"] == 30 * 60 and november["breached_s"] == 0
+    assert _api(alice).get(url, {"month": "11/2026"}).status_code == 400
+
+
+@pytest.mark.django_db
+def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    from compliance import services
+    from compliance.models import AuditEvent, SLAWindowReport
+    from portal.endpoints.models import Endpoint, MetricSnapshot
+
+    endpoint = _endpoint(alice_org)
+    Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
+    _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 60)
+    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
+    assert services.sla_windows_close(now=now) == 1
+    assert services.sla_windows_close(now=now) == 0
+    stored = SLAWindowReport.objects.get()
+    assert stored.window_start == datetime(2026, 10, 1, tzinfo=UTC)
+    assert stored.result["compliant_s"] == 3600
+    # Snapshots expire later; the frozen result stays what the API returns.
+    MetricSnapshot.objects.all().delete()
+    body = _api(alice).get(f"/api/v1/compliance/endpoints/{endpoint.id}/sla/", {"month": "2026-10"}).json()
+    assert body["frozen"] is True and body["report"]["compliant_s"] == 3600
+    assert AuditEvent.objects.filter(action="sla.window_close").count() == 1
+
+
+@pytest.mark.django_db
+def test_client_observed_terms_without_client_data_show_gaps(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    from compliance import selectors, services
+
+    endpoint = _endpoint(alice_org)
+    _snapshots(endpoint, datetime(2026, 11, 1, tzinfo=UTC), [500.0] * 60)
+    terms = services.sla_terms_set(actor=alice, endpoint=endpoint, source="client", **TERMS)
+    report = selectors.sla_report(terms=terms, now=datetime(2026, 11, 1, 1, 0, tzinfo=UTC))
+    assert report.status == "no data" and report.gap_s == 3600 and report.compliance_pct is None
+
+
+@pytest.mark.django_db
+def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_client, charlie) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+    from django.urls import reverse
+
+    from compliance import services
+    from compliance.models import AuditEvent
+    from portal.accounts.models import User
+    from tests.conftest import PASSWORD
+
+    endpoint = _endpoint(alice_org, name="voice-agent")
+    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    url = reverse("compliance:console")
+    assert alice_client.get(url).status_code == 404
+    admin = User.objects.create_user(
+        email="admin@tailguard.test", password=PASSWORD, staff_role="platform_admin"
+    )
+    client = Client()
+    client.force_login(admin)
+    page = client.get(url).content.decode()
+    assert "Acme Voice" in page and "Other Corp" in page and "voice-agent" in page
+    filtered = client.get(url, {"q": "other"}).content.decode()
+    assert "Other Corp" in filtered and "Acme Voice" not in filtered
+    assert "Acme Voice" not in client.get(url, {"baa": "yes"}).content.decode()
+    event = (
+        AuditEvent.objects.filter(action="staff.access", actor_label="admin@tailguard.test")
+        .order_by("seq")
+        .last()
+    )
+    assert event.data == {"what": "compliance console", "baa": "yes"}
