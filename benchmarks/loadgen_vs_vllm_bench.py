@@ -1,11 +1,14 @@
 """Does our load generator measure TTFT the way vLLM's own benchmark client does?
 
-On one local vLLM engine, the same requests (same prompt text, same output lengths, the same
-constant-spacing schedule) are sent by `serving.loadgen` and by vLLM's `vllm bench serve`
-client, run in this process (`vllm.benchmarks.serve.add_cli_args` + `main`). The two clients
-take turns, several rounds each, alternating which goes first, so slow drift of the shared
-machine hits both alike. Prefix caching is off so that a prompt sent twice costs the same
-both times. Reported: both clients' p50/p95 TTFT and the ratios ours / vLLM's.
+On one local vLLM engine, the same requests (same prompt text, same output lengths) are sent
+by `serving.loadgen` and by vLLM's `vllm bench serve` client, run from this script
+(`vllm.benchmarks.serve.add_cli_args` + `main`, in a child interpreter so the two clients
+never share a GIL). The machine is shared, and its load drifts by seconds at a time, so the
+clients do not take turns: both run at once on one constant-spacing schedule, each sending every
+other request, and the assignment swaps every round so that over each pair of rounds every
+request is measured by both clients under the same conditions. Prefix caching is off so that a prompt sent twice costs the same both times.
+Reported: both clients' p50/p95 TTFT, the ratios ours / vLLM's, and the median per-request
+ratio.
 
 A second phase sweeps Poisson arrival rates against a tiny model with short requests (to push
 the client, not the model) and reports our send lateness at the highest rate the machine
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -49,7 +53,6 @@ from serving.loadgen import (  # noqa: E402
     ReplaySettings,
     Target,
     TraceRequest,
-    gamma_offsets_s,
     read_trace,
     replay,
 )
@@ -107,23 +110,27 @@ def run_ours(
         tokenizer=str(synth.tokenizer.source),
     )
     result = replay(requests, offsets, target=target, synthesizer=synth, settings=settings, progress=False)
-    ok = [r for r in result.requests if r.ok]
     return {
-        "ttft_ms": [r.ttft_ms for r in ok],
+        "ttft_ms": [r.ttft_ms if r.ok else None for r in result.requests],
         "errors": result.summary.num_errors,
-        "send_lateness_p99_ms": result.summary.send_lateness_ms.p99,
         "prompt_token_mismatches": result.summary.num_prompt_token_mismatches,
     }
 
 
 def run_vllm(
-    engine: EngineProcess, prompts: list[tuple[str, int, int]], tokenizer_dir: Path, rate_rps: float
+    base_url: str,
+    model_name: str,
+    prompts: list[tuple[str, int, int]],
+    tokenizer_dir: Path,
+    rate_rps: float,
+    started: Any,
 ) -> dict[str, Any]:
-    """vLLM's `bench serve` client, in this process, on exactly our prompts and schedule.
+    """vLLM's `bench serve` client (`add_cli_args` + `main`) on exactly our prompts, at constant spacing.
 
     Its `custom` JSONL dataset needs pandas, which this environment lacks, so the prompts are
     handed to it as its own `SampleRequest`s in place of its dataset loader; everything that
-    measures (scheduling, request function, metrics) is vLLM's.
+    measures (scheduling, request function, metrics) is vLLM's. `started` (an Event) is set when
+    vLLM asks for its requests, moments before its first send.
     """
     import vllm.benchmarks.serve as vllm_serve
     from vllm.benchmarks.datasets import SampleRequest
@@ -136,11 +143,11 @@ def run_vllm(
             "--backend",
             "openai",
             "--base-url",
-            engine.base_url,
+            base_url,
             "--endpoint",
             "/v1/completions",
             "--model",
-            engine.endpoint.model_name,
+            model_name,
             "--tokenizer",
             str(tokenizer_dir),
             "--dataset-name",
@@ -164,16 +171,90 @@ def run_vllm(
         SampleRequest(prompt=text, prompt_len=n_in, expected_output_len=n_out)
         for text, n_in, n_out in prompts
     ]
+
+    def get_samples(_args: Any, _tokenizer: Any) -> list[Any]:
+        started.set()
+        return list(samples)
+
     original = vllm_serve.get_samples
-    vllm_serve.get_samples = lambda _args, _tokenizer: list(samples)
+    vllm_serve.get_samples = get_samples
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             result = vllm_serve.main(args)
     finally:
         vllm_serve.get_samples = original
-    errors = [e for e in result.get("errors", []) if e]
-    ttfts = [t * 1000.0 for t, e in zip(result["ttfts"], result["errors"], strict=True) if not e]
-    return {"ttft_ms": ttfts, "errors": len(errors)}
+    ttfts = [t * 1000.0 if not e else None for t, e in zip(result["ttfts"], result["errors"], strict=True)]
+    return {"ttft_ms": ttfts, "errors": sum(1 for e in result["errors"] if e)}
+
+
+def _vllm_client_process(
+    base_url: str,
+    model_name: str,
+    prompts: list[tuple[str, int, int]],
+    tokenizer_dir: str,
+    rate_rps: float,
+    started: Any,
+    results: Any,
+) -> None:
+    try:
+        results.put(run_vllm(base_url, model_name, prompts, Path(tokenizer_dir), rate_rps, started))
+    except BaseException as exc:
+        started.set()
+        results.put({"failure": f"{type(exc).__name__}: {exc}"})
+
+
+def interleaved_round(
+    engine: EngineProcess,
+    requests: list[TraceRequest],
+    prompts: list[tuple[str, int, int]],
+    synth: PromptSynthesizer,
+    model_dir: Path,
+    rate_rps: float,
+    parity: int,
+) -> tuple[dict[int, float | None], dict[int, float | None], int, int]:
+    """Both clients at once on one schedule of constant spacing 1/rate: vLLM's client sends the
+    requests of index parity `1 - parity`, ours those of parity `parity`, each half a slot after
+    vLLM's previous one. Both see the same engine load at the same moments, so drift of the shared
+    machine cancels; swapping `parity` next round gives every request to both clients.
+
+    vLLM's client runs in its own interpreter (started with `spawn`) so that the two clients'
+    event loops never wait on each other's GIL.
+    """
+    theirs_idx = [i for i in range(len(requests)) if i % 2 != parity]
+    ours_idx = [i for i in range(len(requests)) if i % 2 == parity]
+    ctx = multiprocessing.get_context("spawn")
+    started = ctx.Event()
+    results = ctx.Queue()
+    child = ctx.Process(
+        target=_vllm_client_process,
+        args=(
+            engine.base_url,
+            engine.endpoint.model_name,
+            [prompts[i] for i in theirs_idx],
+            str(model_dir),
+            rate_rps / 2,
+            started,
+            results,
+        ),
+        name="vllm-bench-serve",
+    )
+    child.start()
+    try:
+        if not started.wait(timeout=180):
+            raise RuntimeError("vLLM's benchmark client did not start within 180 s")
+        # vLLM's k-th request leaves at k * 2/rate after it starts; ours go in between.
+        offsets = [(k * 2 + 1) / rate_rps for k in range(len(ours_idx))]
+        ours_run = run_ours(engine, [requests[i] for i in ours_idx], offsets, synth)
+        theirs_run = results.get(timeout=600)
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    if "failure" in theirs_run:
+        raise RuntimeError(f"vLLM's benchmark client failed: {theirs_run['failure']}")
+    ours = dict(zip(ours_idx, ours_run["ttft_ms"], strict=True))
+    theirs = dict(zip(theirs_idx, theirs_run["ttft_ms"], strict=True))
+    return ours, theirs, ours_run["errors"] + theirs_run["errors"], ours_run["prompt_token_mismatches"]
 
 
 def accuracy_phase(
@@ -191,59 +272,60 @@ def accuracy_phase(
         )
         for r in trace
     ]
-    offsets = gamma_offsets_s(len(requests), rate_rps=rate_rps, rng=np.random.default_rng(0), cv=0.0)
     synth = PromptSynthesizer(PromptTokenizer(model_dir), seed=0)
     prompts = [
         (synth.synthesize(r, request_index=i).text, r.num_prompt_tokens, r.num_output_tokens)
         for i, r in enumerate(requests)
     ]
-
-    ours: list[dict[str, Any]] = []
-    theirs: list[dict[str, Any]] = []
+    ours: dict[tuple[int, int], float | None] = {}  # (round pair, request index) -> TTFT ms
+    theirs: dict[tuple[int, int], float | None] = {}
+    errors = mismatches = 0
     started = time.monotonic()
     with start_engine(model=str(model_dir), config=config, log_path=work / "engine-accuracy.log") as engine:
-        # One warm-up pass (not measured): first requests after start-up are slower.
+        # Warm-up (not measured): the first requests after start-up are slower.
         run_ours(engine, requests[:4], [0.5 * i for i in range(4)], synth)
         for k in range(rounds):
-            order = ("ours", "vllm") if k % 2 == 0 else ("vllm", "ours")
-            for who in order:
-                if who == "ours":
-                    ours.append(run_ours(engine, requests, offsets, synth))
-                else:
-                    theirs.append(run_vllm(engine, prompts, model_dir, rate_rps))
-                print(f"  round {k + 1}/{rounds} {who}: done", file=sys.stderr, flush=True)
-    ours_ttft = [t for run in ours for t in run["ttft_ms"]]
-    theirs_ttft = [t for run in theirs for t in run["ttft_ms"]]
-    # Same request, same round: the per-request ratio, robust to round-to-round drift.
+            o, t, e, m = interleaved_round(
+                engine, requests, prompts, synth, model_dir, rate_rps, parity=k % 2
+            )
+            ours.update({(k // 2, i): v for i, v in o.items()})
+            theirs.update({(k // 2, i): v for i, v in t.items()})
+            errors, mismatches = errors + e, mismatches + m
+            print(f"  round {k + 1}/{rounds} done", file=sys.stderr, flush=True)
+    ours_ttft = [v for v in ours.values() if v is not None]
+    theirs_ttft = [v for v in theirs.values() if v is not None]
+    # The same request measured by both clients in the same pair of rounds.
     paired = [
-        a / b
-        for run_a, run_b in zip(ours, theirs, strict=True)
-        if len(run_a["ttft_ms"]) == len(run_b["ttft_ms"]) == len(requests)
-        for a, b in zip(run_a["ttft_ms"], run_b["ttft_ms"], strict=True)
+        ours[key] / theirs[key]  # type: ignore[operator]
+        for key in ours
+        if key in theirs and ours[key] is not None and theirs[key] is not None
     ]
     return {
         "model": f"llama {size} (random weights)",
         "engine": config.to_mapping(),
+        "design": (
+            "both clients at once on one constant-spacing schedule, alternating requests; the "
+            "assignment swaps every round so each request is measured by both clients"
+        ),
         "rounds": rounds,
         "num_requests_per_round": len(requests),
         "rate_rps": rate_rps,
-        "arrivals": "constant spacing (vLLM --burstiness inf), identical schedule for both clients",
         "mean_prompt_tokens": float(np.mean([r.num_prompt_tokens for r in requests])),
         "mean_output_tokens": float(np.mean([r.num_output_tokens for r in requests])),
+        "errors": errors,
+        "prompt_token_mismatches": mismatches,
         "ours": {
+            "num_measured": len(ours_ttft),
             "p50_ttft_ms": percentile(ours_ttft, 50),
             "p95_ttft_ms": percentile(ours_ttft, 95),
-            "p50_ttft_ms_by_round": [percentile(run["ttft_ms"], 50) for run in ours],
-            "errors": sum(run["errors"] for run in ours),
-            "prompt_token_mismatches": sum(run["prompt_token_mismatches"] for run in ours),
         },
         "vllm_bench_serve": {
+            "num_measured": len(theirs_ttft),
             "p50_ttft_ms": percentile(theirs_ttft, 50),
             "p95_ttft_ms": percentile(theirs_ttft, 95),
-            "p50_ttft_ms_by_round": [percentile(run["ttft_ms"], 50) for run in theirs],
-            "errors": sum(run["errors"] for run in theirs),
         },
         "paired_ttft_ratio_median": float(np.median(paired)) if paired else None,
+        "num_pairs": len(paired),
         "wall_s": time.monotonic() - started,
     }
 
@@ -283,7 +365,7 @@ def lateness_phase(work: Path, *, rates: list[float], duration_s: float) -> list
             # builds up in the engine (median TTFT within 2x of the lowest rate's).
             sustained = (
                 s.num_errors == 0
-                and s.request_throughput_rps >= 0.9 * rate
+                and s.request_throughput_rps >= 0.9 * s.offered_rate_rps
                 and s.ttft_ms.p50 <= 2.0 * baseline_ttft_p50_ms
                 and s.ttft_ms.p95 < 1000.0
             )
@@ -291,6 +373,7 @@ def lateness_phase(work: Path, *, rates: list[float], duration_s: float) -> list
                 {
                     "rate_rps": rate,
                     "num_requests": s.num_requests,
+                    "offered_rate_rps": s.offered_rate_rps,
                     "errors": s.num_errors,
                     "throughput_rps": s.request_throughput_rps,
                     "ttft_p50_ms": s.ttft_ms.p50,
@@ -311,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="even, so every request is measured by both")
     parser.add_argument("--num-requests", type=int, default=40)
     parser.add_argument("--rate-rps", type=float, default=1.0)
     parser.add_argument("--size", default="m", help="model size preset for the accuracy phase")

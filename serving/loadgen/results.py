@@ -97,6 +97,7 @@ class ReplaySummary:
     num_errors: int
     error_rate: float  # errors / requests
     duration_s: float  # first send to last completion
+    offered_rate_rps: float  # requests over the span of their scheduled send times (the load asked for)
     request_throughput_rps: float  # completed requests per second
     input_throughput_tps: float  # prompt tokens of completed requests per second
     output_throughput_tps: float  # generated tokens per second
@@ -122,6 +123,7 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float, slo: SLO) 
         num_errors=num - len(ok),
         error_rate=(num - len(ok)) / num if num else math.nan,
         duration_s=duration_s,
+        offered_rate_rps=_offered_rate_rps([r.scheduled_s for r in results]),
         request_throughput_rps=per_s(len(ok)),
         input_throughput_tps=per_s(sum(r.num_prompt_tokens for r in ok)),
         output_throughput_tps=per_s(sum(r.num_output_tokens for r in ok)),
@@ -140,6 +142,13 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float, slo: SLO) 
             and r.num_prompt_tokens_reported != r.num_prompt_tokens
         ),
     )
+
+
+def _offered_rate_rps(scheduled_s: Sequence[float]) -> float:
+    if len(scheduled_s) < 2:
+        return math.nan
+    span = max(scheduled_s) - min(scheduled_s)
+    return (len(scheduled_s) - 1) / span if span > 0 else math.inf
 
 
 @dataclass(frozen=True)
