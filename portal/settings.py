@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "portal.traffic",
     "portal.jobs",
     "portal.endpoints",
+    "portal.billing",
     "compliance",
 ]
 
@@ -252,4 +253,118 @@ LOGGING = {
         "handlers": ["console"],
         "level": env.choice("LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"]),
     },
+}
+
+
+# --- Compliance (issue 8): residency, sensitive-object storage, retention, access ---------------
+def _region_mapping(name: str) -> dict[str, str]:
+    """`us=value,eu=value` into a dict; fails loudly on a malformed item."""
+    mapping: dict[str, str] = {}
+    for item in env.list(name, []):
+        region, sep, value = item.partition("=")
+        if not sep or not region.strip() or not value.strip():
+            raise ImproperlyConfigured(f"environment variable {name}: {item!r} is not region=value")
+        mapping[region.strip()] = value.strip()
+    return mapping
+
+
+# The regions this deployment stores data and runs compute in. The embedded setup has one,
+# "local" (this machine). An organization without a residency policy is limited to
+# COMPLIANCE_DEFAULT_REGIONS: the home region only, never "anywhere".
+COMPLIANCE_REGIONS = env.list("COMPLIANCE_REGIONS", ["local"])
+COMPLIANCE_DEFAULT_REGIONS = env.list("COMPLIANCE_DEFAULT_REGIONS", COMPLIANCE_REGIONS[:1])
+if not set(COMPLIANCE_DEFAULT_REGIONS) <= set(COMPLIANCE_REGIONS):
+    raise ImproperlyConfigured("COMPLIANCE_DEFAULT_REGIONS must be a subset of COMPLIANCE_REGIONS")
+# Sensitive objects (raw uploads, signed BAAs, exports): "local" keeps one encrypted folder per
+# region; "s3" keeps one bucket per region (COMPLIANCE_S3_BUCKETS=us=bucket-a,eu=bucket-b).
+COMPLIANCE_STORAGE_BACKEND = env.choice("COMPLIANCE_STORAGE_BACKEND", "local", ["local", "s3"])
+COMPLIANCE_STORAGE_DIR = Path(env.str("COMPLIANCE_STORAGE_DIR", str(VAR_DIR / "objects")) or "")
+# 32 url-safe base64 bytes (AES-256-GCM) encrypting the local folders. Unset, a key is derived
+# from SECRET_KEY; set it in production so that rotating SECRET_KEY keeps old objects readable.
+COMPLIANCE_STORAGE_KEY = env.str("COMPLIANCE_STORAGE_KEY")
+COMPLIANCE_S3_BUCKETS = _region_mapping("COMPLIANCE_S3_BUCKETS")
+COMPLIANCE_S3_KMS_KEYS = _region_mapping("COMPLIANCE_S3_KMS_KEYS")
+COMPLIANCE_S3_REGION_NAMES = _region_mapping("COMPLIANCE_S3_REGION_NAMES")
+COMPLIANCE_S3_ENDPOINT_URL = env.str("COMPLIANCE_S3_ENDPOINT_URL")
+COMPLIANCE_S3_TIMEOUT_S = env.int("COMPLIANCE_S3_TIMEOUT_S", 30, minimum=1)
+if COMPLIANCE_STORAGE_BACKEND == "s3" and set(COMPLIANCE_S3_BUCKETS) != set(COMPLIANCE_REGIONS):
+    raise ImproperlyConfigured(
+        "COMPLIANCE_S3_BUCKETS must name exactly one bucket per region in COMPLIANCE_REGIONS"
+    )
+COMPLIANCE_OBJECT_MAX_BYTES = env.int("COMPLIANCE_OBJECT_MAX_BYTES", TRAFFIC_UPLOAD_MAX_BYTES, minimum=1)
+COMPLIANCE_SAMPLE_RETENTION_DAYS = env.int("COMPLIANCE_SAMPLE_RETENTION_DAYS", 30, minimum=1)
+# Idle sessions end after this long; requests marked as background polling do not count.
+SESSION_IDLE_TIMEOUT_S = env.int("SESSION_IDLE_TIMEOUT_S", 30 * 60, minimum=60)
+LOGIN_THROTTLE_FAILURES = env.int("LOGIN_THROTTLE_FAILURES", 5, minimum=1)
+LOGIN_THROTTLE_WINDOW_S = env.int("LOGIN_THROTTLE_WINDOW_S", 15 * 60, minimum=1)
+# The throttled backend signs people in; ModelBackend stays listed for sessions it started.
+AUTHENTICATION_BACKENDS = [
+    "compliance.auth.ThrottledModelBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+MIDDLEWARE.append("compliance.middleware.ComplianceMiddleware")
+CELERY_BEAT_SCHEDULE["compliance-retention"] = {
+    "task": "compliance.tasks.retention_enforce",
+    "schedule": 3600.0,
+}
+CELERY_BEAT_SCHEDULE["compliance-audit-verify"] = {
+    "task": "compliance.tasks.audit_verify",
+    "schedule": 24 * 3600.0,
+}
+CELERY_BEAT_SCHEDULE["compliance-sla-close"] = {
+    "task": "compliance.tasks.sla_windows_close",
+    "schedule": 3600.0,
+}
+# Snapshots further apart than this leave a gap between them (the scraper was away).
+COMPLIANCE_SLA_MAX_INTERVAL_S = env.int("COMPLIANCE_SLA_MAX_INTERVAL_S", 120, minimum=1)
+
+# --- Billing (issue 10): Stripe. Off unless STRIPE_SECRET_KEY is set; then the webhook secret
+# and at least one plan are required too, so a half-configured billing never starts. ----------
+STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET")
+# Plans as `name=price_id` pairs (the recurring fee); metered prices (usage) go on every
+# subscription so that what is reported to the meters is billed.
+STRIPE_PRICE_PLANS: dict[str, str] = {}
+for _plan_item in env.list("STRIPE_PRICE_PLANS", []):
+    _plan, _sep, _price = _plan_item.partition("=")
+    if not _sep or not _plan.strip() or not _price.strip():
+        raise ImproperlyConfigured(
+            f"environment variable STRIPE_PRICE_PLANS: {_plan_item!r} is not name=price_id"
+        )
+    STRIPE_PRICE_PLANS[_plan.strip()] = _price.strip()
+STRIPE_PRICE_METERED = env.list("STRIPE_PRICE_METERED", [])
+_billing_vars = {
+    "STRIPE_SECRET_KEY": STRIPE_SECRET_KEY,
+    "STRIPE_WEBHOOK_SECRET": STRIPE_WEBHOOK_SECRET,
+    "STRIPE_PRICE_PLANS": STRIPE_PRICE_PLANS,
+}
+if any(_billing_vars.values()) or STRIPE_PRICE_METERED:
+    _missing = [name for name, value in _billing_vars.items() if not value]
+    if _missing:
+        raise ImproperlyConfigured(
+            f"billing is partly configured: set {', '.join(_missing)} too (or none of them)"
+        )
+if STRIPE_SECRET_KEY is not None and STRIPE_SECRET_KEY.startswith("pk_"):
+    raise ImproperlyConfigured("STRIPE_SECRET_KEY holds a publishable key (pk_...); use the secret key")
+STRIPE_API_BASE = (env.str("STRIPE_API_BASE", "https://api.stripe.com") or "").rstrip("/")
+if not STRIPE_API_BASE.startswith(("https://", "http://")):
+    raise ImproperlyConfigured(
+        f"environment variable STRIPE_API_BASE={STRIPE_API_BASE!r} is not an http(s) URL"
+    )
+STRIPE_TIMEOUT_S = env.int("STRIPE_TIMEOUT_S", 10, minimum=1)
+STRIPE_MAX_NETWORK_RETRIES = env.int("STRIPE_MAX_NETWORK_RETRIES", 2, minimum=0)
+# Webhook signatures dated further than this from now, in either direction, are refused.
+STRIPE_WEBHOOK_TOLERANCE_S = env.int("STRIPE_WEBHOOK_TOLERANCE_S", 300, minimum=1)
+# Meter event names: one meter for tuning, one per hardware type for endpoints (prefix + type).
+STRIPE_METER_EVENT_TUNING = env.str("STRIPE_METER_EVENT_TUNING", "tailguard_tuning_minutes") or ""
+STRIPE_METER_EVENT_ENDPOINT_PREFIX = (
+    env.str("STRIPE_METER_EVENT_ENDPOINT_PREFIX", "tailguard_endpoint_minutes_") or ""
+)
+# An hour's usage is reported this long after the hour ends; later records go out as a correction.
+BILLING_USAGE_SETTLE_S = env.int("BILLING_USAGE_SETTLE_S", 900, minimum=0)
+# How far back finished tuning trials are looked for when recording trial-minutes.
+BILLING_TRIAL_LOOKBACK_H = env.int("BILLING_TRIAL_LOOKBACK_H", 48, minimum=1)
+CELERY_BEAT_SCHEDULE["billing-usage-report"] = {
+    "task": "portal.billing.tasks.usage_report",
+    "schedule": float(env.int("BILLING_REPORT_INTERVAL_S", 300, minimum=30)),
 }

@@ -26,6 +26,8 @@ urlpatterns = [
     path("traffic/", include("portal.traffic.urls")),
     path("jobs/", include("portal.jobs.urls")),
     path("endpoints/", include("portal.endpoints.urls")),
+    path("billing/", include("portal.billing.urls")),
+    path("compliance/", include("compliance.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("vendor/plotly.min.js", plotly_js, name="plotly-js"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -22,3 +22,43 @@ urlpatterns = [
     path("tokens/", views.ApiTokenListCreateView.as_view(), name="tokens"),
     path("tokens/<uuid:pk>/", views.ApiTokenDetailView.as_view(), name="token_detail"),
 ]
+
+# Compliance (issue 8): residency, retention, BAAs, the audit trail and its export, deletion.
+from compliance import api as compliance_api  # noqa: E402
+
+urlpatterns += [
+    path("compliance/residency/", compliance_api.ResidencyView.as_view(), name="compliance_residency"),
+    path("compliance/retention/", compliance_api.RetentionView.as_view(), name="compliance_retention"),
+    path("compliance/baas/", compliance_api.BAAListCreateView.as_view(), name="compliance_baas"),
+    path("compliance/baas/<uuid:pk>/", compliance_api.BAADetailView.as_view(), name="compliance_baa_detail"),
+    path(
+        "compliance/audit-events/",
+        compliance_api.AuditEventListView.as_view(),
+        name="compliance_audit_events",
+    ),
+    path(
+        "compliance/audit-export/", compliance_api.AuditExportView.as_view(), name="compliance_audit_export"
+    ),
+    path(
+        "compliance/delete-organization/",
+        compliance_api.OrganizationDataDeleteView.as_view(),
+        name="compliance_organization_delete",
+    ),
+    path(
+        "compliance/endpoints/<uuid:pk>/sla/",
+        compliance_api.EndpointSLAView.as_view(),
+        name="compliance_endpoint_sla",
+    ),
+]
+
+# Billing (issue 10): account, usage, usage reports, Stripe Checkout and customer portal.
+urlpatterns += [
+    path("billing/", views.BillingAccountView.as_view(), name="billing_account"),
+    path("billing/usage/", views.BillingUsageView.as_view(), name="billing_usage"),
+    path("billing/usage-reports/", views.UsageReportListView.as_view(), name="billing_usage_reports"),
+    path(
+        "billing/usage-reports/<uuid:pk>/", views.UsageReportDetailView.as_view(), name="billing_usage_report"
+    ),
+    path("billing/checkout/", views.BillingCheckoutView.as_view(), name="billing_checkout"),
+    path("billing/portal/", views.BillingPortalView.as_view(), name="billing_portal"),
+]
