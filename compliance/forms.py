@@ -77,3 +77,13 @@ class ConsoleFilterForm(forms.Form):
             ("no terms", "No terms"),
         ],
     )
+
+
+class TwoFactorForm(forms.Form):
+    code = forms.CharField(
+        max_length=8,
+        label="6-digit code from your authenticator app",
+        widget=forms.TextInput(
+            attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}
+        ),
+    )

@@ -7,6 +7,9 @@
   `X-Tailguard-Background: 1`. So a page left open that polls still times out.
 - Staff users working in the Django admin are audited request by request (method and path, not
   the query string or the body), on the platform chain.
+- Two-factor: a session of someone who must use it (an owner of an organization with an
+  effective BAA, or anyone who enrolled) reaches nothing but the two-factor page until a code
+  has been verified in this session. API tokens are a separate credential and are not affected.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth import logout
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.urls import reverse
 
 from compliance import context
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 LAST_ACTIVITY_KEY = "_tailguard_last_activity"
+# The id of the user whose code this session verified.
+TWO_FACTOR_KEY = "_tailguard_two_factor"
+_TWO_FACTOR_EXEMPT_URLS = ("compliance:two_factor", "accounts:logout", "accounts:login", "healthz")
 # Activity is written to the session at most this often, not on every request.
 _ACTIVITY_RESOLUTION_S = 30
 
@@ -45,7 +51,7 @@ class ComplianceMiddleware:
         request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
         token = context.request_id.set(request_id)
         try:
-            expired = self._idle_check(request)
+            expired = self._idle_check(request) or self._two_factor_check(request)
             if expired is not None:
                 response = expired
             else:
@@ -75,6 +81,33 @@ class ComplianceMiddleware:
         if not is_background(request) and (last is None or now - float(last) >= _ACTIVITY_RESOLUTION_S):
             request.session[LAST_ACTIVITY_KEY] = now
         return None
+
+    def _two_factor_check(self, request: HttpRequest) -> HttpResponse | None:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated or not hasattr(request, "session"):
+            return None
+        if request.session.get(TWO_FACTOR_KEY) == str(user.pk):
+            return None
+        page = reverse("compliance:two_factor")
+        exempt = {reverse(name) for name in _TWO_FACTOR_EXEMPT_URLS}
+        if request.path in exempt or request.path.startswith(settings.STATIC_URL):
+            return None
+        from compliance.selectors import two_factor_required
+
+        if not two_factor_required(user=user):
+            return None
+        if request.path.startswith("/api/"):
+            return JsonResponse(
+                {
+                    "detail": "Two-factor verification is required: verify a code on the two-factor page first."
+                },
+                status=403,
+            )
+        if request.headers.get("HX-Request") == "true":
+            response = HttpResponse(status=200)
+            response["HX-Redirect"] = page
+            return response
+        return HttpResponseRedirect(f"{page}?{urlencode({'next': request.get_full_path()})}")
 
     def _audit_staff(self, request: HttpRequest) -> None:
         user = getattr(request, "user", None)

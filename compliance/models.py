@@ -247,3 +247,20 @@ class SLAWindowReport(models.Model):
 
     def __str__(self) -> str:
         return f"{self.terms_id} {self.window_start:%Y-%m}"
+
+
+class TOTPDevice(models.Model):
+    """A person's authenticator. The secret is stored encrypted (AES-GCM, the storage key)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_device"
+    )
+    secret_encrypted = models.BinaryField()
+    created_at = models.DateTimeField(default=timezone.now)
+    # Null until the person proves the app works by entering a first code.
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    # The last time step accepted: a code is never accepted twice.
+    last_step = models.BigIntegerField(default=-1)
+
+    def __str__(self) -> str:
+        return f"authenticator of {self.user_id}"

@@ -186,3 +186,28 @@ def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[di
             }
         )
     return rows
+
+
+# --- Two-factor -------------------------------------------------------------------------------
+
+
+def totp_confirmed(*, user: Any) -> bool:
+    from compliance.models import TOTPDevice
+
+    return TOTPDevice.objects.filter(user=user, confirmed_at__isnull=False).exists()
+
+
+def two_factor_required(*, user: Any) -> bool:
+    """Owners of an organization with an effective BAA must use two-factor; anyone who enrolled
+    an authenticator uses it too."""
+    from portal.accounts.models import Membership, Role
+
+    if totp_confirmed(user=user):
+        return True
+    day = timezone.now().date()
+    owned = Membership.objects.filter(user=user, role=Role.OWNER).values_list("organization_id", flat=True)
+    return (
+        BAARecord.objects.filter(organization_id__in=list(owned), effective_on__lte=day)
+        .exclude(ends_on__lt=day)
+        .exists()
+    )

@@ -863,3 +863,68 @@ def staff_access_record(
         audit_record(
             actor=actor, organization=organization, action="staff.access", data={"what": what, **(data or {})}
         )
+
+
+# --- Two-factor (TOTP) ------------------------------------------------------------------------
+
+_TOTP_PURPOSE = "totp-secret"
+
+
+def totp_enroll_start(*, user: Any) -> str:
+    """A new, unconfirmed authenticator secret for `user` (replacing an unconfirmed one)."""
+    from compliance import totp
+    from compliance.models import TOTPDevice
+    from compliance.storage import seal
+
+    if selectors.totp_confirmed(user=user):
+        raise ValidationError({"code": "An authenticator is already set up."})
+    secret = totp.new_secret()
+    TOTPDevice.objects.update_or_create(
+        user=user,
+        defaults={"secret_encrypted": seal(secret.encode(), purpose=_TOTP_PURPOSE), "last_step": -1},
+    )
+    return secret
+
+
+def _totp_throttled(user: Any) -> bool:
+    from compliance.models import LoginFailure
+
+    since = timezone.now() - timedelta(seconds=settings.LOGIN_THROTTLE_WINDOW_S)
+    key = f"totp:{user.pk}"
+    return (
+        LoginFailure.objects.filter(email_digest=key, at__gte=since).count()
+        >= settings.LOGIN_THROTTLE_FAILURES
+    )
+
+
+def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
+    """Checks a code against the user's authenticator (confirming it on first success). Replays
+    and too many failures are refused."""
+    import time
+
+    from compliance import totp
+    from compliance.models import LoginFailure, TOTPDevice
+    from compliance.storage import unseal
+
+    device = TOTPDevice.objects.filter(user=user).first()
+    if device is None:
+        raise ValidationError({"code": "Set up an authenticator first."})
+    if _totp_throttled(user):
+        raise ValidationError({"code": "Too many wrong codes; wait a few minutes and try again."})
+    secret = unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
+    step = totp.matching_step(
+        secret, code, now_s=time.time() if now_s is None else now_s, after_step=device.last_step
+    )
+    if step is None:
+        LoginFailure.objects.create(email_digest=f"totp:{user.pk}")
+        return False
+    with transaction.atomic():
+        # Conditional update: two requests with the same code cannot both pass.
+        claimed = TOTPDevice.objects.filter(pk=device.pk, last_step__lt=step).update(last_step=step)
+        if not claimed:
+            return False
+        if device.confirmed_at is None:
+            TOTPDevice.objects.filter(pk=device.pk).update(confirmed_at=timezone.now())
+            audit_record(actor=user, action="two_factor.enroll", target=device)
+    LoginFailure.objects.filter(email_digest=f"totp:{user.pk}").delete()
+    return True

@@ -110,6 +110,19 @@ def _storage_key() -> bytes:
     return hashlib.sha256(b"tailguard-storage:" + settings.SECRET_KEY.encode()).digest()
 
 
+def seal(plain: bytes, *, purpose: str) -> bytes:
+    """Encrypts a small secret (e.g. a TOTP seed) with the storage key, bound to its purpose."""
+    nonce = os.urandom(_NONCE_BYTES)
+    return nonce + AESGCM(_storage_key()).encrypt(nonce, plain, purpose.encode())
+
+
+def unseal(sealed: bytes, *, purpose: str) -> bytes:
+    try:
+        return AESGCM(_storage_key()).decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], purpose.encode())
+    except Exception:
+        raise StorageError("a sealed secret failed its integrity check") from None
+
+
 class LocalStore:
     def __init__(self, root: Path, key: bytes) -> None:
         self.root = root

@@ -14,4 +14,5 @@ urlpatterns = [
     path("organization/delete/", views.organization_delete, name="organization_delete"),
     path("sla/", views.sla_terms, name="sla_terms"),
     path("console/", views.console, name="console"),
+    path("2fa/", views.two_factor, name="two_factor"),
 ]

@@ -19,6 +19,7 @@ from compliance.forms import (
     ResidencyForm,
     RetentionForm,
     SLATermsForm,
+    TwoFactorForm,
 )
 from compliance.models import BAARecord
 from portal.accounts.tenancy import get_object_for_member, member_required
@@ -204,3 +205,45 @@ def console(request: HttpRequest) -> HttpResponse:
         actor=request.user, what="compliance console", data={k: v for k, v in filters.items() if v}
     )
     return render(request, "compliance/console.html", {"form": form, "rows": rows})
+
+
+@login_required
+def two_factor(request: HttpRequest) -> HttpResponse:
+    """Verify a code (or, the first time, set up the authenticator and confirm it)."""
+    from django.utils.http import url_has_allowed_host_and_scheme
+
+    from compliance import totp
+    from compliance.middleware import TWO_FACTOR_KEY
+
+    user = request.user
+    confirmed = selectors.totp_confirmed(user=user)
+    secret = None
+    form = TwoFactorForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            ok = services.totp_verify(user=user, code=form.cleaned_data["code"])
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            if ok:
+                request.session.cycle_key()
+                request.session[TWO_FACTOR_KEY] = str(user.pk)
+                target = request.POST.get("next") or request.GET.get("next") or ""
+                if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+                    target = ""
+                return redirect(target or "accounts:dashboard")
+            form.add_error("code", "That code is not right (or was already used). Try the next one.")
+    if not confirmed:
+        # A fresh secret each time the enrolment page is shown until a code confirms one.
+        secret = services.totp_enroll_start(user=user) if request.method == "GET" else None
+    context = {
+        "form": form,
+        "confirmed": confirmed,
+        "secret": secret,
+        "uri": totp.provisioning_uri(secret, account=user.email) if secret else None,
+        "required": selectors.two_factor_required(user=user),
+        "next": request.GET.get("next", ""),
+    }
+    return render(
+        request, "compliance/two_factor.html", context, status=200 if request.method == "GET" else 400
+    )

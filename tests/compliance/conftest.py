@@ -102,3 +102,12 @@ def s3_keys(settings, region: str) -> list[str]:  # type: ignore[no-untyped-def]
     )
     response = client.list_objects_v2(Bucket=settings.COMPLIANCE_S3_BUCKETS[region])
     return [item["Key"] for item in response.get("Contents", [])]
+
+
+def two_factor_done(client, user) -> None:  # type: ignore[no-untyped-def]
+    """Marks the client's session as having verified a code (for tests about other things)."""
+    from compliance.middleware import TWO_FACTOR_KEY
+
+    session = client.session
+    session[TWO_FACTOR_KEY] = str(user.pk)
+    session.save()

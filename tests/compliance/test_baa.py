@@ -16,6 +16,7 @@ from compliance import selectors, services
 from compliance.models import AuditEvent, BAARecord, RetentionPolicy, StoredObject
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
+from tests.compliance.conftest import two_factor_done
 
 pytestmark = pytest.mark.django_db
 PDF = b"%PDF-1.4 signed business associate agreement"
@@ -145,6 +146,7 @@ def test_baa_via_api_with_its_document(alice, alice_org, alice_client, regions) 
     record = BAARecord.objects.get()
     on_disk = (regions.COMPLIANCE_STORAGE_DIR / "us" / record.document.key).read_bytes()
     assert PDF not in on_disk
+    two_factor_done(alice_client, alice)  # an owner under a BAA verifies a second factor
     download = alice_client.get(reverse("compliance:baa_document", args=[record.id]))
     assert download.status_code == 200 and b"".join(download.streaming_content) == PDF
     assert AuditEvent.objects.filter(action="baa.record", organization=alice_org).exists()
@@ -162,7 +164,7 @@ def test_baa_tenancy_and_roles(alice, alice_org, bob, bob_client, charlie, charl
         actor=alice,
         organization=alice_org,
         counterparty="Tailguard Inc.",
-        version="v1",
+        version="BAA-ACME-2026",
         signed_on=date(2026, 1, 1),
         effective_on=date(2026, 1, 1),
         document=SimpleUploadedFile("baa.pdf", PDF),

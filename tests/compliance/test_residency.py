@@ -165,3 +165,16 @@ def test_tuning_hardware_outside_the_allowed_regions_is_refused(
     services.residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["us", "local"])
     job = job_services.tuning_job_create(**spec)
     assert job.pk is not None
+
+
+def test_deployment_hardware_outside_the_allowed_regions_is_refused(
+    alice, alice_org, regions, settings
+) -> None:  # type: ignore[no-untyped-def]
+    settings.COMPLIANCE_REGIONS = ["us", "local"]
+    with pytest.raises(ValidationError, match="data-residency rule") as info:
+        services.residency_require_hardware(
+            organization=alice_org, hardware="local-cpu", doing="this endpoint"
+        )
+    assert "would be in 'local'" in info.value.message_dict["hardware"][0]
+    services.residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["local"])
+    services.residency_require_hardware(organization=alice_org, hardware="local-cpu", doing="this endpoint")
