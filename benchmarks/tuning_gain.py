@@ -60,13 +60,30 @@ def _save(cache: dict[str, Any]) -> None:
     CACHE.write_text(json.dumps(cache, indent=1))
 
 
+_SAMPLES: dict[str, Any] = {}
+
+
+def _workload_at(trace: Path, rate_rps: float, args: argparse.Namespace) -> Path:
+    """The trace's traffic synthesised at `rate_rps` for `--measure-s` seconds (cached)."""
+    out = Path(tempfile.gettempdir()) / "tailguard-tuning-gain" / f"{trace.stem}-{rate_rps:g}rps.jsonl"
+    if not out.exists():
+        sample = _SAMPLES.get(str(trace))
+        if sample is None:
+            sample = _SAMPLES[str(trace)] = ingest_path(trace, keep_blocks=True)
+        synth = synthesize(
+            sample, target_rps=rate_rps, duration_s=args.measure_s, rng=np.random.default_rng(0)
+        )
+        with out.open("wb") as stream:
+            write_mooncake_jsonl(synth, stream)
+    return out
+
+
 def _measure(
     url: str, workload: Path, rate_rps: float, base_rps: float, args: argparse.Namespace, slo: SLOTarget
 ) -> dict[str, Any]:
     result = replay_trace(
         endpoint=url,
-        trace=workload,
-        rate_scale=rate_rps / base_rps,
+        trace=_workload_at(workload, rate_rps, args),
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         seed=0,
@@ -169,7 +186,7 @@ def main() -> int:
     parser.add_argument("--search-budget", type=int, default=3)
     parser.add_argument("--grid-seqs", default="8,16,64")
     parser.add_argument("--grid-tokens", default="512,2048,8192")
-    parser.add_argument("--requests", type=int, default=24, help="requests per measurement")
+    parser.add_argument("--measure-s", type=float, default=15.0, help="seconds of traffic per measurement")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--traces", default="azure_conv,mooncake")
@@ -189,14 +206,8 @@ def main() -> int:
         trace = args.traces_dir / TRACES[name]
         state = cache.setdefault(name, {})
         base_rps = 1.0
-        workload = work / f"{name}-workload.jsonl"
-        if not workload.exists():
-            sample = ingest_path(trace, keep_blocks=True)
-            synth = synthesize(
-                sample, target_rps=base_rps, duration_s=float(args.requests), rng=np.random.default_rng(0)
-            )
-            with workload.open("wb") as out:
-                write_mooncake_jsonl(synth, out)
+        # Every measurement replays the trace synthesised at the measured rate for --measure-s.
+        workload = trace
         print(f"[{name}] rate search: vLLM defaults", file=sys.stderr)
         if "default" not in state:
             state["default"] = rate_search(model, defaults, workload, base_rps, slo, args)
@@ -209,7 +220,7 @@ def main() -> int:
             peak_rps=r_def,
             headroom=1.25,
             budget_trials=args.search_budget,
-            duration_s=max(8.0, args.requests / (1.25 * r_def)),
+            duration_s=args.measure_s,
             repeats=1,
             max_prompt_tokens=args.max_prompt_tokens,
             max_output_tokens=args.max_output_tokens,
