@@ -29,6 +29,9 @@ class ResidencySerializer(serializers.Serializer):
 
 class RetentionSerializer(serializers.Serializer):
     sample_retention_days = serializers.IntegerField(min_value=1, max_value=3650)
+    metric_retention_days = serializers.IntegerField(
+        min_value=35, max_value=3650, required=False, allow_null=True
+    )
     retain_prompt_text = serializers.BooleanField(default=False)
 
 

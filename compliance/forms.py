@@ -18,6 +18,9 @@ class RetentionForm(forms.Form):
     sample_retention_days = forms.IntegerField(
         min_value=1, max_value=3650, label="Keep traffic samples (days)"
     )
+    metric_retention_days = forms.IntegerField(
+        min_value=35, max_value=3650, required=False, label="Keep endpoint metrics (days; default 400)"
+    )
     retain_prompt_text = forms.BooleanField(
         required=False, label="Keep raw uploads (prompt text) until then (needs an effective BAA)"
     )

@@ -107,6 +107,8 @@ class RetentionPolicy(models.Model):
         "accounts.Organization", on_delete=models.CASCADE, related_name="retention_policy"
     )
     sample_retention_days = models.PositiveIntegerField()
+    # Endpoint metric snapshots; at least a month and a few days, so SLA windows close first.
+    metric_retention_days = models.PositiveIntegerField(null=True, blank=True)
     # Keeping prompt text needs an effective BAA (checked when set and when used).
     retain_prompt_text = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)

@@ -37,13 +37,16 @@ def residency_is_default(*, organization: Any) -> bool:
 
 def retention_settings(*, organization: Any) -> dict[str, Any]:
     policy = RetentionPolicy.objects.filter(organization=organization).first()
+    default_metrics = settings.COMPLIANCE_METRIC_RETENTION_DAYS
     if policy is None:
         return {
             "sample_retention_days": settings.COMPLIANCE_SAMPLE_RETENTION_DAYS,
+            "metric_retention_days": default_metrics,
             "retain_prompt_text": False,
         }
     return {
         "sample_retention_days": policy.sample_retention_days,
+        "metric_retention_days": policy.metric_retention_days or default_metrics,
         "retain_prompt_text": policy.retain_prompt_text,
     }
 

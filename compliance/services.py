@@ -533,12 +533,28 @@ def upload_admit(*, organization: Any, contains_phi: bool) -> str:
 # --- Retention and deletion -------------------------------------------------------------------
 
 
+MIN_METRIC_RETENTION_DAYS = 35
+
+
 def retention_policy_set(
-    *, actor: Any, organization: Any, sample_retention_days: int, retain_prompt_text: bool = False
+    *,
+    actor: Any,
+    organization: Any,
+    sample_retention_days: int,
+    retain_prompt_text: bool = False,
+    metric_retention_days: int | None = None,
 ) -> RetentionPolicy:
     _require(actor, organization, "owner", "change data retention")
     if not 1 <= sample_retention_days <= 3650:
         raise ValidationError({"sample_retention_days": "Use 1 to 3650 days."})
+    if metric_retention_days is not None and not MIN_METRIC_RETENTION_DAYS <= metric_retention_days <= 3650:
+        raise ValidationError(
+            {
+                "metric_retention_days": (
+                    f"Use {MIN_METRIC_RETENTION_DAYS} to 3650 days: monthly SLA windows are closed from them."
+                )
+            }
+        )
     if retain_prompt_text:
         baa_require(organization=organization, doing="retain prompt text", field="retain_prompt_text")
     with transaction.atomic():
@@ -548,6 +564,7 @@ def retention_policy_set(
             defaults={"sample_retention_days": sample_retention_days, "updated_by": actor},
         )
         policy.sample_retention_days = sample_retention_days
+        policy.metric_retention_days = metric_retention_days
         policy.retain_prompt_text = retain_prompt_text
         policy.updated_by = actor
         policy.save()
@@ -575,15 +592,25 @@ def _delete_sample_files(sample: Any) -> None:
 def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
     """Deletes what is past each organization's retention: traffic samples (their stored
     objects in every region, their workload files and, unless a tuning job still refers to
-    them, their rows). Idempotent; the scheduled task calls it. Returns counts."""
+    them, their rows) and endpoint metric snapshots. Idempotent; the scheduled task calls it.
+    Returns counts."""
     from portal.accounts.models import Organization
+    from portal.endpoints.models import MetricSnapshot
     from portal.traffic.models import TrafficSample
 
     moment = now or timezone.now()
-    counts = {"samples": 0, "objects": 0}
+    counts = {"samples": 0, "objects": 0, "metric_snapshots": 0}
     store = get_store()
+    # Closed SLA windows are frozen before any of their snapshots can go.
+    sla_windows_close(now=moment)
     for organization in Organization.objects.all().iterator():
-        days = selectors.retention_settings(organization=organization)["sample_retention_days"]
+        retention = selectors.retention_settings(organization=organization)
+        days = retention["sample_retention_days"]
+        metric_cutoff = moment - timedelta(days=retention["metric_retention_days"])
+        deleted, _ = MetricSnapshot.objects.filter(
+            organization=organization, taken_at__lt=metric_cutoff
+        ).delete()
+        counts["metric_snapshots"] += deleted
         cutoff = moment - timedelta(days=days)
         expired_objects = StoredObject.objects.filter(
             organization=organization, kind=StoredObject.Kind.SAMPLE_UPLOAD, created_at__lt=cutoff
@@ -801,48 +828,56 @@ def sla_terms_set(
 
 
 def sla_windows_close(*, now: datetime | None = None) -> int:
-    """Freezes the result of every SLA window that has ended and is not stored yet (the
-    previous month, the month after it closes). Idempotent. Returns how many were stored."""
+    """Freezes the result of every SLA window that has ended and is not stored yet: each month
+    from the endpoint's first to the previous one (normally just the previous month, right after
+    it closes). Idempotent. Returns how many were stored."""
     from compliance import sla
     from compliance.models import SLATerms, SLAWindowReport
 
     current = now or timezone.now()
     this_start, _ = sla.month_window(current)
-    previous_start, _ = sla.month_window(this_start - timedelta(seconds=1))
     stored = 0
     for terms in SLATerms.objects.select_related("endpoint").iterator():
-        if SLAWindowReport.objects.filter(terms=terms, window_start=previous_start).exists():
-            continue
-        if terms.endpoint.created_at >= this_start:
-            continue
-        report = selectors.sla_report(terms=terms, moment=previous_start, now=current)
-        result = selectors.sla_report_json(report, terms)
-        with transaction.atomic():
-            _, created = SLAWindowReport.objects.get_or_create(
-                terms=terms,
-                window_start=report.window_start,
-                defaults={
-                    "organization_id": terms.organization_id,
-                    "window_end": report.window_end,
-                    "result": result,
-                },
-            )
-            if created:
-                audit_record(
-                    actor=None,
-                    organization=terms.organization_id,
-                    action="sla.window_close",
-                    target=terms,
-                    data={
-                        "window_start": result["window_start"],
-                        "status": result["status"],
-                        "compliance_pct": result["compliance_pct"],
-                        "credit_pct": result["credit_pct"],
-                    },
-                    after=result,
-                )
-                stored += 1
+        done = set(SLAWindowReport.objects.filter(terms=terms).values_list("window_start", flat=True))
+        window_start, window_end = sla.month_window(terms.endpoint.created_at)
+        while window_end <= this_start:
+            if window_start not in done:
+                stored += _sla_window_store(terms, window_start, current)
+            window_start, window_end = sla.month_window(window_end)
     return stored
+
+
+def _sla_window_store(terms: Any, window_start: datetime, now: datetime) -> int:
+    from compliance.models import SLAWindowReport
+
+    report = selectors.sla_report(terms=terms, moment=window_start, now=now)
+    result = selectors.sla_report_json(report, terms)
+    with transaction.atomic():
+        _, created = SLAWindowReport.objects.get_or_create(
+            terms=terms,
+            window_start=report.window_start,
+            defaults={
+                "organization_id": terms.organization_id,
+                "window_end": report.window_end,
+                "result": result,
+            },
+        )
+        if not created:
+            return 0
+        audit_record(
+            actor=None,
+            organization=terms.organization_id,
+            action="sla.window_close",
+            target=terms,
+            data={
+                "window_start": result["window_start"],
+                "status": result["status"],
+                "compliance_pct": result["compliance_pct"],
+                "credit_pct": result["credit_pct"],
+            },
+            after=result,
+        )
+    return 1
 
 
 def residency_require_hardware(*, organization: Any, hardware: str, doing: str) -> None:

@@ -43,7 +43,11 @@ def test_retention_deletes_expired_objects_in_every_region(alice, alice_org, cha
         actor=charlie, organization=charlie_org, kind="sample_upload", stream=io.BytesIO(b"charlie")
     )
     services.retention_policy_set(actor=alice, organization=alice_org, sample_retention_days=7)
-    assert services.retention_enforce(now=timezone.now() + timedelta(days=1)) == {"samples": 0, "objects": 0}
+    assert services.retention_enforce(now=timezone.now() + timedelta(days=1)) == {
+        "samples": 0,
+        "objects": 0,
+        "metric_snapshots": 0,
+    }
     result = services.retention_enforce(now=timezone.now() + timedelta(days=8))
     assert result["objects"] == 2  # Alice's two (7 days); Charlie's default is 30 days
     assert s3_keys(s3_regions, "eu") == []
@@ -65,7 +69,7 @@ def test_retention_deletes_expired_samples(alice, alice_org, regions) -> None:  
     )
     TrafficSample.objects.filter(id=sample.id).update(created_at=timezone.now() - timedelta(days=31))
     result = tasks.retention_enforce.apply().get()
-    assert result == {"samples": 1, "objects": 1}
+    assert result == {"samples": 1, "objects": 1, "metric_snapshots": 0}
     assert not TrafficSample.objects.filter(id=sample.id).exists()
     assert not StoredObject.objects.exists()
 
@@ -117,3 +121,29 @@ def test_charlie_cannot_delete_alices_data(alice, alice_org, charlie_client, reg
     response = charlie_client.post(reverse("compliance:organization_delete"), {"confirm": alice_org.slug})
     assert response.status_code == 400  # his own slug is what his organization would need
     assert Organization.objects.filter(pk=alice_org.pk).exists()
+
+
+def test_metric_retention_freezes_sla_windows_before_deleting_snapshots(alice, alice_org, regions) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from compliance.models import SLAWindowReport
+    from portal.endpoints.models import Endpoint, MetricSnapshot
+    from tests.compliance.test_sla import TERMS, _endpoint, _snapshots
+
+    endpoint = _endpoint(alice_org)
+    Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 9, 1, tzinfo=UTC))
+    _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 30)
+    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    with pytest.raises(ValidationError, match="Use 35 to 3650 days"):
+        services.retention_policy_set(
+            actor=alice, organization=alice_org, sample_retention_days=30, metric_retention_days=7
+        )
+    services.retention_policy_set(
+        actor=alice, organization=alice_org, sample_retention_days=30, metric_retention_days=35
+    )
+    counts = services.retention_enforce(now=datetime(2026, 12, 10, tzinfo=UTC))
+    assert counts["metric_snapshots"] == 31
+    assert not MetricSnapshot.objects.exists()
+    # October and November were frozen first (the one-hour close runs at each enforcement).
+    october = SLAWindowReport.objects.get(window_start=datetime(2026, 10, 1, tzinfo=UTC))
+    assert october.result["compliant_s"] == 30 * 60
