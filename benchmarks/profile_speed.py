@@ -131,6 +131,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=20231116)
     parser.add_argument(
+        "--runs", type=int, default=RUNS, help="profiling runs per file (fastest is reported)"
+    )
+    parser.add_argument(
         "--traces",
         type=Path,
         default=Path(os.environ.get("TAILGUARD_TRACES_DIR", REPO.parent / "shared" / "traces")),
@@ -147,7 +150,7 @@ def main() -> None:
         }
         for name, (path, make) in files.items():
             make(args.traces, path, args.requests, rng)
-            runs = [_measure(path, name) for _ in range(RUNS)]
+            runs = [_measure(path, name) for _ in range(args.runs)]
             # The fastest run is the one least disturbed by other work on the shared cores.
             wall_s = min(run["ingest_s"] for run in runs)
             peak_mb = max(run["peak_mb"] for run in runs)
@@ -176,13 +179,14 @@ def main() -> None:
         "machine": _machine(),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "tailguard": __version__},
-        "command": "python benchmarks/profile_speed.py",
+        "command": "python benchmarks/profile_speed.py"
+        + (f" --runs {args.runs}" if args.runs != RUNS else ""),
         "summary": summary,
         "cases": cases,
         "notes": "Traces synthesized (tuning.workload.synthesize) from ../shared/traces: Mooncake FAST'25 "
         "synthetic trace (kvcache-ai/Mooncake, Apache-2.0) and Azure LLM inference trace 2023 conversation "
         "(Azure/AzurePublicDataset, CC-BY 4.0). Wall time is the ingest call in a fresh process (fastest of "
-        f"{RUNS}; median and CPU time in cases); peak RSS is that process's VmHWM (max of {RUNS}). The machine's 2 cores are "
+        f"{args.runs}; median and CPU time in cases); peak RSS is that process's VmHWM (max of {args.runs}). The machine's 2 cores are "
         "shared with other work, so times vary with load.",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
