@@ -93,8 +93,11 @@ def test_killing_the_caller_leaves_no_engine_process(tiny_model_dir: Path, tmp_p
     try:
         assert caller.stdout is not None
         engine_pgid = int(caller.stdout.readline())
-        assert process_group_members(engine_pgid), "the engine should be running"
-        time.sleep(2.0)  # let the engine get going (importing vLLM, spawning nothing yet or more)
+        # Wait until vLLM has spawned its engine-core process, so there is a tree to clean up.
+        deadline = time.monotonic() + 180
+        while len(process_group_members(engine_pgid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(process_group_members(engine_pgid)) >= 2, "vLLM should have spawned its engine core"
     finally:
         caller.send_signal(signal.SIGKILL)
         caller.wait(timeout=10)
