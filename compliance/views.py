@@ -42,6 +42,9 @@ def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpRe
         "delete_form": forms.get("delete_form") or OrganizationDeleteForm(),
         "sla_rows": selectors.endpoint_sla_rows(organization=organization),
         "sla_form": forms.get("sla_form") or SLATermsForm(),
+        # Forms are shown to the roles that may use them (the services check again).
+        "can_admin": request.membership.has_role("admin"),  # type: ignore[attr-defined]
+        "is_owner": request.membership.has_role("owner"),  # type: ignore[attr-defined]
     }
     template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"  # type: ignore[attr-defined]
     return render(request, template, context, status=status)

@@ -311,3 +311,36 @@ def test_audit_rows_are_read_only_in_the_admin(alice) -> None:  # type: ignore[n
     response = client.post(f"/admin/compliance/auditevent/{event.id}/delete/", {"post": "yes"})
     assert response.status_code == 403
     assert AuditEvent.objects.filter(id=event.id).exists()
+
+
+def test_an_auditor_verifies_an_export_offline(alice, alice_org, alice_client, regions, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    services.audit_record(actor=alice, organization=alice_org, action="test.event", data={"n": 1})
+    for fmt in ("json", "csv"):
+        body = alice_client.get(reverse("compliance:audit_export"), {"export_format": fmt}).content
+        path = tmp_path / f"export.{fmt}"
+        path.write_bytes(body)
+        # Outside Django entirely: a fresh interpreter with no settings.
+        result = subprocess.run(
+            [sys.executable, "-m", "compliance.verify_export", str(path)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.startswith("intact:")
+    tampered = json.loads((tmp_path / "export.json").read_text())
+    tampered["events"][1]["action"] = "nothing.happened"
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    from compliance import verify_export
+
+    assert verify_export.main([str(tmp_path / "tampered.json")]) == 1
+    del tampered["events"][0]  # removing an event breaks the link of the one after it
+    assert "previous-hash" in (verify_export.first_broken(tampered["events"]) or "")

@@ -195,3 +195,12 @@ def test_baa_tenancy_and_roles(alice, alice_org, bob, bob_client, charlie, charl
 def test_compliance_page_explains_the_missing_baa(alice_client, regions) -> None:  # type: ignore[no-untyped-def]
     page = alice_client.get(reverse("compliance:overview")).content.decode()
     assert "No BAA is in effect" in page and "home region only" in page
+
+
+def test_the_page_offers_only_what_the_role_may_do(alice_client, bob_client, regions) -> None:  # type: ignore[no-untyped-def]
+    owner = alice_client.get(reverse("compliance:overview")).content.decode()
+    viewer = bob_client.get(reverse("compliance:overview")).content.decode()
+    for marker in ("Record BAA", "Save residency", "Delete everything", "export_format=json"):
+        assert marker in owner
+        assert marker not in viewer
+    assert "Data residency" in viewer and "Audit trail" in viewer
