@@ -210,3 +210,14 @@ def test_the_cli_simulates_a_trace_file(tmp_path: Path, capsys: pytest.CaptureFi
     )
     assert args.func(args) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def test_a_configuration_vllm_would_refuse_is_refused_with_the_flag() -> None:
+    from serving.engine import InvalidEngineConfig
+
+    bad = EngineConfig.cpu_default(
+        max_model_len=4096, enable_chunked_prefill=False, max_num_batched_tokens=1024
+    )
+    with pytest.raises(InvalidEngineConfig, match="smaller than max_model_len") as info:
+        resolve_config(bad, get_model("tiny-llama-s"), get_hardware("cpu-local"))
+    assert info.value.flag == "--max-num-batched-tokens"
