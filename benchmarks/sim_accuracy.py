@@ -307,6 +307,12 @@ def main() -> int:
         default=MAX_OTHERS_CORES,
         help="other processes' CPU use (cores) above which a case is measured again",
     )
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=3600.0,
+        help="how long to wait for other engines before each start",
+    )
     args = parser.parse_args()
     MAX_OTHERS_CORES = args.max_others_cores
 
@@ -330,7 +336,7 @@ def main() -> int:
         started = time.monotonic()
         live_meta = {"started_at": datetime.now(UTC).isoformat(timespec="seconds")}
         for name, config in chosen.items():
-            wait_for_free_machine()
+            wait_for_free_machine(max_wait_s=args.max_wait_s)
             print(f"[{name}] starting engine ...", flush=True)
             engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
             try:
