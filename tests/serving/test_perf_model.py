@@ -185,3 +185,25 @@ def test_live_feedback_moves_the_calibration_towards_the_measurements() -> None:
     assert abs(after.tpot_ms.mean - live.tpot_ms.mean) < abs(predicted.tpot_ms.mean - live.tpot_ms.mean)
     assert abs(after.ttft_ms.p50 - live.ttft_ms.p50) < abs(predicted.ttft_ms.p50 - live.ttft_ms.p50)
     assert "corrected from 1 live trial" in corrected.how
+
+
+def test_h200_factors_from_the_kernel_benchmarks_ceilings(tmp_path: Path) -> None:
+    from serving.perf.h200_profile import from_kernel_benchmark
+
+    kernels = tmp_path / "kernels.json"
+    kernels.write_text(
+        json.dumps(
+            {
+                "machine": "NVIDIA H200",
+                "date": "2026-11-30",
+                "versions": {},
+                "ceilings": {"bf16_matmul_flop_per_s": 0.7 * 989e12, "copy_bytes_per_s": 0.9 * 4800e9},
+                "cases": [{"case": "decode_attention", "bw_frac": 0.8}, {"case": "rmsnorm", "bw_frac": 0.95}],
+            }
+        )
+    )
+    out = from_kernel_benchmark(kernels, tmp_path / "h200.json")
+    eff = out["efficiency"]
+    assert eff["gemm_efficiency"] == pytest.approx(0.7) and eff["memory_efficiency"] == pytest.approx(0.72)
+    assert out["held_out_mape"] is None and "priors, not measured" in eff["how"]
+    assert Efficiency.from_mapping(eff).measured
