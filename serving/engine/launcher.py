@@ -98,12 +98,25 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Inte
 
 
 def read_log_errors(path: Path, max_errors: int = 5) -> list[str]:
-    """Exception lines (`SomeError: message`) in the engine log, in order, without repeats."""
+    """Exception lines (`SomeError: message`) in the engine log, in order, without repeats.
+
+    An exception's indented continuation lines (pydantic and others put the detail there) are
+    appended to it, each cut to 300 characters.
+    """
+    lines = [_LOG_PREFIX.sub("", line) for line in read_log_tail(path, num_lines=5000, max_bytes=4 * 2**20)]
     found: list[str] = []
-    for line in read_log_tail(path, num_lines=5000, max_bytes=4 * 2**20):
-        text = _LOG_PREFIX.sub("", line).strip()
-        if _EXCEPTION_LINE.match(text) and text not in found:
-            found.append(text)
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if not _EXCEPTION_LINE.match(text):
+            continue
+        detail = [text]
+        for follow in lines[i + 1 : i + 3]:
+            if not follow.startswith((" ", "\t")) or follow.lstrip().startswith(("File ", "^")):
+                break
+            detail.append(follow.strip()[:300])
+        entry = " | ".join(detail)
+        if entry not in found:
+            found.append(entry)
     return found[:max_errors]
 
 

@@ -8,20 +8,22 @@ It starts the engine in a new session (so the engine and every process it spawns
 process group), then waits for any of: a stop request (SIGTERM/SIGINT/SIGHUP), end of file on
 its standard input (the launcher holds the other end of that pipe, so the kernel closes it when
 the launcher dies, even by SIGKILL), a change of parent (the launcher is gone), or the engine
-exiting by itself. In every case it terminates the whole engine process group: SIGTERM, then
-SIGKILL after the grace period. It exits with the engine's status when the engine exited by
-itself, 0 after a requested stop.
+exiting by itself. In every case it terminates the whole engine process group: SIGTERM to the
+server (which stops its own workers), then SIGTERM to the group, then SIGKILL. It exits with
+the engine's status when the engine exited by itself, 0 after a requested stop.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
 
 _PREFIX = "[tailguard-watchdog]"
@@ -37,21 +39,37 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _wait(engine: subprocess.Popen[bytes], wait_s: float, *, leader_only: bool) -> bool:
+    """Wait until the group (or just its leader) is gone; True if it went within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        leader_done = engine.poll() is not None  # reaps the leader so the group can empty
+        if not _group_alive(engine.pid) or (leader_only and leader_done):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _signal(send: Callable[[int, int], None], pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        send(pgid, sig)
+
+
 def _stop_group(engine: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the server alone first (vLLM then stops its own workers in order), then the
+    whole group, then SIGKILL whatever is left."""
     pgid = engine.pid
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            engine.poll()  # reap the leader so the group can empty
-            if not _group_alive(pgid):
-                return
-            time.sleep(0.1)
-        if sig == signal.SIGTERM:
-            print(f"{_PREFIX} engine did not stop within {grace_s:.0f} s of SIGTERM; killing", flush=True)
+    _signal(os.kill, pgid, signal.SIGTERM)
+    if _wait(engine, grace_s, leader_only=True) and _wait(engine, 3.0, leader_only=False):
+        return
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        print(
+            f"{_PREFIX} engine processes still running; sending {signal.Signals(sig).name} to the group",
+            flush=True,
+        )
+        _signal(os.killpg, pgid, sig)
+        if _wait(engine, wait_s, leader_only=False):
+            return
     engine.poll()
 
 

@@ -61,18 +61,31 @@ def test_invalid_config_is_refused_before_launch(tiny_model_dir: Path, tmp_path:
 
 
 def test_crash_during_startup_raises_with_the_engines_own_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # A checkpoint naming an architecture vLLM does not know: the flags are valid, so the engine
+    # starts, and then fails while building its model config.
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model_dir, broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated checkpoint: fails while loading
+    config_path = broken / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = ["TailguardNoSuchForCausalLM"]
+    config_path.write_text(json.dumps(config))
     started = time.monotonic()
     with pytest.raises(EngineLaunchError) as excinfo:
         start_engine(model=str(broken), config=engine_config(), log_path=tmp_path / "engine.log")
     error = excinfo.value
     assert time.monotonic() - started < 300
-    assert any("SafetensorError" in line for line in error.engine_errors), error.engine_errors
-    assert "SafetensorError" in str(error)
+    assert any("TailguardNoSuchForCausalLM" in line for line in error.engine_errors), error.engine_errors
+    assert "TailguardNoSuchForCausalLM" in str(error).split("engine log, last lines")[0]
     assert error.log_tail, "the error carries the engine's last log lines"
+    assert process_group_members(_engine_pgid_from_log(tmp_path / "engine.log")) == []
+
+
+def _engine_pgid_from_log(log: Path) -> int:
+    # vLLM's API server logs its own pid (the process group leader) as "(APIServer pid=N)".
+    for line in log.read_text().splitlines():
+        if line.startswith("(APIServer pid="):
+            return int(line.split("pid=", 1)[1].split(")", 1)[0])
+    raise AssertionError("no APIServer pid in the engine log")
 
 
 def test_killing_the_caller_leaves_no_engine_process(tiny_model_dir: Path, tmp_path: Path) -> None:
