@@ -7,7 +7,6 @@ README ("Production settings"); with them `manage.py check --deploy` is clean (a
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -236,9 +235,9 @@ TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workl
 TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
 TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
 TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
-# Dedicated endpoints: their config, key and logs on the serving host; how long metrics are kept.
+# Dedicated endpoints: their config, key and logs on the serving host. (How long their metric
+# snapshots are kept is each organization's retention policy, in the compliance app.)
 ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
-ENDPOINT_METRICS_RETENTION = timedelta(days=env.int("ENDPOINT_METRICS_RETENTION_DAYS", 30, minimum=1))
 # The broker re-delivers a task whose worker died after this long; longer than one trial.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10)

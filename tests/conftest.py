@@ -56,6 +56,16 @@ def _eager_celery(request: pytest.FixtureRequest) -> None:
         return
     settings = request.getfixturevalue("settings")
     settings.CELERY_TASK_ALWAYS_EAGER = True
+    # Files a test writes stay in its own temporary folder (tests may override these again).
+    tmp = request.getfixturevalue("tmp_path") / "var"
+    for name in (
+        "TRAFFIC_STAGING_DIR",
+        "TRAFFIC_WORKLOAD_DIR",
+        "TUNING_WORK_DIR",
+        "ENDPOINTS_DIR",
+        "COMPLIANCE_STORAGE_DIR",
+    ):
+        setattr(settings, name, tmp / name.lower())
     from portal.celery import app
 
     app.conf.task_always_eager = True

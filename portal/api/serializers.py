@@ -114,6 +114,9 @@ class TrafficSampleUploadSerializer(serializers.Serializer):
         choices=TrafficSample.Format.choices, default=TrafficSample.Format.AUTO
     )
     file = serializers.FileField(allow_empty_file=False)
+    contains_phi = serializers.BooleanField(
+        required=False, default=False, help_text="The log holds protected health information (needs a BAA)."
+    )
 
 
 class ServedModelSerializer(serializers.ModelSerializer):

@@ -229,6 +229,7 @@ class TrafficSampleListCreateView(TenantScopedMixin, generics.ListCreateAPIView)
             name=serializer.validated_data["name"],
             upload=serializer.validated_data["file"],
             trace_format=serializer.validated_data["trace_format"],
+            contains_phi=serializer.validated_data["contains_phi"],
         )
         return Response(s.TrafficSampleSerializer(sample).data, status=status.HTTP_201_CREATED)
 

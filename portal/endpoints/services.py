@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from compliance.services import audit_record
+from compliance.services import audit_record, residency_require_hardware
 from portal.accounts import tokens
 from portal.accounts.models import Role, User
 from portal.accounts.services import require_role
@@ -40,20 +40,29 @@ def endpoint_dir(endpoint: Endpoint) -> Path:
     return Path(settings.ENDPOINTS_DIR) / str(endpoint.id)
 
 
-def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[Endpoint, str]:
-    """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once)."""
-    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
+def _winner(job: TuningJob) -> tuple[int, dict[str, object]]:
     if job.status != TuningJob.Status.SUCCEEDED or job.winner_trial is None:
         raise ValidationError({"job": "Only a finished job with a winner can be deployed."})
     trial = job.trials.filter(number=job.winner_trial).first()
     if trial is None or not trial.result:
         raise ValidationError({"job": "The winning trial's record is missing."})
-    config = dict(trial.result["config"])
+    return trial.number, trial.result
+
+
+def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[Endpoint, str]:
+    """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once)."""
+    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
+    residency_require_hardware(
+        organization=job.organization,
+        hardware=str((job.spec or {}).get("hardware", "local-cpu")),
+        doing="this endpoint",
+    )
+    number, result = _winner(job)
+    config = dict(result["config"])  # type: ignore[call-overload]
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
     api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
     used = set(Endpoint.objects.values_list("port", flat=True))
     port = next(p for p in (free_port() for _ in range(20)) if p not in used)
-    result = trial.result
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
             organization=job.organization,
@@ -66,24 +75,21 @@ def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[End
             api_key_hash=tokens.digest(api_key),
             created_by=actor,
         )
-        EndpointRevision.objects.create(
-            organization=job.organization,
-            endpoint=endpoint,
-            generation=1,
-            config=config,
-            job=job,
-            trial_number=trial.number,
-            reason=f"deployed the winner of tuning job {job.name!r} (trial {trial.number})",
-            measured_ttft_p50_ms=result.get("ttft_p50_ms"),
-            measured_ttft_p95_ms=result.get("ttft_p95_ms"),
-            measured_tokens_per_s=_tokens_per_s(result),
+        _revision(
+            endpoint,
+            1,
+            config,
+            job,
+            number,
+            result,
+            f"deployed the winner of tuning job {job.name!r} (trial {number})",
         )
         audit_record(
             actor=actor,
             organization=job.organization,
             action="endpoint.deploy",
             target=endpoint,
-            data={"job": str(job.id), "trial": trial.number, "port": port},
+            data={"job": str(job.id), "trial": number, "port": port},
         )
         _write_files(endpoint, config, api_key)
         from portal.endpoints.tasks import endpoint_start
@@ -91,6 +97,79 @@ def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[End
         endpoint_id = str(endpoint.id)
         transaction.on_commit(lambda: endpoint_start.delay(endpoint_id))
     return endpoint, api_key
+
+
+def endpoint_promote(*, actor: User, endpoint: Endpoint, job: TuningJob) -> EndpointRevision:
+    """Re-deploy a running endpoint with another job's winner, at the same address and key.
+
+    The supervisor sees its config file change and swaps engines without failing a request; if
+    the new engine does not start, the old configuration keeps serving and the state says why.
+    """
+    require_role(
+        actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="promote configurations"
+    )
+    if job.organization_id != endpoint.organization_id:
+        raise PermissionDenied("That job belongs to another organization.")
+    if not endpoint.is_active:
+        raise ValidationError("Only a running endpoint can be re-deployed.")
+    if job.served_model_id != endpoint.served_model_id:
+        raise ValidationError({"job": "That job tuned another model."})
+    number, result = _winner(job)
+    config = dict(result["config"])  # type: ignore[call-overload]
+    with transaction.atomic():
+        locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        generation = (
+            locked.revisions.order_by("-generation").values_list("generation", flat=True).first() or 0
+        ) + 1
+        revision = _revision(
+            locked,
+            generation,
+            config,
+            job,
+            number,
+            result,
+            f"promoted the winner of tuning job {job.name!r} (trial {number})",
+        )
+        Endpoint.objects.filter(pk=endpoint.pk).update(config=config, job=job)
+        audit_record(
+            actor=actor,
+            organization=endpoint.organization,
+            action="endpoint.promote",
+            target=endpoint,
+            data={"job": str(job.id), "trial": number, "generation": generation},
+        )
+        folder = endpoint_dir(endpoint)
+        transaction.on_commit(lambda: _atomic_write(folder / "config.json", json.dumps(config)))
+    return revision
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _revision(
+    endpoint: Endpoint,
+    generation: int,
+    config: dict[str, object],
+    job: TuningJob,
+    number: int,
+    result: dict[str, object],
+    reason: str,
+) -> EndpointRevision:
+    return EndpointRevision.objects.create(
+        organization_id=endpoint.organization_id,
+        endpoint=endpoint,
+        generation=generation,
+        config=config,
+        job=job,
+        trial_number=number,
+        reason=reason,
+        measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]
+        measured_ttft_p95_ms=result.get("ttft_p95_ms"),
+        measured_tokens_per_s=_tokens_per_s(result),  # type: ignore[misc]
+    )
 
 
 def _tokens_per_s(result: dict[str, object]) -> float | None:
@@ -266,6 +345,5 @@ def endpoints_watch() -> int:
     for endpoint_id in Endpoint.objects.filter(status__in=Endpoint.ACTIVE).values_list("id", flat=True):
         endpoint_refresh(endpoint_id=str(endpoint_id))
         count += 1
-    cutoff = timezone.now() - settings.ENDPOINT_METRICS_RETENTION
-    MetricSnapshot.objects.filter(taken_at__lt=cutoff).delete()
+    # Snapshot retention is the compliance app's (per organization, after SLA windows close).
     return count

@@ -41,13 +41,39 @@ def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     endpoint = get_object_for_member(
         request, Endpoint.objects.select_related("served_model", "job"), endpoint_id
     )
+    candidates = TuningJob.objects.filter(
+        organization=endpoint.organization,
+        served_model=endpoint.served_model,
+        status=TuningJob.Status.SUCCEEDED,
+        winner_trial__isnull=False,
+    ).exclude(id=endpoint.job_id)
     context = {
         "endpoint": endpoint,
+        "candidates": candidates,
         "revisions": endpoint.revisions.all(),
         "snapshots": endpoint.snapshots.all()[:20],
         "state": services.read_state(endpoint),
     }
     return render(request, "endpoints/detail.html", context)
+
+
+@member_required
+@require_POST
+def endpoint_promote(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    endpoint = get_object_for_member(request, Endpoint.objects.select_related("organization"), endpoint_id)
+    job = get_object_for_member(
+        request, TuningJob.objects.select_related("organization"), request.POST.get("job", "")
+    )
+    try:
+        revision = services.endpoint_promote(actor=request.user, endpoint=endpoint, job=job)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(
+            request,
+            f"Generation {revision.generation} is rolling out; the old engine drains once it is healthy.",
+        )
+    return redirect("endpoints:detail", endpoint_id=endpoint.id)
 
 
 @member_required

@@ -232,7 +232,9 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
             data={"name": sample.name},
         )
         staging = sample.staging_name
+        # Named before the delete: Django clears the primary key of a deleted row.
+        workload = workload_path(sample)
         sample.delete()
     if staging and not compliance.is_object_reference(staging):
         (_staging_dir() / staging).unlink(missing_ok=True)
-    workload_path(sample).unlink(missing_ok=True)
+    workload.unlink(missing_ok=True)

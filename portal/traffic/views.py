@@ -45,6 +45,7 @@ def sample_list(request: HttpRequest) -> HttpResponse:
                 name=form.cleaned_data["name"],
                 upload=form.cleaned_data["file"],
                 trace_format=form.cleaned_data["trace_format"] or TrafficSample.Format.AUTO,
+                contains_phi=form.cleaned_data["contains_phi"],
             )
         except ValidationError as exc:
             form.add_error(None, exc)

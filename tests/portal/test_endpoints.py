@@ -26,12 +26,14 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _finished_job(org, user, model_root: Path) -> TuningJob:  # type: ignore[no-untyped-def]
+def _finished_job(org, user, model_root: Path, **config_overrides: object) -> TuningJob:  # type: ignore[no-untyped-def]
     """A job as the tuning pipeline leaves it (that pipeline has its own tests)."""
     sample = TrafficSample.objects.create(
         organization=org, name="s", status=TrafficSample.Status.READY, profile={"num_requests": 100}
     )
-    model = ServedModel.objects.create(organization=org, name="llama-xs", path=str(model_root / "llama-xs"))
+    model, _ = ServedModel.objects.get_or_create(
+        organization=org, name="llama-xs", defaults={"path": str(model_root / "llama-xs")}
+    )
     job = TuningJob.objects.create(
         organization=org,
         name="j",
@@ -42,7 +44,9 @@ def _finished_job(org, user, model_root: Path) -> TuningJob:  # type: ignore[no-
         status=TuningJob.Status.SUCCEEDED,
         winner_trial=0,
     )
-    config = EngineConfig.cpu_default(max_model_len=1024, cpu_kv_cache_space_gib=1).to_mapping()
+    config = EngineConfig.cpu_default(
+        max_model_len=1024, cpu_kv_cache_space_gib=1, **config_overrides
+    ).to_mapping()
     Trial.objects.create(
         organization=org,
         job=job,
@@ -147,6 +151,25 @@ def test_deploy_call_with_openai_watch_and_stop(
         assert endpoint.status == Endpoint.Status.HEALTHY
         detail = client.get(reverse("endpoints:detail", args=[endpoint.id]))
         assert b"deployed the winner" in detail.content
+        # Promote another job's winner: same address, same key, a new engine behind the router.
+        newer = _finished_job(alice_org, alice, model_root, max_num_seqs=8)
+        assert (
+            client.post(reverse("endpoints:promote", args=[endpoint.id]), {"job": str(newer.id)}).status_code
+            == 302
+        )
+        deadline = time.monotonic() + 600
+        while (
+            services.read_state(endpoint).get("generation") != 2
+            or services.read_state(endpoint).get("status") != "healthy"
+        ):
+            assert time.monotonic() < deadline, services.read_state(endpoint)
+            time.sleep(1)
+        assert services.read_state(endpoint)["config"]["max_num_seqs"] == 8
+        again = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=60).completions.create(
+            model=model, prompt="after the switch", max_tokens=3
+        )
+        assert again.usage.completion_tokens == 3
+        assert list(endpoint.revisions.values_list("generation", flat=True)) == [1, 2]
     finally:
         endpoint.refresh_from_db()
         if endpoint.is_active:

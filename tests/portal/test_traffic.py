@@ -222,3 +222,11 @@ def test_charlie_404_and_bob_403_on_samples(
     assert bob_api.delete(f"/api/v1/traffic-samples/{sample.id}/").status_code == 403
     assert (TrafficSample.objects.count(), AuditEvent.objects.count()) == before
     assert TrafficSample.objects.filter(organization=alice_org).count() == 1
+    # Alice deletes it: the row and its numbers-only workload file both go.
+    from portal.traffic.services import workload_path
+
+    workload = workload_path(sample)
+    assert workload.exists()
+    assert alice_client.post(reverse("traffic:delete", args=[sample.id])).status_code == 302
+    assert not TrafficSample.objects.exists()
+    assert not workload.exists()
