@@ -67,6 +67,14 @@ def register(subparsers: Any) -> None:
     replay.add_argument(
         "--rate-scale", type=float, default=1.0, help="multiply the arrival rate (2 = twice as fast)"
     )
+    replay.add_argument(
+        "--rate-rps",
+        type=float,
+        help="ignore the trace's times: send its requests by a gamma process at this rate",
+    )
+    replay.add_argument(
+        "--arrival-cv", type=float, default=1.0, help="with --rate-rps: 1 Poisson, 0 constant"
+    )
     replay.add_argument("--max-requests", type=int)
     replay.add_argument(
         "--skip", type=int, default=0, help="skip this many requests at the start of the trace"
@@ -184,6 +192,8 @@ def _replay(args: argparse.Namespace) -> int:
         api_key=api_key,
         time_scale=args.time_scale,
         rate_scale=args.rate_scale,
+        rate_rps=args.rate_rps,
+        arrival_cv=args.arrival_cv,
         max_requests=args.max_requests,
         skip=args.skip,
         max_prompt_tokens=args.max_prompt_tokens,

@@ -23,6 +23,8 @@ def replay_trace(
     api_key: str | None = None,
     time_scale: float = 1.0,
     rate_scale: float = 1.0,
+    rate_rps: float | None = None,
+    arrival_cv: float = 1.0,
     max_requests: int | None = None,
     skip: int = 0,
     max_prompt_tokens: int | None = None,
@@ -33,12 +35,18 @@ def replay_trace(
     request_timeout_s: float = 600.0,
     progress: bool | None = None,
 ) -> ReplayResult:
-    """Replay `trace` by its timestamps (x `time_scale` / `rate_scale`) against `endpoint`."""
+    """Replay `trace` against `endpoint`: by its timestamps (x `time_scale` / `rate_scale`), or,
+    with `rate_rps`, with the trace's requests (lengths and prefixes) sent by a gamma process at
+    that rate (`arrival_cv` 1 = Poisson, 0 = constant spacing)."""
     target, models = resolve_target(endpoint, model=model, api=api, api_key=api_key)
     tok = resolve_tokenizer(tokenizer, target, models)
     synthesizer = PromptSynthesizer(tok, seed=seed, chat=api == "chat")
     requests = read_trace(trace, max_requests=max_requests, skip=skip)
-    offsets = trace_offsets_s(requests, time_scale=time_scale, rate_scale=rate_scale)
+    if rate_rps is None:
+        offsets = trace_offsets_s(requests, time_scale=time_scale, rate_scale=rate_scale)
+    else:
+        rng = np.random.default_rng([seed, 1])
+        offsets = gamma_offsets_s(len(requests), rate_rps=rate_rps, rng=rng, cv=arrival_cv)
     settings = ReplaySettings(
         endpoint=target.base_url,
         model=target.model,
@@ -46,8 +54,8 @@ def replay_trace(
         source=str(trace),
         time_scale=time_scale,
         rate_scale=rate_scale,
-        rate_rps=None,
-        arrival_cv=None,
+        rate_rps=rate_rps,
+        arrival_cv=arrival_cv if rate_rps is not None else None,
         max_requests=max_requests,
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,

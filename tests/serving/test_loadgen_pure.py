@@ -210,3 +210,69 @@ def test_http_errors_and_refused_connections_are_recorded_not_raised() -> None:
     (result,) = asyncio.run(scenario())
     assert result.error is not None and result.ttft_ms is None
     assert math.isfinite(result.send_lateness_ms)
+
+
+def _serve_in_thread(app: web.Application) -> tuple[str, object]:
+    """Run `app` on its own loop in a thread; returns (base URL, stopper)."""
+    import threading
+
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        box["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    loop = box["loop"]
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(loop.stop)  # type: ignore[attr-defined]
+        thread.join(10)
+
+    return f"http://127.0.0.1:{box['port']}", stop
+
+
+def test_replay_trace_against_any_openai_compatible_endpoint(
+    tokenizer_dir: Path, shared_traces: Path
+) -> None:
+    from serving.loadgen import replay_trace
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "their-model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", _fake_completions)
+    base_url, stop = _serve_in_thread(app)
+    try:
+        result = replay_trace(
+            endpoint=base_url + "/v1",
+            trace=shared_traces / "mooncake_synthetic.jsonl",
+            tokenizer=tokenizer_dir,
+            api_key="k",
+            rate_rps=20.0,
+            arrival_cv=0.0,
+            max_requests=6,
+            max_prompt_tokens=700,
+            max_output_tokens=3,
+            progress=False,
+        )
+    finally:
+        stop()  # type: ignore[operator]
+    assert result.settings.model == "their-model" and result.settings.rate_rps == 20.0
+    assert [r.scheduled_s for r in result.requests] == pytest.approx([0.05 * i for i in range(6)])
+    assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 6
+    # The first Mooncake prompts (tens of thousands of tokens, then 28) cut at 700.
+    assert [r.num_prompt_tokens for r in result.requests] == [700, 700, 700, 700, 700, 28]
