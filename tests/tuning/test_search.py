@@ -302,6 +302,9 @@ def test_job_plan_starts_with_the_reference_then_the_defaults(
     workload = Path(prepared.plan.workload_trace).read_text().splitlines()
     assert len(workload) == round(spec.target_rps * spec.duration_s)
     assert all("hash_ids" in json.loads(line) for line in workload)
+    # Each capacity step is its own sustained workload of the same length, not a burst.
+    for multiple, path in prepared.plan.capacity_traces:
+        assert len(Path(path).read_text().splitlines()) == round(spec.target_rps * multiple * spec.duration_s)
     first = next_assignment(prepared, [])
     assert first is not None and first["dtype"] == "float32"
     done = {

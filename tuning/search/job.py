@@ -130,9 +130,12 @@ def plan_job(spec: JobSpec, work_dir: Path, *, allowed_regions: Sequence[str] | 
     model = model_info(spec.model_path)
     space = build_space(model=model, hardware=hardware, max_model_len=spec.max_model_len)
     work_dir.mkdir(parents=True, exist_ok=True)
-    workload = work_dir / "workload.jsonl"
-    # The workload is synthesised once; later steps of the same job (other workers) reuse it.
-    if not workload.exists():
+    # The workload is synthesised once per load level (the target rate and each capacity step, the
+    # same length each, so every level is sustained load, not a burst); later steps of the same
+    # job, on other workers too, reuse the files.
+    levels = (1.0, *spec.capacity_steps)
+    files = {m: work_dir / ("workload.jsonl" if m == 1.0 else f"workload-x{m:g}.jsonl") for m in levels}
+    if not all(f.exists() for f in files.values()):
         try:
             sample = ingest_path(spec.trace_path, trace_format=spec.trace_format, keep_blocks=True)
         except TraceError as exc:
@@ -144,20 +147,23 @@ def plan_job(spec: JobSpec, work_dir: Path, *, allowed_regions: Sequence[str] | 
                 "trace",
                 f"{sample.profile.num_requests} requests are too few to estimate a p95 (need {MIN_REQUESTS_FOR_P95})",
             )
-        trace = synthesize(
-            sample,
-            target_rps=spec.target_rps,
-            duration_s=spec.duration_s,
-            rng=np.random.default_rng(spec.seed),
-        )
-        tmp = workload.with_suffix(f".{os.getpid()}.tmp")
-        with tmp.open("wb") as out:
-            write_mooncake_jsonl(trace, out)
-        tmp.replace(workload)
+        for multiple, path in files.items():
+            trace = synthesize(
+                sample,
+                target_rps=spec.target_rps * multiple,
+                duration_s=spec.duration_s,
+                rng=np.random.default_rng(spec.seed),
+            )
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            with tmp.open("wb") as out:
+                write_mooncake_jsonl(trace, out)
+            tmp.replace(path)
+    workload = files[1.0]
     golden = gates.GoldenSet.make(vocab_size=model.vocab_size, rng=np.random.default_rng(spec.seed + 1))
     plan = TrialPlan(
         model_path=spec.model_path,
         workload_trace=str(workload),
+        capacity_traces=tuple((m, str(f)) for m, f in files.items() if m != 1.0),
         target_rps=spec.target_rps,
         slo=slo,
         price_per_hour_usd=hardware.price_per_hour_usd,

@@ -36,6 +36,9 @@ class TrialPlan:
     golden: gates.GoldenSet
     repeats: int = 2  # replays at the target rate (noise estimate)
     capacity_steps: tuple[float, ...] = (1.5, 2.0)  # further load multiples tried while the SLO holds
+    # (multiple, trace) pairs: the traffic synthesised at each capacity step for the same length;
+    # a step without one compresses the target-rate trace instead (a burst, not sustained load).
+    capacity_traces: tuple[tuple[float, str], ...] = ()
     max_requests: int | None = None
     max_prompt_tokens: int | None = None  # cap on synthesised prompt length (CPU engines)
     max_output_tokens: int | None = None
@@ -281,10 +284,11 @@ def _served_name(base_url: str) -> str:
 
 
 def _replay(plan: TrialPlan, url: str, multiple: float, repeat: int) -> ReplayResult:
+    own = dict(plan.capacity_traces).get(multiple) if multiple != 1.0 else None
     return replay_trace(
         endpoint=url,
-        trace=Path(plan.workload_trace),
-        rate_scale=multiple,
+        trace=Path(own or plan.workload_trace),
+        rate_scale=1.0 if own or multiple == 1.0 else multiple,
         max_requests=plan.max_requests,
         max_prompt_tokens=plan.max_prompt_tokens,
         max_output_tokens=plan.max_output_tokens,
