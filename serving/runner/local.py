@@ -73,6 +73,11 @@ class RouterProcess:
             "600",
             "--log-level",
             "warning",
+            # Its own metrics port: the default (29000) would collide between two routers.
+            "--prometheus-host",
+            self.host,
+            "--prometheus-port",
+            str(free_port(self.host)),
         ]
         with self.log_path.open("ab") as log:
             self._watchdog = subprocess.Popen(
