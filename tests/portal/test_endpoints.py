@@ -153,10 +153,9 @@ def test_deploy_call_with_openai_watch_and_stop(
         assert b"deployed the winner" in detail.content
         # Promote another job's winner: same address, same key, a new engine behind the router.
         newer = _finished_job(alice_org, alice, model_root, max_num_seqs=8)
-        assert (
-            client.post(reverse("endpoints:promote", args=[endpoint.id]), {"job": str(newer.id)}).status_code
-            == 302
-        )
+        with django_capture_on_commit_callbacks(execute=True):
+            promoted = client.post(reverse("endpoints:promote", args=[endpoint.id]), {"job": str(newer.id)})
+        assert promoted.status_code == 302
         deadline = time.monotonic() + 600
         while (
             services.read_state(endpoint).get("generation") != 2
