@@ -49,7 +49,7 @@ from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noq
 RESULTS = REPO / "benchmarks" / "results" / "tuning_gain.json"
 CACHE = REPO / "benchmarks" / "results" / ".tuning_gain.cache.json"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
-LADDER = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)  # rates, req/s
+LADDER = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0)  # rates, req/s
 
 
 def _cache() -> dict[str, Any]:
