@@ -4,8 +4,9 @@ One run, one machine, one moment:
 
 1. For each trace, a rate search on vLLM started with no flags (as a user would) finds the
    highest request rate that meets the SLO.
-2. `tailguard tune`'s search (TPE, small budget) runs at 1.25x that rate; its winner gets the
-   same rate search, plus a measurement at the default's highest rate.
+2. `tailguard tune`'s search (TPE, small budget) runs at that rate (peak x 1.25 headroom = the
+   default's limit), its capacity steps probing above it; its winner gets the same rate search,
+   plus a measurement at the default's highest rate.
 3. On the Azure trace, the plain grid of vLLM's `benchmarks/auto_tune` (max_num_seqs x
    max_num_batched_tokens) runs with the same trial procedure; its winner gets the rate search.
 4. Ablation: each knob where the tuned winner differs from the defaults is reverted alone, and
@@ -217,7 +218,7 @@ def main() -> int:
             trace_path=str(trace),
             model_path=str(model),
             slo=args.slo,
-            peak_rps=r_def,
+            peak_rps=r_def / 1.25,
             headroom=1.25,
             budget_trials=args.search_budget,
             duration_s=args.measure_s,
