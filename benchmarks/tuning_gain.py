@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 from serving.engine.config import EngineConfig  # noqa: E402
 from serving.engine.launcher import start_engine  # noqa: E402
 from serving.loadgen.api import replay_generated, replay_trace  # noqa: E402
+from serving.loadgen.results import json_finite  # noqa: E402
 from serving.models.tiny import build_tiny_model  # noqa: E402
 from tuning import __version__  # noqa: E402
 from tuning.search.job import JobSpec, TrialRecord, plan_job, run_trials, summarize_job  # noqa: E402
@@ -166,16 +167,6 @@ def winner_assignment(prepared: Any, history: list[TrialRecord]) -> dict[str, An
     selection = summarize_job(prepared, history)
     number = selection.winner if selection.winner is not None else selection.best_achievable
     return dict(history[number or 0].assignment)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def main() -> int:
@@ -353,7 +344,7 @@ def main() -> int:
         "summary": summary,
         "cases": cases,
     }
-    RESULTS.write_text(json.dumps(_finite(out), indent=1, allow_nan=False) + "\n")
+    RESULTS.write_text(json.dumps(json_finite(out), indent=1, allow_nan=False) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
 

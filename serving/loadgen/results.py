@@ -181,19 +181,20 @@ class ReplayResult:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["requests"] = [{**dataclasses.asdict(r), "itl_ms": list(r.itl_ms)} for r in self.requests]
-        return _finite(data)
+        return json_finite(data)
 
     def write_json(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
-def _finite(value: Any) -> Any:
-    # JSON has no NaN: an empty distribution's statistics become null.
+def json_finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None, recursively: JSON has no NaN,
+    and an empty distribution's statistics become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [json_finite(v) for v in value]
     return value

@@ -18,7 +18,7 @@ import numpy as np
 from serving.engine.config import EngineConfig
 from serving.engine.launcher import EngineLaunchError, start_engine
 from serving.loadgen.api import replay_generated, replay_trace
-from serving.loadgen.results import ReplayResult
+from serving.loadgen.results import ReplayResult, json_finite
 from serving.metrics import scrape, snapshot_delta
 from tuning.search import gates
 from tuning.search.slo import SLOTarget
@@ -97,17 +97,7 @@ class TrialResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+        return json_finite(asdict(self))
 
 
 def _bootstrap_p95(
