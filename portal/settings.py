@@ -239,9 +239,18 @@ TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
 # snapshots are kept is each organization's retention policy, in the compliance app.)
 ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
 # The broker re-delivers a task whose worker died after this long; longer than one trial.
-CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10)
-}
+# Only Redis takes these: the embedded SQLAlchemy transport hands unknown options to
+# create_engine(), which refuses them and stops the worker.
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {
+        "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10),
+        # How often a worker looks for messages whose worker died (kombu's sweep).
+        "unacked_restore_interval": env.int("CELERY_UNACKED_RESTORE_INTERVAL_S", 10, minimum=1),
+        "unacked_restore_throttle": 1,
+    }
+    if (CELERY_BROKER_URL or "").startswith(("redis://", "rediss://", "sentinel://"))
+    else {}
+)
 
 LOGGING = {
     "version": 1,
