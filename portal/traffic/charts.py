@@ -66,7 +66,14 @@ def length_figure(histogram: dict[str, Any], what: str) -> dict[str, Any]:
 def interarrival_figure(dist: dict[str, Any]) -> dict[str, Any]:
     hist = dist["positive_gaps_s"]
     edges = list(hist["bin_edges"])
-    fig = go.Figure(go.Bar(x=_centers(edges), y=hist["counts"], name="gaps"))
+    # Log-spaced bins: bars have no sensible width on a log axis, so draw the distribution as a
+    # step line through each bin's geometric centre.
+    centers = [(a * b) ** 0.5 if a > 0 else b for a, b in itertools.pairwise(edges)]
+    fig = go.Figure(
+        go.Scatter(
+            x=centers, y=hist["counts"], mode="lines+markers", line_shape="hvh", fill="tozeroy", name="gaps"
+        )
+    )
     fig.update_layout(
         title=f"Inter-arrival gaps ({dist['num_zero_gaps']:,} simultaneous arrivals not shown)",
         xaxis_title="seconds (log)",
