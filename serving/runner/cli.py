@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument("--check-interval-s", type=float, default=2.0)
     serve.set_defaults(func=_serve)
+    _register_render_k8s(sub)
 
 
 def _load(path: Path, api_key: str | None) -> EngineConfig:
@@ -116,4 +117,97 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         endpoint.stop()
         _write_state(args.state_file, endpoint)
+    return 0
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------
+
+
+def _register_render_k8s(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    k8s = sub.add_parser(
+        "render-k8s",
+        help="write the Kubernetes manifests of one endpoint (Deployment or LeaderWorkerSet, Service); --apply sends them",
+    )
+    k8s.add_argument(
+        "--name", required=True, help="endpoint name (a DNS label): names and labels every object"
+    )
+    k8s.add_argument("--namespace", default="default")
+    k8s.add_argument(
+        "--model", required=True, help="served model name; a catalog name also checks that it fits"
+    )
+    k8s.add_argument(
+        "--model-path",
+        required=True,
+        help="--model inside the pod: an absolute path (image or claim) or a URI",
+    )
+    k8s.add_argument(
+        "--model-pvc", help="PersistentVolumeClaim with the weights, mounted read-only at /models"
+    )
+    k8s.add_argument("--catalog-model", help="catalog model for the fit check when --model is not one")
+    k8s.add_argument("--hardware", required=True, help="catalog hardware name, e.g. h200, mi300x, tpu-v6e")
+    k8s.add_argument(
+        "--region", required=True, help="provider region as the catalog lists it, e.g. us-east-1"
+    )
+    k8s.add_argument(
+        "--allowed-regions",
+        required=True,
+        help="the organization's allowed regions, comma-separated residency codes (us,eu) or region names",
+    )
+    k8s.add_argument("--config", required=True, type=Path, help="engine config (.json/.toml)")
+    k8s.add_argument("--replicas", type=int, default=1)
+    k8s.add_argument("--image", help="vLLM image (default: the official CUDA image for NVIDIA hardware)")
+    k8s.add_argument(
+        "--api-key-secret", help="Secret holding the endpoint's API key (key: --api-key-secret-key)"
+    )
+    k8s.add_argument("--api-key-secret-key", default="api-key")
+    k8s.add_argument("--startup-timeout-s", type=int, default=1800, help="start-up allowance of the probes")
+    k8s.add_argument("--out", required=True, type=Path, help="directory for the YAML files")
+    k8s.add_argument("--apply", action="store_true", help="server-side apply to the configured cluster")
+    k8s.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, $KUBECONFIG, ~/.kube/config)"
+    )
+    k8s.set_defaults(func=_render_k8s)
+
+
+def _render_k8s(args: argparse.Namespace) -> int:
+    # Imported here: the Kubernetes client is large, and the other commands do not need it.
+    from serving.runner import k8s
+
+    try:
+        spec = k8s.EndpointSpec(
+            name=args.name,
+            namespace=args.namespace,
+            config=EngineConfig.from_file(args.config),
+            model=k8s.ModelRef(
+                name=args.model, path=args.model_path, pvc=args.model_pvc, catalog_name=args.catalog_model
+            ),
+            hardware=args.hardware,
+            region=args.region,
+            allowed_regions=k8s.allowed_regions_from(args.allowed_regions),
+            replicas=args.replicas,
+            image=args.image,
+            api_key_secret=args.api_key_secret,
+            api_key_secret_key=args.api_key_secret_key,
+            startup_timeout_s=args.startup_timeout_s,
+        )
+        rendered = k8s.render(spec)
+    except (OSError, InvalidEngineConfig, k8s.K8sRenderError, k8s.ManifestSchemaError) as exc:
+        field = getattr(exc, "field", None) or getattr(exc, "flag", None)
+        print(f"tailguard endpoint render-k8s: {exc}" + (f" [{field}]" if field else ""), file=sys.stderr)
+        return 1
+    plan = rendered.placement
+    print(
+        f"{rendered.workload_kind} {args.namespace}/{args.name}: {args.replicas} x "
+        f"({plan.num_nodes} node(s) x {plan.devices_per_node} {plan.hardware.name}) in {plan.region.name}"
+    )
+    for path in k8s.write_manifests(rendered, args.out):
+        print(path)
+    if not args.apply:
+        return 0
+    try:
+        k8s.apply(rendered, args.kubeconfig)
+    except (k8s.NoClusterConfigured, k8s.ApplyFailed) as exc:
+        print(f"tailguard endpoint render-k8s: not applied: {exc}", file=sys.stderr)
+        return 1
+    print(f"applied {len(rendered.objects)} object(s)")
     return 0
