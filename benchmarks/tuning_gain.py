@@ -80,15 +80,20 @@ def _workload_at(trace: Path, rate_rps: float, args: argparse.Namespace) -> Path
     return out
 
 
+_SEEDS = iter(range(1000, 1_000_000))
+
+
 def _measure(
     url: str, workload: Path, rate_rps: float, base_rps: float, args: argparse.Namespace, slo: SLOTarget
 ) -> dict[str, Any]:
+    # Every measurement on an engine sends prompts of its own: replaying prompts the engine has
+    # already seen (an earlier rate of the same search) would measure its prefix cache.
     result = replay_trace(
         endpoint=url,
         trace=_workload_at(workload, rate_rps, args),
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
-        seed=0,
+        seed=next(_SEEDS),
         slo=slo.per_request(),
         progress=False,
     )

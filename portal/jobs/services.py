@@ -39,7 +39,9 @@ from tuning.search.job import (
     reference_capture,
     report,
     validate,
+    with_prediction,
 )
+from tuning.search.prior import pairs_from_results
 from tuning.search.space import ModelLoadError, model_info
 from tuning.search.trial import describe, run_trial
 
@@ -243,6 +245,26 @@ def _history(job: TuningJob) -> list[TrialRecord]:
     ]
 
 
+def _calibration_pairs(job: TuningJob) -> list[Any]:
+    """The organization's trials on the same hardware that finished before this job was created.
+
+    They calibrate the simulator for this job; later trials (this job's own included) do not, so
+    every step of one job ranks and predicts with the same calibration.
+    """
+    hardware = (job.spec or {}).get("hardware")
+    results = (
+        Trial.objects.filter(
+            organization=job.organization,
+            status=Trial.Status.DONE,
+            finished_at__lt=job.created_at,
+            job__spec__hardware=hardware,
+        )
+        .order_by("-finished_at")
+        .values_list("result", flat=True)[:200]
+    )
+    return pairs_from_results(r for r in results if r)
+
+
 def _finish(job: TuningJob, status: str, *, prepared: Any = None, error: str = "") -> None:
     history = _history(job)
     data = report(prepared, history) if prepared is not None and history else None
@@ -270,7 +292,9 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
                 status=TuningJob.Status.RUNNING, started_at=timezone.now()
             )
         try:
-            prepared = plan_job(JobSpec.from_dict(job.spec), _work_dir(job))
+            prepared = plan_job(
+                JobSpec.from_dict(job.spec), _work_dir(job), calibration=_calibration_pairs(job)
+            )
         except JobSpecError as exc:
             _finish(job, TuningJob.Status.FAILED, error=str(exc))
             return "failed"
@@ -309,7 +333,9 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
             )
         with transaction.atomic():
             Trial.objects.filter(pk=trial.pk).update(
-                status=Trial.Status.DONE, result=result.to_dict(), finished_at=timezone.now()
+                status=Trial.Status.DONE,
+                result=with_prediction(prepared, assignment, result),
+                finished_at=timezone.now(),
             )
             _release(job_id, owner)
             from portal.jobs.tasks import tuning_job_step as step_task

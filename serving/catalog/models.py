@@ -12,7 +12,9 @@ touches E * (1 - (1 - k/E)^T) distinct experts in expectation, which is what dec
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from serving.models.tiny import SIZES
 
@@ -408,3 +410,59 @@ def get_model(name: str) -> ModelSpec:
     if key not in MODELS:
         raise UnknownModel(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
     return MODELS[key]
+
+
+_DENSE_HF_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def model_spec_from_dir(path: str | Path) -> ModelSpec:
+    """The architecture of a dense checkpoint directory, from its config.json.
+
+    A catalog entry with the same dimensions is returned as is (so a locally built tiny model
+    keeps its catalog name); other dense Llama/Mistral/Qwen2/Qwen3 checkpoints get a spec of their
+    own. MoE and MLA checkpoints are refused: name their catalog entry instead.
+    """
+    config_path = Path(path) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnknownModel(f"{config_path}: cannot read the model's config ({exc})") from None
+    model_type = config.get("model_type")
+    if model_type is None and config.get("architectures"):
+        model_type = str(config["architectures"][0]).removesuffix("ForCausalLM").lower()
+    family = _DENSE_HF_TYPES.get(str(model_type))
+    if family is None:
+        raise UnknownModel(
+            f"{config_path}: model_type {model_type!r} is not a dense architecture the "
+            f"catalog derives ({', '.join(sorted(_DENSE_HF_TYPES))}); use a catalog name"
+        )
+    try:
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        spec = ModelSpec(
+            name=Path(path).name,
+            family=family,
+            hidden_size=hidden,
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=bool(config.get("attention_bias", family == "qwen2")),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 32768),
+            source=str(config_path),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnknownModel(f"{config_path}: missing or invalid field {exc}") from None
+    shape = (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim)
+    for known in MODELS.values():
+        if (
+            known.family.removeprefix("tiny-") == family
+            and (known.hidden_size, known.num_layers, known.num_heads, known.num_kv_heads, known.head_dim)
+            == shape
+            and (known.intermediate_size, known.vocab_size) == (spec.intermediate_size, spec.vocab_size)
+        ):
+            return known
+    return spec

@@ -145,10 +145,10 @@ def measure(
         for seq in PREFILL:
             q = torch.empty(1, hq, seq, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
             # Distinct K and V tensors: the same tensor for both would let V's reads hit in L2.
-            k = torch.empty(1, hkv, seq, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
-            v = torch.empty_like(k).normal_(generator=gen)
+            key = torch.empty(1, hkv, seq, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
+            value = torch.empty_like(key).normal_(generator=gen)
             s = timed(
-                lambda q=q, k=k, v=v, g=hq != hkv: F.scaled_dot_product_attention(
+                lambda q=q, k=key, v=value, g=hq != hkv: F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, enable_gqa=g
                 )
             )
@@ -167,10 +167,10 @@ def measure(
             )
         for batch, ctx in DECODE:
             q = torch.empty(batch, hq, 1, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
-            k = torch.empty(batch, hkv, ctx, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
-            v = torch.empty_like(k).normal_(generator=gen)
+            key = torch.empty(batch, hkv, ctx, d, dtype=torch.bfloat16, device=dev).normal_(generator=gen)
+            value = torch.empty_like(key).normal_(generator=gen)
             s = timed(
-                lambda q=q, k=k, v=v, g=hq != hkv: F.scaled_dot_product_attention(q, k, v, enable_gqa=g)
+                lambda q=q, k=key, v=value, g=hq != hkv: F.scaled_dot_product_attention(q, k, v, enable_gqa=g)
             )
             rows.append(
                 {
@@ -186,7 +186,7 @@ def measure(
                     "seconds": s,
                 }
             )
-            del q, k, v
+            del q, key, value
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         if time.monotonic() - started > max_seconds:

@@ -20,6 +20,7 @@ from serving.catalog.models import ModelSpec, get_model
 from serving.engine.config import EngineConfig
 from serving.loadgen.results import SLO, ReplaySummary
 from serving.loadgen.traces import TraceRequest, read_trace
+from serving.perf.model import Efficiency
 from serving.sim.simulator import SimResult, simulate
 
 
@@ -75,6 +76,7 @@ def simulate_trace(
     slo: SLO | None = None,
     seed: int = 0,
     record_itl: bool = False,
+    efficiency: Efficiency | None = None,
 ) -> SimResult:
     """Simulate replaying `trace` (a file or requests) on `hardware` with `config`."""
     requests = load_requests(trace, max_requests=max_requests, skip=skip)
@@ -90,6 +92,7 @@ def simulate_trace(
         rng=np.random.default_rng(seed),
         slo=slo,
         record_itl=record_itl,
+        efficiency=efficiency,
     )
 
 
@@ -124,6 +127,7 @@ def rank_candidates(
     max_output_tokens: int | None = None,
     seed: int = 0,
     keep_results: bool = False,
+    efficiency: Efficiency | None = None,
 ) -> list[CandidateScore]:
     """Simulate every (hardware, config) candidate on the same requests; best first.
 
@@ -146,6 +150,7 @@ def rank_candidates(
                 max_prompt_tokens=max_prompt_tokens,
                 max_output_tokens=max_output_tokens,
                 rng=np.random.default_rng(seed),
+                efficiency=efficiency,
             )
         except (ModelDoesNotFit, ValueError) as exc:
             scored.append(

@@ -29,7 +29,7 @@ from serving.engine.config import EngineConfig, InvalidEngineConfig
 from serving.loadgen.arrivals import trace_offsets_s
 from serving.loadgen.results import SLO, ReplaySummary, RequestResult, summarize
 from serving.loadgen.traces import TraceRequest
-from serving.perf.model import StepShape, StepTime, StepTimeModel
+from serving.perf.model import Efficiency, StepShape, StepTime, StepTimeModel
 from serving.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SimRequest
 
 CPU_KV_DEFAULT_GIB = 4  # vLLM CPU's KV space when VLLM_CPU_KVCACHE_SPACE is unset
@@ -262,8 +262,12 @@ def simulate(
     slo: SLO | None = None,
     record_itl: bool = False,
     spec_acceptance_rate: float | None = None,
+    efficiency: Efficiency | None = None,
 ) -> SimResult:
-    """Simulate replaying `requests` (arrivals x time_scale / rate_scale, or `offsets_s`)."""
+    """Simulate replaying `requests` (arrivals x time_scale / rate_scale, or `offsets_s`).
+
+    `efficiency` overrides the hardware's stored calibration (e.g. one corrected by live trials).
+    """
     started = time.perf_counter()
     sched_cfg, weight_format, kv_format = resolve_config(
         config, model, hardware, spec_acceptance_rate=spec_acceptance_rate
@@ -281,6 +285,7 @@ def simulate(
             kv_cache_format=kv_format,
             compute_format=compute,
             tensor_parallel_size=config.tensor_parallel_size,
+            efficiency=efficiency,
         )
     if sched_cfg.num_speculative_tokens and rng is None:
         rng = np.random.default_rng(0)

@@ -182,6 +182,78 @@ def test_tenancy_on_jobs(
     assert alice_api.post(f"/api/v1/tuning-jobs/{job.id}/cancel/").status_code == 400
 
 
+@pytest.mark.django_db
+def test_the_simulator_is_calibrated_by_the_organizations_earlier_trials_only(
+    alice,
+    alice_org,
+    charlie,
+    job_settings,
+    shared_traces,
+    tiny_model_root,
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tuning.search.prior import pairs_from_results
+
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+
+    def job(org: Organization, user: User) -> TuningJob:
+        return services.tuning_job_create(
+            actor=user,
+            organization=org,
+            name="j",
+            traffic_sample=sample,
+            served_model=model,
+            slo=SLO,
+            peak_rps=1.0,
+        )
+
+    earlier = job(alice_org, alice)
+    TuningJob.objects.filter(pk=earlier.pk).update(created_at=timezone.now() - timedelta(minutes=10))
+    earlier.refresh_from_db()
+    measured = {
+        "status": "ok",
+        "ttft_p50_ms": 300.0,
+        "tpot_p50_ms": 40.0,
+        "predicted": {"base_ttft_p50_ms": 200.0, "base_tpot_p50_ms": 20.0, "ttft_p50_ms": 200.0},
+    }
+    Trial.objects.create(
+        organization=alice_org,
+        job=earlier,
+        number=0,
+        assignment={},
+        label="x",
+        status=Trial.Status.DONE,
+        result=measured,
+        finished_at=timezone.now() - timedelta(minutes=5),
+    )
+    charlie_org = charlie.memberships.get().organization
+    other = TuningJob.objects.create(
+        organization=charlie_org, name="c", spec=earlier.spec, traffic_sample=sample, served_model=model
+    )
+    Trial.objects.create(
+        organization=charlie_org,
+        job=other,
+        number=0,
+        assignment={},
+        label="x",
+        status=Trial.Status.DONE,
+        result=measured,
+        finished_at=timezone.now() - timedelta(minutes=5),
+    )
+    later = job(alice_org, alice)
+    pairs = services._calibration_pairs(later)
+    assert pairs == pairs_from_results([measured])  # Alice's one trial, not Charlie's
+    # The earlier job's own trials did not exist before it was created: it is uncalibrated.
+    assert services._calibration_pairs(earlier) == []
+
+
 @pytest.mark.engine
 @pytest.mark.django_db
 def test_a_job_runs_end_to_end_in_the_portal(
@@ -221,6 +293,9 @@ def test_a_job_runs_end_to_end_in_the_portal(
         assert t.result["correctness"]["positions"] > 0
         assert len(t.result["load"]) >= 2
     assert job.report["selection"]["summary"]
+    # Every live trial was also simulated; the job reports the simulator's error on its trials.
+    assert all(t.result["predicted"]["ttft_p50_ms"] > 0 for t in trials)
+    assert job.report["simulator"]["errors"]["num_trials"] == 2
     page = client.get(reverse("jobs:detail", args=[job.id]))
     assert b"selection-summary" in page.content and b'data-trial="1"' in page.content
 

@@ -287,7 +287,7 @@ def test_job_validation_refuses_before_any_engine(
         plan_job(JobSpec(**{**good.to_dict(), "trace_path": str(few)}), tmp_path / "work")
 
 
-def test_job_plan_starts_with_the_reference_then_the_defaults(
+def test_job_plan_starts_with_the_reference_then_the_simulators_pick_then_the_defaults(
     model_dir: Path, shared_traces: Path, tmp_path: Path
 ) -> None:
     spec = JobSpec(
@@ -315,9 +315,12 @@ def test_job_plan_starts_with_the_reference_then_the_defaults(
         "reliability": {"passed": True},
     }
     history = [TrialRecord(0, first, done)]
-    assert next_assignment(prepared, history) == prepared.defaults
-    history.append(TrialRecord(1, prepared.defaults, done))
+    # The simulator ranked sampled candidates on this job's own workload before any engine ran.
+    assert prepared.sim is not None and prepared.sim_ranked
+    second = next_assignment(prepared, history)
+    assert second == prepared.sim_ranked[0]
+    history.append(TrialRecord(1, second, done))
     third = next_assignment(prepared, history)
-    assert third is not None and third not in (first, prepared.defaults)
+    assert third == prepared.defaults or prepared.sim_ranked[0] == prepared.defaults
     history.append(TrialRecord(2, third, done))
     assert next_assignment(prepared, history) is None

@@ -18,7 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from tuning.search import gates
+from serving.loadgen.results import json_finite
+from serving.perf.feedback import Pair
+from tuning.search import gates, prior
+from tuning.search.prior import SimPrior
 from tuning.search.selection import Candidate, Selection, select
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
 from tuning.search.space import (
@@ -30,11 +33,12 @@ from tuning.search.space import (
     model_info,
 )
 from tuning.search.strategies import PENALTY, GridStrategy, Observation, Strategy, TPEStrategy
-from tuning.search.trial import TrialPlan, describe, run_trial
+from tuning.search.trial import TrialPlan, TrialResult, describe, run_trial
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import ingest_path
 from tuning.workload.synth import synthesize, write_mooncake_jsonl
 
+SIM_PRIORS = 2  # simulator-ranked candidates tried before TPE's own proposals
 MIN_REQUESTS_FOR_P95 = 20  # fewer and a p95 is one or two requests' worth of evidence
 
 HARDWARE: dict[str, HardwareTarget] = {LOCAL_CPU.name: LOCAL_CPU}
@@ -90,6 +94,23 @@ class Prepared:
     plan: TrialPlan
     reference: dict[str, Any]  # the highest-precision assignment: trial 0, the gate's yardstick
     defaults: dict[str, Any]  # vLLM with no flags
+    sim: SimPrior | None = None  # the simulator for this model and hardware, when it can run
+    sim_note: str = ""  # what the simulator's predictions rest on, or why there are none
+    sim_ranked: tuple[dict[str, Any], ...] = ()  # sampled candidates, best predicted first
+
+    def predict(self, assignment: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The simulator's forecast of a trial of `assignment` on this job's workload."""
+        if self.sim is None:
+            return None
+        return prior.predict(
+            self.sim,
+            self.space,
+            assignment,
+            workload=self.plan.workload_trace,
+            max_prompt_tokens=self.spec.max_prompt_tokens,
+            max_output_tokens=self.spec.max_output_tokens,
+            seed=self.spec.seed,
+        )
 
 
 def validate(
@@ -124,8 +145,18 @@ def validate(
     return slo, hardware
 
 
-def plan_job(spec: JobSpec, work_dir: Path, *, allowed_regions: Sequence[str] | None = None) -> Prepared:
-    """Validate, profile the trace, synthesise the target-rate workload, fix the golden set."""
+def plan_job(
+    spec: JobSpec,
+    work_dir: Path,
+    *,
+    allowed_regions: Sequence[str] | None = None,
+    calibration: Sequence[Pair] = (),
+) -> Prepared:
+    """Validate, profile the trace, synthesise the target-rate workload, fix the golden set.
+
+    `calibration`: the tenant's earlier (measured, predicted) trial pairs, which correct the
+    simulator that ranks candidates before the first trial and forecasts each one.
+    """
     slo, hardware = validate(spec, allowed_regions=allowed_regions)
     model = model_info(spec.model_path)
     space = build_space(model=model, hardware=hardware, max_model_len=spec.max_model_len)
@@ -175,8 +206,30 @@ def plan_job(spec: JobSpec, work_dir: Path, *, allowed_regions: Sequence[str] | 
         seed=spec.seed,
     )
     reference = {**space.baseline(), "dtype": "float32" if hardware.device_kind == "cpu" else "bfloat16"}
+    sim, sim_note = prior.sim_prior(spec.model_path, spec.hardware, calibration)
+    ranked: tuple[dict[str, Any], ...] = ()
+    if sim is not None and spec.strategy == "tpe":
+        ranked = tuple(
+            prior.rank(
+                sim,
+                space,
+                slo,
+                workload=str(workload),
+                max_prompt_tokens=spec.max_prompt_tokens,
+                max_output_tokens=spec.max_output_tokens,
+                seed=spec.seed,
+            )
+        )
     return Prepared(
-        spec=spec, slo=slo, space=space, plan=plan, reference=reference, defaults=space.baseline()
+        spec=spec,
+        slo=slo,
+        space=space,
+        plan=plan,
+        reference=reference,
+        defaults=space.baseline(),
+        sim=sim,
+        sim_note=sim_note,
+        sim_ranked=ranked,
     )
 
 
@@ -208,8 +261,13 @@ def strategy_for(prepared: Prepared) -> Strategy:
     spec = prepared.spec
     if spec.strategy == "grid":
         return GridStrategy()
+    # The simulator's favourite first, then the defaults (what the customer would otherwise run),
+    # then the simulator's next favourites.
+    ranked = prepared.sim_ranked[:SIM_PRIORS]
     return TPEStrategy(
-        seed=spec.seed, priors=(prepared.defaults,), n_startup_trials=max(2, spec.budget_trials // 4)
+        seed=spec.seed,
+        priors=(*ranked[:1], prepared.defaults, *ranked[1:]),
+        n_startup_trials=max(2, spec.budget_trials // 4),
     )
 
 
@@ -284,6 +342,12 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
             for r in history
         ],
         "selection": selection.to_dict(),
+        "simulator": {
+            "note": prepared.sim_note,
+            "calibrated_from_trials": prepared.sim.num_pairs if prepared.sim else 0,
+            "prior_candidates": [describe(a) for a in prepared.sim_ranked[:SIM_PRIORS]],
+            "errors": prior.prediction_errors(r.result for r in history),
+        },
     }
 
 
@@ -313,7 +377,11 @@ def run_trials(
             reference=reference_capture(history),
             work_dir=work_dir / f"trial-{number}",
         )
-        history.append(TrialRecord(number=number, assignment=assignment, result=result.to_dict()))
+        history.append(
+            TrialRecord(
+                number=number, assignment=assignment, result=with_prediction(prepared, assignment, result)
+            )
+        )
         if on_trial:
             on_trial(history)
         if log:
@@ -324,6 +392,15 @@ def run_trials(
                 f"sustains {result.sustainable_multiple}x ({outcome})"
             )
     return history
+
+
+def with_prediction(prepared: Prepared, assignment: Mapping[str, Any], result: TrialResult) -> dict[str, Any]:
+    """The trial's result as stored: its measurement, and the simulator's forecast of it."""
+    data = result.to_dict()
+    predicted = prepared.predict(assignment)
+    if predicted is not None:
+        data["predicted"] = json_finite(predicted)
+    return data
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -220,8 +220,11 @@ def run_trial(
         sustainable = 1.0 if slo_met else 0.0
         best_tps = float(np.mean([p.tokens_per_s for p in at_target])) if slo_met else math.nan
         if slo_met:
-            for multiple in plan.capacity_steps:
-                point = _point(_replay(plan, url, multiple, 0), multiple, 0, plan.slo)
+            for step, multiple in enumerate(plan.capacity_steps):
+                # Prompts of their own (seed past the repeats'): a step replaying prompts the
+                # engine has just seen would measure its prefix cache, not its capacity.
+                replayed = _replay(plan, url, multiple, plan.repeats + step)
+                point = _point(replayed, multiple, 0, plan.slo)
                 points.append(point)
                 if not point.slo_met:
                     break

@@ -1,0 +1,156 @@
+"""The simulator as the tuning search's prior, and its calibration from live trials."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from serving.catalog.hardware import get_hardware
+from serving.catalog.models import UnknownModel, get_model, model_spec_from_dir
+from serving.models import build_tiny_model
+from serving.perf.feedback import Pair, correct_from_pairs
+from serving.perf.model import nearest_measured
+from tuning.search.job import JobSpec, TrialRecord, plan_job, report, with_prediction
+from tuning.search.prior import pairs_from_results, prediction_errors, sim_prior
+from tuning.search.trial import TrialResult
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("model") / "llama-xs"
+    build_tiny_model(arch="llama", size="xs", out_dir=out, seed=0)
+    return out
+
+
+def test_a_built_tiny_model_is_its_catalog_entry(tiny_model: Path, tmp_path: Path) -> None:
+    assert model_spec_from_dir(tiny_model) == get_model("tiny-llama-xs")
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 7168}))
+    with pytest.raises(UnknownModel, match="deepseek_v3"):
+        model_spec_from_dir(moe)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(UnknownModel, match="num_attention_heads"):
+        model_spec_from_dir(broken)
+
+
+def _spec(trace: Path, model: Path) -> JobSpec:
+    return JobSpec(
+        trace_path=str(trace),
+        model_path=str(model),
+        slo="ttft_p50_ms<=1000,ttft_p95_ms<=3000",
+        peak_rps=2.0,
+        budget_trials=4,
+        duration_s=10,
+        repeats=1,
+        max_prompt_tokens=256,
+        max_output_tokens=16,
+    )
+
+
+def test_plan_ranks_candidates_and_predicts_each_trial(
+    tiny_model: Path, shared_traces: Path, tmp_path: Path
+) -> None:
+    prepared = plan_job(_spec(shared_traces / "azure2023_conv.csv", tiny_model), tmp_path / "work")
+    assert prepared.sim is not None and "measured on cpu-local" in prepared.sim_note
+    assert prepared.sim_ranked and all(not prepared.space.violations(a) for a in prepared.sim_ranked)
+    predicted = prepared.predict(prepared.defaults)
+    assert predicted is not None and predicted["source"] == "calibrated"
+    assert 0 < predicted["ttft_p50_ms"] <= predicted["ttft_p95_ms"]
+    # No tenant history: the calibrated forecast is the base one.
+    assert predicted["ttft_p50_ms"] == predicted["base_ttft_p50_ms"]
+    # float32 weights are twice the bytes of bfloat16: the simulator must see it.
+    slow = prepared.predict(prepared.reference)
+    assert slow is not None and slow["tpot_p50_ms"] > predicted["tpot_p50_ms"]
+
+
+def test_stored_trials_carry_prediction_and_the_report_its_error(
+    tiny_model: Path, shared_traces: Path, tmp_path: Path
+) -> None:
+    prepared = plan_job(_spec(shared_traces / "azure2023_conv.csv", tiny_model), tmp_path / "work")
+    forecast = prepared.predict(prepared.defaults)
+    assert forecast is not None
+    measured = TrialResult(
+        config={},
+        status="ok",
+        error=None,
+        load=(),
+        ttft_p50_ms=forecast["ttft_p50_ms"] * 1.5,
+        ttft_p95_ms=forecast["ttft_p95_ms"] * 1.5,
+        ttft_p95_ci_ms=(0.0, 0.0),
+        tpot_p50_ms=forecast["tpot_p50_ms"] * 2.0,
+        slo_met=True,
+        slo_violations=(),
+        sustainable_multiple=1.0,
+        cost_per_mtok_usd=1.0,
+        correctness={"passed": True},
+        reliability={"passed": True},
+        capture=None,
+    )
+    stored = with_prediction(prepared, prepared.defaults, measured)
+    assert stored["predicted"]["ttft_p50_ms"] == pytest.approx(forecast["ttft_p50_ms"])
+    data = report(prepared, [TrialRecord(0, prepared.defaults, stored)])
+    errors = data["simulator"]["errors"]
+    assert errors["num_trials"] == 1
+    assert errors["ttft_p50_ms_mape"] == pytest.approx(1 / 3)  # |1 - 1.5| / 1.5
+    assert errors["tpot_p50_ms_mape"] == pytest.approx(0.5)
+
+
+def test_calibration_from_a_tenants_trials_moves_predictions_toward_measurements(
+    tiny_model: Path, shared_traces: Path, tmp_path: Path
+) -> None:
+    spec = _spec(shared_traces / "azure2023_conv.csv", tiny_model)
+    base = plan_job(spec, tmp_path / "a")
+    forecast = base.predict(base.defaults)
+    assert forecast is not None
+    # An earlier job of this tenant measured 2x slower decode and +100 ms on TTFT than forecast.
+    history = [
+        {
+            "status": "ok",
+            "ttft_p50_ms": forecast["base_ttft_p50_ms"] * 2 + 100,
+            "tpot_p50_ms": forecast["base_tpot_p50_ms"] * 2,
+            "predicted": forecast,
+        }
+    ] * 3
+    pairs = pairs_from_results(history)
+    assert len(pairs) == 3
+    calibrated = plan_job(spec, tmp_path / "b", calibration=pairs)
+    assert calibrated.sim is not None and calibrated.sim.num_pairs == 3
+    assert "corrected from 3 earlier live trial" in calibrated.sim_note
+    after = calibrated.predict(calibrated.defaults)
+    assert after is not None
+    before_err = abs(forecast["tpot_p50_ms"] - history[0]["tpot_p50_ms"])
+    after_err = abs(after["tpot_p50_ms"] - history[0]["tpot_p50_ms"])
+    assert after_err < 0.5 * before_err
+    assert abs(after["ttft_p50_ms"] - history[0]["ttft_p50_ms"]) < abs(
+        forecast["ttft_p50_ms"] - history[0]["ttft_p50_ms"]
+    )
+    # The base forecast stays the stored calibration's, so recomputing never compounds.
+    assert after["base_ttft_p50_ms"] == pytest.approx(forecast["base_ttft_p50_ms"])
+
+
+def test_correction_ignores_failed_and_unpredicted_trials() -> None:
+    assert pairs_from_results([{"status": "failed", "predicted": {"base_ttft_p50_ms": 1.0}}]) == []
+    assert pairs_from_results([{"status": "ok", "ttft_p50_ms": 5.0}]) == []
+    eff, _ = nearest_measured(get_hardware("cpu-local"))
+    same = correct_from_pairs(eff, [Pair(math.nan, 1.0, math.nan, 1.0)])
+    assert same == eff
+    assert prediction_errors([{"status": "ok"}]) == {
+        "num_trials": 0,
+        "ttft_p50_ms_mape": None,
+        "ttft_p95_ms_mape": None,
+        "tpot_p50_ms_mape": None,
+    }
+
+
+def test_no_prior_for_a_model_the_catalog_cannot_describe(tmp_path: Path) -> None:
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    prior, note = sim_prior(str(model), "local-cpu")
+    assert prior is None and "mixtral" in note
