@@ -235,6 +235,10 @@ TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workl
 TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
 TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
 TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
+# Job report PDFs: the headless Chromium that prints them (a name on PATH or a path), and how
+# long one print may take before the request gives up with an error.
+REPORT_CHROMIUM = env.str("REPORT_CHROMIUM", "chromium")
+REPORT_PDF_TIMEOUT_S = env.int("REPORT_PDF_TIMEOUT_S", 60, minimum=5)
 # Dedicated endpoints: their config, key and logs on the serving host. (How long their metric
 # snapshots are kept is each organization's retention policy, in the compliance app.)
 ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")

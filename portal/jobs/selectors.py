@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import math
+from dataclasses import asdict
+from typing import Any
+
 from django.db.models import QuerySet
 
 from portal.accounts.models import Organization
-from portal.jobs.models import ServedModel, TuningJob
+from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
+from tuning.search import gates
+from tuning.search.selection import Candidate, pareto_front
+from tuning.search.slo import SLOParseError, parse_slo
+from tuning.search.space import LOSSLESS
 
 
 def served_model_list(*, organization: Organization) -> QuerySet[ServedModel]:
@@ -21,3 +29,189 @@ def ready_samples(*, organization: Organization) -> QuerySet[TrafficSample]:
     return TrafficSample.objects.filter(organization=organization, status=TrafficSample.Status.READY).defer(
         "charts"
     )
+
+
+# --- Job report -------------------------------------------------------------------------------
+# Plain data (dicts and lists, JSON-ready) for the report page, its HTML download and its PDF;
+# `portal.jobs.charts` draws the figures from it.
+
+
+def _slo_limits(slo_text: str) -> dict[str, float | None]:
+    try:
+        slo = parse_slo(slo_text)
+    except SLOParseError:
+        # Jobs are validated when created; an unreadable SLO only means no lines on the charts.
+        return {"ttft_p50_ms": None, "ttft_p95_ms": None, "tpot_p50_ms": None}
+    return {name: slo.limit(name) for name in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
+
+
+def _load_curve(result: dict[str, Any], target_rps: float) -> list[dict[str, Any]]:
+    """One point per load level: the target rate pooled over its repeats (as the trial judged
+    it), then each capacity step, up to the first that broke the SLO (saturation)."""
+    points: list[dict[str, Any]] = []
+    if result.get("ttft_p50_ms") is not None:
+        points.append(
+            {
+                "rate_multiple": 1.0,
+                "rate_rps": target_rps,
+                "ttft_p50_ms": result["ttft_p50_ms"],
+                "ttft_p95_ms": result.get("ttft_p95_ms"),
+                "slo_met": bool(result.get("slo_met")),
+            }
+        )
+    for point in result.get("load") or []:
+        multiple = float(point.get("rate_multiple") or 1.0)
+        if multiple == 1.0:
+            continue
+        points.append(
+            {
+                "rate_multiple": multiple,
+                "rate_rps": multiple * target_rps,
+                "ttft_p50_ms": point.get("ttft_p50_ms"),
+                "ttft_p95_ms": point.get("ttft_p95_ms"),
+                "slo_met": bool(point.get("slo_met")),
+            }
+        )
+    return sorted(points, key=lambda p: p["rate_multiple"])
+
+
+def _gate_row(result: dict[str, Any]) -> dict[str, Any]:
+    correctness = result.get("correctness") or {}
+    reliability = result.get("reliability") or {}
+    stored = result.get("gate_thresholds")
+    # Results recorded before trials stored their thresholds were held to the defaults.
+    thresholds = stored or asdict(gates.Thresholds())
+    lossless = correctness.get("change_type") == LOSSLESS
+    return {
+        "change_type": correctness.get("change_type"),
+        "top1_agreement": correctness.get("top1_agreement"),
+        "min_top1_agreement": thresholds["lossless_min_top1_agreement" if lossless else "min_top1_agreement"],
+        "mean_kl": correctness.get("mean_kl"),
+        # A lossless change is held to exact greedy output, not to a KL bound.
+        "max_mean_kl": None if lossless else thresholds["max_mean_kl"],
+        "greedy_exact": correctness.get("greedy_exact"),
+        "positions": correctness.get("positions"),
+        "correctness_passed": bool(correctness.get("passed")),
+        "correctness_reasons": list(correctness.get("reasons") or ()),
+        "num_errors": reliability.get("num_errors"),
+        "engine_survived": reliability.get("engine_survived"),
+        "preemptions": reliability.get("preemptions"),
+        "p50_cv": reliability.get("p50_cv"),
+        "reliability_passed": bool(reliability.get("passed")),
+        "reliability_reasons": list(reliability.get("reasons") or ()),
+        "thresholds_assumed": stored is None,
+    }
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _pareto(rows: list[dict[str, Any]]) -> set[int]:
+    """The same frontier selection reports, computed from the trials so a running job has one."""
+    candidates = [
+        Candidate(
+            trial=row["number"],
+            label=row["label"],
+            num_changed_knobs=0,  # not used by the frontier
+            slo_met=row["slo_met"],
+            slo_violations=tuple(row["slo_violations"]),
+            gates_passed=row["gates"]["correctness_passed"] and row["gates"]["reliability_passed"],
+            gate_reasons=(),
+            cost_per_mtok_usd=row["cost_per_mtok_usd"],
+            ttft_p50_ms=_num(row["ttft_p50_ms"]),
+            ttft_p95_ms=_num(row["ttft_p95_ms"]),
+            ttft_p95_ci_ms=(math.nan, math.nan),
+        )
+        for row in rows
+        if row["ok"]
+    ]
+    return set(pareto_front(candidates))
+
+
+def job_report_data(*, job: TuningJob) -> dict[str, Any]:
+    """Everything the job report shows, as plain data: the job, its SLO, one row per trial, which
+    trial won and which is the baseline, and the selection's own words."""
+    spec = job.spec or {}
+    target_rps = float(spec.get("peak_rps", 0.0)) * float(spec.get("headroom", 1.0))
+    selection = (job.report or {}).get("selection") or {}
+    reasons: dict[str, str] = selection.get("reasons") or {}
+    winner = job.winner_trial if job.winner_trial is not None else selection.get("winner")
+    rows: list[dict[str, Any]] = []
+    for trial in job.trials.order_by("number"):
+        result = trial.result or {}
+        ok = trial.status == Trial.Status.DONE and result.get("status") == "ok"
+        predicted = result.get("predicted") if ok else None
+        rows.append(
+            {
+                "number": trial.number,
+                "label": trial.label,
+                "assignment": trial.assignment,
+                "changed": {k: v for k, v in (trial.assignment or {}).items() if v is not None},
+                "state": "running" if trial.status == Trial.Status.RUNNING else ("ok" if ok else "failed"),
+                "ok": ok,
+                "error": result.get("error"),
+                "ttft_p50_ms": result.get("ttft_p50_ms"),
+                "ttft_p95_ms": result.get("ttft_p95_ms"),
+                "ttft_p95_ci_ms": result.get("ttft_p95_ci_ms"),
+                "ttft_sample_ms": list(result.get("ttft_sample_ms") or ()),
+                "tpot_p50_ms": result.get("tpot_p50_ms"),
+                "cost_per_mtok_usd": result.get("cost_per_mtok_usd"),
+                "slo_met": bool(result.get("slo_met")),
+                "slo_violations": list(result.get("slo_violations") or ()),
+                "sustainable_multiple": result.get("sustainable_multiple"),
+                "sustainable_rps": float(result.get("sustainable_multiple") or 0.0) * target_rps,
+                "load_curve": _load_curve(result, target_rps) if ok else [],
+                "predicted": predicted if isinstance(predicted, dict) else None,
+                "gates": _gate_row(result),
+                "reason": reasons.get(str(trial.number), ""),
+                "is_winner": winner is not None and trial.number == winner,
+                "is_pareto": False,
+                "is_defaults": ok and not any(v is not None for v in (trial.assignment or {}).values()),
+            }
+        )
+    frontier = _pareto(rows)
+    for row in rows:
+        row["is_pareto"] = row["number"] in frontier
+    successful = [row for row in rows if row["ok"]]
+    # The baseline the winner is compared with: vLLM started with no flags where that trial ran,
+    # else the reference trial (the same defaults at the highest precision).
+    baseline = next((row for row in successful if row["is_defaults"]), None) or next(
+        (row for row in successful if row["number"] == 0), None
+    )
+    best = selection.get("best_achievable")
+    return {
+        "job": {
+            "id": str(job.id),
+            "name": job.name,
+            "status": job.status,
+            "status_display": job.get_status_display(),
+            "is_active": job.is_active,
+            "error": job.error,
+            "traffic_sample": job.traffic_sample.name,
+            "model": job.served_model.name,
+            "hardware": spec.get("hardware"),
+            "strategy": spec.get("strategy"),
+            "budget_trials": spec.get("budget_trials"),
+            "created_at": job.created_at.isoformat(),
+            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        },
+        "slo_text": spec.get("slo", ""),
+        "slo": _slo_limits(spec.get("slo", "")),
+        "peak_rps": spec.get("peak_rps"),
+        "headroom": spec.get("headroom"),
+        "target_rps": target_rps,
+        "trials": rows,
+        "num_successful": len(successful),
+        "winner": next((row for row in rows if row["is_winner"]), None),
+        "best_achievable": next((row for row in rows if best is not None and row["number"] == best), None),
+        "baseline": baseline,
+        "baseline_kind": None
+        if baseline is None
+        else ("defaults" if baseline["is_defaults"] else "reference"),
+        "selection": {
+            "summary": selection.get("summary", ""),
+            "tie": bool(selection.get("tie")),
+            "winner_reason": reasons.get(str(winner), "") if winner is not None else "",
+        },
+    }

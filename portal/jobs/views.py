@@ -10,7 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.accounts.models import Role
 from portal.accounts.tenancy import get_object_for_member, member_required
-from portal.jobs import selectors, services
+from portal.jobs import reports, selectors, services
 from portal.jobs.forms import ServedModelForm, TuningJobForm
 from portal.jobs.models import TuningJob
 
@@ -122,3 +122,40 @@ def job_cancel(request: HttpRequest, job_id: str) -> HttpResponse:
             "Cancelled." if job.status == TuningJob.Status.QUEUED else "Cancelling after the current trial.",
         )
     return redirect("jobs:detail", job_id=job.id)
+
+
+# --- Job report -------------------------------------------------------------------------------
+
+
+def _report_job(request: HttpRequest, job_id: str) -> TuningJob:
+    return get_object_for_member(
+        request, TuningJob.objects.select_related("traffic_sample", "served_model"), job_id
+    )
+
+
+@member_required
+def job_report(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = _report_job(request, job_id)
+    return render(request, "jobs/report.html", reports.job_report_context(job=job))
+
+
+@member_required
+def job_report_html(request: HttpRequest, job_id: str) -> HttpResponse:
+    """The report as one self-contained file (plotly.js inline) that opens offline."""
+    job = _report_job(request, job_id)
+    response = HttpResponse(reports.job_report_html(job=job), content_type="text/html; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{reports.report_filename(job, "html")}"'
+    return response
+
+
+@member_required
+def job_report_pdf(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = _report_job(request, job_id)
+    try:
+        pdf = reports.job_report_pdf(job=job)
+    except reports.ReportExportError as exc:
+        messages.error(request, str(exc))
+        return redirect("jobs:report", job_id=job.id)
+    response = HttpResponse(pdf, content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{reports.report_filename(job, "pdf")}"'
+    return response

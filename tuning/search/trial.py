@@ -86,6 +86,12 @@ class TrialResult:
     preemptions: float | None = None
     duration_s: float = 0.0
     log_tail: tuple[str, ...] = field(default=(), repr=False)
+    # The pooled target-rate TTFTs at evenly spaced quantiles 0..1 (all of them, sorted, when
+    # there are at most TTFT_SAMPLE_POINTS): enough to draw the CDF in the job report. Empty in
+    # results recorded before it existed.
+    ttft_sample_ms: tuple[float, ...] = field(default=(), repr=False)
+    # The correctness thresholds this trial was held to (`gates.Thresholds`), for the report.
+    gate_thresholds: dict[str, float] | None = None
 
     @property
     def gates_passed(self) -> bool:
@@ -98,6 +104,22 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         return json_finite(asdict(self))
+
+
+TTFT_SAMPLE_POINTS = 500
+
+
+def ttft_sample(values: Sequence[float], points: int = TTFT_SAMPLE_POINTS) -> tuple[float, ...]:
+    """At most `points` sorted TTFTs: the values themselves, or their quantiles at i/(points-1).
+
+    Either way the i-th of n values sits at cumulative share i/(n-1) (numpy's linear method), so a
+    chart draws both the same way.
+    """
+    if len(values) <= points:
+        return tuple(sorted(float(v) for v in values))
+    return tuple(
+        float(v) for v in np.quantile(np.asarray(values, dtype=np.float64), np.linspace(0, 1, points))
+    )
 
 
 def _bootstrap_p95(
@@ -262,6 +284,8 @@ def run_trial(
             else delta.prefix_cache_hit_rate,
             preemptions=delta.preemptions,
             duration_s=time.monotonic() - started,
+            ttft_sample_ms=ttft_sample(ttfts),
+            gate_thresholds=asdict(plan.thresholds),
         )
     except Exception as exc:
         return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))

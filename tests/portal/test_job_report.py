@@ -1,0 +1,527 @@
+"""The job report: chart content from hand-made trial results, the pages and their tenancy, the
+offline HTML download, the PDF, a job with nothing to show, and the page drawn in Chromium."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from portal.accounts.models import Organization, User
+from portal.jobs import charts, selectors
+from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.traffic.models import TrafficSample
+from tests.conftest import PASSWORD
+from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
+from tuning.search import gates
+from tuning.search.selection import Candidate, select
+from tuning.search.trial import LoadPoint, TrialResult, ttft_sample
+
+SLO = "ttft_p50_ms<=600,ttft_p95_ms<=1500"
+PEAK_RPS, HEADROOM = 2.0, 1.25  # target 2.5 req/s
+TARGET_RPS = PEAK_RPS * HEADROOM
+
+
+def _point(multiple: float, p50: float, p95: float, *, met: bool, repeat: int = 0) -> LoadPoint:
+    return LoadPoint(
+        rate_multiple=multiple,
+        repeat=repeat,
+        num_requests=50,
+        num_errors=0,
+        ttft_p50_ms=p50,
+        ttft_p95_ms=p95,
+        tpot_p50_ms=30.0,
+        tokens_per_s=900.0 * multiple,
+        slo_met=met,
+        violations=() if met else (f"ttft_p95_ms {p95:,.0f} > 1,500",),
+        send_lateness_p99_ms=2.0,
+    )
+
+
+def _result(
+    p50: float,
+    p95: float,
+    *,
+    cost: float | None,
+    sustainable: float,
+    change_type: str = "lossless",
+    correctness_ok: bool = True,
+    sample: bool = True,
+    predicted: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A result in exactly the shape run_trial stores: built from its own dataclasses."""
+    steps = [_point(1.0, p50, p95, met=True, repeat=r) for r in (0, 1)]
+    multiple = 1.0
+    for multiple in (1.5, 2.0):
+        met = multiple <= sustainable
+        steps.append(_point(multiple, p50 * multiple, p95 * multiple * (1 if met else 2), met=met))
+        if not met:
+            break
+    # A spread of TTFTs whose p50/p95 sit near the stated ones.
+    ttfts = [p50 * (0.5 + i / 100) for i in range(100)] + [p95] * 6
+    correctness = gates.CorrectnessVerdict(
+        passed=correctness_ok,
+        change_type=change_type,
+        top1_agreement=1.0 if correctness_ok else 0.81,
+        mean_kl=0.0 if correctness_ok else 0.21,
+        greedy_exact=correctness_ok,
+        positions=376,
+        reasons=() if correctness_ok else ("top-1 agreement 0.810 < 0.9", "mean KL 0.2100 nats > 0.05"),
+    )
+    reliability = gates.ReliabilityVerdict(
+        passed=True, num_errors=0, engine_survived=True, preemptions=0.0, p50_cv=0.04, reasons=()
+    )
+    result = TrialResult(
+        config={"dtype": "auto"},
+        status="ok",
+        error=None,
+        load=tuple(steps),
+        ttft_p50_ms=p50,
+        ttft_p95_ms=p95,
+        ttft_p95_ci_ms=(p95 * 0.9, p95 * 1.1),
+        tpot_p50_ms=30.0,
+        slo_met=True,
+        slo_violations=(),
+        sustainable_multiple=sustainable,
+        cost_per_mtok_usd=cost,
+        correctness=correctness.to_dict(),
+        reliability=reliability.to_dict(),
+        capture=None,
+        ttft_sample_ms=ttft_sample(ttfts) if sample else (),
+        gate_thresholds=asdict(gates.Thresholds()),
+    ).to_dict()
+    if not sample:
+        # Recorded before trials stored a sample or their thresholds.
+        del result["ttft_sample_ms"], result["gate_thresholds"]
+    if predicted is not None:
+        result["predicted"] = predicted
+    return result
+
+
+def _failed_result(error: str) -> dict[str, Any]:
+    return {
+        "config": {},
+        "status": "failed",
+        "error": error,
+        "load": [],
+        "ttft_p50_ms": None,
+        "ttft_p95_ms": None,
+        "ttft_p95_ci_ms": [None, None],
+        "slo_met": False,
+        "slo_violations": [],
+        "sustainable_multiple": 0.0,
+        "cost_per_mtok_usd": None,
+        "correctness": None,
+        "reliability": None,
+    }
+
+
+NONE = {"dtype": None, "max_num_seqs": None, "max_num_batched_tokens": None}
+# number -> (assignment, label, result)
+TRIALS: dict[int, tuple[dict[str, Any], str, dict[str, Any]]] = {
+    0: ({**NONE, "dtype": "float32"}, "dtype=float32", _result(500, 1400, cost=2.0, sustainable=1.5)),
+    1: (NONE, "vLLM defaults", _result(550, 1450, cost=1.5, sustainable=1.0, sample=False)),
+    2: (
+        {**NONE, "max_num_seqs": 8},
+        "max_num_seqs=8",
+        _result(
+            400,
+            900,
+            cost=1.2,
+            sustainable=2.0,
+            predicted={
+                "ttft_p50_ms": 420.0,
+                "ttft_p95_ms": 1000.0,
+                "tpot_mean_ms": None,
+                "source": "calibrated",
+            },
+        ),
+    ),
+    3: (
+        {**NONE, "max_num_batched_tokens": 512},
+        "max_num_batched_tokens=512",
+        _result(
+            350,
+            700,
+            cost=1.8,
+            sustainable=1.5,
+            predicted={
+                "ttft_p50_ms": 300.0,
+                "ttft_p95_ms": 820.0,
+                "tpot_mean_ms": 31.0,
+                "source": "datasheet",
+            },
+        ),
+    ),
+    # Fast and cheap, but it changed the model's answers: never on the frontier, never the winner.
+    4: (
+        {**NONE, "dtype": "bfloat16"},
+        "dtype=bfloat16",
+        _result(300, 600, cost=0.9, sustainable=2.0, change_type="precision", correctness_ok=False),
+    ),
+    5: (
+        {**NONE, "max_num_seqs": 64},
+        "max_num_seqs=64",
+        _failed_result("engine did not start: out of memory"),
+    ),
+}
+
+
+def _selection() -> dict[str, Any]:
+    candidates = []
+    for number, (assignment, label, r) in TRIALS.items():
+        ok = r["status"] == "ok"
+        candidates.append(
+            Candidate(
+                trial=number,
+                label=label,
+                num_changed_knobs=sum(v is not None for v in assignment.values()),
+                slo_met=bool(r["slo_met"]),
+                slo_violations=tuple(r["slo_violations"]),
+                gates_passed=ok and r["correctness"]["passed"] and r["reliability"]["passed"],
+                gate_reasons=tuple(r["correctness"]["reasons"]) if ok else (),
+                cost_per_mtok_usd=r["cost_per_mtok_usd"],
+                ttft_p50_ms=r["ttft_p50_ms"] if ok else float("nan"),
+                ttft_p95_ms=r["ttft_p95_ms"] if ok else float("nan"),
+                ttft_p95_ci_ms=tuple(r["ttft_p95_ci_ms"]) if ok else (float("nan"), float("nan")),
+                error=None if ok else r["error"],
+            )
+        )
+    return select(candidates).to_dict()
+
+
+def _job(
+    org: Organization, user: User, trials: dict[int, tuple[dict[str, Any], str, dict[str, Any]]]
+) -> TuningJob:
+    sample = TrafficSample.objects.create(
+        organization=org, name="calls.jsonl", status=TrafficSample.Status.READY, created_by=user
+    )
+    model = ServedModel.objects.get_or_create(
+        organization=org, name="llama-xs", defaults={"path": "/models/llama-xs"}
+    )[0]
+    selection = _selection() if trials is TRIALS else None
+    job = TuningJob.objects.create(
+        organization=org,
+        name="voice agent tuning",
+        traffic_sample=sample,
+        served_model=model,
+        spec={
+            "slo": SLO,
+            "peak_rps": PEAK_RPS,
+            "headroom": HEADROOM,
+            "hardware": "local-cpu",
+            "strategy": "tpe",
+            "budget_trials": 6,
+        },
+        status=TuningJob.Status.SUCCEEDED,
+        report={"selection": selection} if selection else None,
+        winner_trial=selection["winner"] if selection else None,
+        created_by=user,
+    )
+    for number, (assignment, label, result) in trials.items():
+        Trial.objects.create(
+            organization=org,
+            job=job,
+            number=number,
+            assignment=assignment,
+            label=label,
+            status=Trial.Status.DONE,
+            result=result,
+        )
+    return job
+
+
+@pytest.fixture
+def report_job(alice, alice_org) -> TuningJob:  # type: ignore[no-untyped-def]
+    return _job(alice_org, alice, TRIALS)
+
+
+def _trace(figure: dict[str, Any], name: str) -> dict[str, Any]:
+    matches = [t for t in figure["data"] if t.get("name") == name]
+    assert len(matches) == 1, [t.get("name") for t in figure["data"]]
+    return matches[0]
+
+
+def _vlines(figure: dict[str, Any]) -> set[float]:
+    return {
+        s["x0"]
+        for s in figure["layout"].get("shapes", [])
+        if s.get("x0") == s.get("x1") and s.get("yref") != "y"
+    }
+
+
+def _hlines(figure: dict[str, Any]) -> set[float]:
+    return {
+        s["y0"]
+        for s in figure["layout"].get("shapes", [])
+        if s.get("y0") == s.get("y1") and s.get("xref") != "x"
+    }
+
+
+def _annotations(figure: dict[str, Any]) -> list[str]:
+    return [a["text"] for a in figure["layout"].get("annotations", [])]
+
+
+# --- The trial result's sample ----------------------------------------------------------------
+
+
+def test_ttft_sample_keeps_small_runs_whole_and_quantiles_of_large_ones() -> None:
+    assert ttft_sample([30.0, 10.0, 20.0]) == (10.0, 20.0, 30.0)
+    values = [float(v) for v in range(10_001)]  # 0..10000
+    sample = ttft_sample(values)
+    assert len(sample) == 500
+    assert sample[0] == 0.0 and sample[-1] == 10_000.0
+    assert list(sample) == sorted(sample)
+    # The i-th point is the i/(n-1) quantile: the median sits in the middle.
+    assert sample[249] == pytest.approx(10_000 * 249 / 499)
+
+
+# --- Charts from the selector's data -----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_report_data_marks_winner_baseline_and_frontier(report_job) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    assert data["target_rps"] == pytest.approx(TARGET_RPS)
+    assert data["slo"] == {"ttft_p50_ms": 600.0, "ttft_p95_ms": 1500.0, "tpot_p50_ms": None}
+    assert data["winner"]["number"] == 2
+    assert data["baseline"]["number"] == 1 and data["baseline_kind"] == "defaults"
+    assert data["num_successful"] == 5
+    assert {t["number"] for t in data["trials"] if t["is_pareto"]} == {2, 3}
+    assert data["selection"]["winner_reason"].startswith("winner: lowest cost per million tokens ($1.2000)")
+    by_number = {t["number"]: t for t in data["trials"]}
+    assert by_number[5]["state"] == "failed" and by_number[5]["load_curve"] == []
+    # Capacity steps become the latency-vs-load curve, up to the first step that broke the SLO.
+    assert [(p["rate_rps"], p["slo_met"]) for p in by_number[0]["load_curve"]] == [
+        (2.5, True),
+        (3.75, True),
+        (5.0, False),
+    ]
+    assert by_number[1]["gates"]["thresholds_assumed"] and not by_number[0]["gates"]["thresholds_assumed"]
+    assert by_number[4]["gates"]["max_mean_kl"] == 0.05 and by_number[0]["gates"]["max_mean_kl"] is None
+
+
+@pytest.mark.django_db
+def test_ttft_cdf_has_one_line_per_candidate_and_the_slo_lines(report_job) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    figure = charts.ttft_cdf_figure(data["trials"], data["slo"])
+    assert figure is not None
+    names = [t["name"] for t in figure["data"]]
+    assert names == [
+        "#0 dtype=float32",
+        "#1 vLLM defaults (p50/p95 only)",
+        "#2 max_num_seqs=8 (winner)",
+        "#3 max_num_batched_tokens=512",
+        "#4 dtype=bfloat16",
+    ]  # the failed trial 5 has nothing to draw
+    winner = _trace(figure, "#2 max_num_seqs=8 (winner)")
+    assert winner["y"][0] == 0 and winner["y"][-1] == 1 and len(winner["x"]) == len(winner["y"]) == 106
+    assert winner["x"] == sorted(winner["x"])
+    old = _trace(figure, "#1 vLLM defaults (p50/p95 only)")
+    assert (old["x"], old["y"]) == ([550, 1450], [0.5, 0.95])
+    assert figure["layout"]["xaxis"]["title"]["text"] == "time to first token (ms)"
+    assert figure["layout"]["yaxis"]["title"]["text"] == "share of requests"
+    assert _vlines(figure) == {600.0, 1500.0}
+    assert {"SLO p50 ≤ 600 ms", "SLO p95 ≤ 1,500 ms"} <= set(_annotations(figure))
+
+
+@pytest.mark.django_db
+def test_latency_against_load_for_winner_and_baseline(report_job) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    sections = {s["id"]: s for s in charts.report_sections(data)}
+    figure = sections["chart-latency-load"]["figure"]
+    assert [t["name"] for t in figure["data"]] == [
+        "winner #2 p50",
+        "winner #2 p95",
+        "baseline #1 p50",
+        "baseline #1 p95",
+    ]
+    winner_p95 = _trace(figure, "winner #2 p95")
+    assert winner_p95["x"] == [2.5, 3.75, 5.0]
+    assert winner_p95["y"] == [900, 1350, 1800]
+    baseline = _trace(figure, "baseline #1 p50")
+    # The defaults held the target only; the next step is where they saturated.
+    assert baseline["x"] == [2.5, 3.75] and baseline["marker"]["symbol"] == ["circle", "x"]
+    assert figure["layout"]["xaxis"]["title"]["text"] == "request rate (req/s)"
+    assert figure["layout"]["yaxis"]["title"]["text"] == "time to first token (ms)"
+    assert _hlines(figure) == {600.0, 1500.0}
+    assert _vlines(figure) == {TARGET_RPS}
+    assert "target 2.50 req/s" in _annotations(figure)
+
+
+@pytest.mark.django_db
+def test_cost_against_p95_marks_the_pareto_frontier(report_job) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    figure = charts.cost_vs_ttft_figure(data["trials"], data["slo"])
+    assert figure is not None
+    front = _trace(figure, "Pareto frontier")
+    assert (front["x"], front["y"], front["text"]) == ([700, 900], [1.8, 1.2], ["#3", "#2"])
+    others = _trace(figure, "other trials")
+    assert sorted(others["text"]) == ["#0", "#1"]
+    rejected = _trace(figure, "rejected by a gate")
+    assert rejected["text"] == ["#4"]
+    winner = _trace(figure, "winner")
+    assert (winner["x"], winner["y"], winner["marker"]["symbol"]) == ([900], [1.2], "star")
+    assert figure["layout"]["xaxis"]["title"]["text"] == "p95 TTFT at the target load (ms)"
+    assert figure["layout"]["yaxis"]["title"]["text"] == "cost per million tokens (USD)"
+    assert _vlines(figure) == {1500.0}
+
+
+@pytest.mark.django_db
+def test_predicted_against_measured_only_where_predicted(report_job) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    figure = charts.predicted_vs_measured_figure(data["trials"])
+    assert figure is not None
+    p50 = _trace(figure, "p50 TTFT")
+    assert (p50["x"], p50["y"]) == ([400, 350], [420.0, 300.0])
+    p95 = _trace(figure, "p95 TTFT")
+    assert (p95["x"], p95["y"]) == ([900, 700], [1000.0, 820.0])
+    assert "(calibrated)" in p95["text"][0] and "(datasheet)" in p95["text"][1]
+    diagonal = _trace(figure, "prediction = measurement")
+    assert diagonal["x"] == diagonal["y"] and diagonal["x"][0] == 0
+    assert figure["layout"]["xaxis"]["title"]["text"] == "measured TTFT (ms)"
+    assert figure["layout"]["yaxis"]["title"]["text"] == "predicted TTFT (ms)"
+    without = [{**t, "predicted": None} for t in data["trials"]]
+    assert charts.predicted_vs_measured_figure(without) is None
+    sections = {s["id"]: s for s in charts.report_sections({**data, "trials": without})}
+    assert sections["chart-predicted"]["figure"] is None
+    assert "No simulator prediction" in sections["chart-predicted"]["empty"]
+
+
+# --- Pages ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_report_page_for_members_only(report_job, alice_client, bob_client, charlie_client) -> None:  # type: ignore[no-untyped-def]
+    url = reverse("jobs:report", args=[report_job.id])
+    for name in ("jobs:report", "jobs:report_html", "jobs:report_pdf"):
+        assert charlie_client.get(reverse(name, args=[report_job.id])).status_code == 404
+    page = alice_client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    for chart in ("chart-ttft-cdf", "chart-latency-load", "chart-cost", "chart-predicted"):
+        assert f'<div class="chart" id="{chart}">' in html
+    assert 'id="plotly-figures"' in html
+    assert "Trial 2: <strong>max_num_seqs=8</strong>" in html
+    assert "winner: lowest cost per million tokens ($1.2000)" in html
+    assert "top-1 agreement 0.810 &lt; 0.9" in html  # the gate's own numbers
+    assert "(≥ 0.9)" in html and "(≤ 0.05)" in html and "(not used: lossless)" in html
+    assert "engine did not start: out of memory" in html
+    # A viewer reads it too, and the job page links to it.
+    assert bob_client.get(url).status_code == 200
+    assert bob_client.get(reverse("jobs:report_html", args=[report_job.id])).status_code == 200
+    assert f'href="{url}"' in alice_client.get(reverse("jobs:detail", args=[report_job.id])).content.decode()
+
+
+@pytest.mark.django_db
+def test_downloaded_html_is_self_contained(report_job, alice_client) -> None:  # type: ignore[no-untyped-def]
+    response = alice_client.get(reverse("jobs:report_html", args=[report_job.id]))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/html; charset=utf-8"
+    assert re.fullmatch(
+        r'attachment; filename="tailguard-report-voice-agent-tuning-[0-9a-f]{8}\.html"',
+        response["Content-Disposition"],
+    )
+    html = response.content.decode()
+    assert "plotly.js v" in html and "Plotly.newPlot" in html  # the library and the initialiser, inline
+    assert not re.search(r"<script[^>]*\bsrc=", html, re.I)
+    assert not re.search(r"<link[^>]*\bhref=[\"']?https?:", html, re.I)
+    assert '<div class="chart" id="chart-cost">' in html and 'id="plotly-figures"' in html
+    assert "Trial 2: <strong>max_num_seqs=8</strong>" in html
+
+
+@pytest.mark.django_db
+def test_pdf_without_chromium_says_so(report_job, alice_client, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.REPORT_CHROMIUM = "/nonexistent/chromium"
+    response = alice_client.get(reverse("jobs:report_pdf", args=[report_job.id]), follow=True)
+    assert response.redirect_chain == [(reverse("jobs:report", args=[report_job.id]), 302)]
+    assert "PDF export needs headless Chromium, and &#x27;/nonexistent/chromium&#x27; was not found" in (
+        response.content.decode()
+    )
+
+
+@pytest.mark.django_db
+def test_a_job_without_a_successful_trial_says_so(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
+    failed = _job(
+        alice_org, alice, {0: (NONE, "dtype=float32", _failed_result("engine did not start: bad flag"))}
+    )
+    for name in ("jobs:report", "jobs:report_html"):
+        html = alice_client.get(reverse(name, args=[failed.id])).content.decode()
+        assert "No trial of this job finished successfully" in html
+        assert "engine did not start: bad flag" in html
+        assert 'class="chart"' not in html and 'id="plotly-figures"' not in html
+    empty = _job(alice_org, alice, {})
+    page = alice_client.get(reverse("jobs:report", args=[empty.id]))
+    assert page.status_code == 200
+    assert "No trials have run for this job yet" in page.content.decode()
+
+
+# --- In a real browser (headless Chromium) -------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_pdf_export_prints_the_report(report_job, alice_client) -> None:  # type: ignore[no-untyped-def]
+    response = alice_client.get(reverse("jobs:report_pdf", args=[report_job.id]))
+    assert response.status_code == 200, response.content[:500]
+    assert response["Content-Type"] == "application/pdf"
+    assert response["Content-Disposition"].startswith('attachment; filename="tailguard-report-')
+    assert response.content.startswith(b"%PDF")
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_report_draws_in_chromium_online_and_offline(  # type: ignore[no-untyped-def]
+    live_server,
+    page_factory,  # noqa: F811 (the fixture imported above)
+    report_job,
+    alice_client,
+    tmp_path: Path,
+) -> None:
+    charts_ids = ("chart-ttft-cdf", "chart-latency-load", "chart-cost", "chart-predicted")
+    page = page_factory()
+    errors: list[str] = []
+
+    def console(msg) -> None:  # type: ignore[no-untyped-def]
+        # The browser's own favicon request is no part of the report (the site has no icon).
+        if msg.type == "error" and not msg.location.get("url", "").endswith("/favicon.ico"):
+            errors.append(f"{msg.text} ({msg.location.get('url')})")
+
+    page.on("console", console)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(live_server.url + "/login/")
+    page.fill("#id_username", "alice@acme.test")
+    page.fill("#id_password", PASSWORD)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(re.compile(r"/dashboard/$"))
+    page.goto(live_server.url + reverse("jobs:detail", args=[report_job.id]))
+    page.click("#job-report-link")
+    for chart in charts_ids:
+        page.wait_for_selector(f"#{chart}.js-plotly-plot[data-rendered='true'] svg.main-svg")
+    assert page.locator(".js-plotly-plot").count() == len(charts_ids)
+    assert errors == []
+
+    # The downloaded file draws with every network request refused.
+    download = tmp_path / "report.html"
+    download.write_bytes(alice_client.get(reverse("jobs:report_html", args=[report_job.id])).content)
+    offline = page_factory()
+    requested: list[str] = []
+
+    def refuse(route) -> None:  # type: ignore[no-untyped-def]
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            requested.append(route.request.url)
+            route.abort()
+
+    offline.route("**/*", refuse)
+    offline.on("console", console)
+    offline.on("pageerror", lambda exc: errors.append(str(exc)))
+    offline.goto(download.as_uri())
+    for chart in charts_ids:
+        offline.wait_for_selector(f"#{chart}.js-plotly-plot[data-rendered='true'] svg.main-svg")
+    assert requested == [] and errors == []
