@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.endpoints",
     "portal.billing",
+    "portal.benchmarks",
     "compliance",
 ]
 
@@ -381,3 +382,15 @@ CELERY_BEAT_SCHEDULE["billing-usage-report"] = {
     "task": "portal.billing.tasks.usage_report",
     "schedule": float(env.int("BILLING_REPORT_INTERVAL_S", 300, minimum=30)),
 }
+
+# --- Benchmark reports for sales engineers (issue 9) ------------------------------------------
+# The tokenizer prompts are synthesised with (the same text goes to every target). Unset, a
+# stand-in Llama-family tokenizer is built locally on first use; point it at the tuned model's
+# tokenizer folder to make prompt lengths exact for that model.
+BENCHMARK_TOKENIZER_DIR = Path(
+    env.str("BENCHMARK_TOKENIZER_DIR", str(VAR_DIR / "benchmarks" / "tokenizer")) or ""
+)
+# Where the load generator runs, as a report's test conditions state it ("" names the host only).
+BENCHMARK_CLIENT_LOCATION = env.str("BENCHMARK_CLIENT_LOCATION", "") or ""
+# One load level of one target sends at most this many requests (rate x duration).
+BENCHMARK_MAX_REQUESTS_PER_LEVEL = env.int("BENCHMARK_MAX_REQUESTS_PER_LEVEL", 20_000, minimum=10)
