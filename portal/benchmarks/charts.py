@@ -187,7 +187,10 @@ def _bars(view: View, key: str) -> tuple[go.Figure, list[str]]:
 def cost_figure(view: View) -> dict[str, Any]:
     """USD per million tokens (prompt + output) of every target at each load level."""
     fig, without = _bars(view, "cost_per_mtok_usd")
-    fig.update_traces(texttemplate="$%{y:.3f}", textposition="outside")
+    for trace in fig.data:
+        # Labels only on bars that exist (a text template would print $0 for a missing one).
+        trace.text = ["" if y is None else f"${y:,.3f}" for y in trace.y]
+        trace.textposition = "outside"
     _nothing_note(fig, without, "No tokens served, so no cost")
     fig.update_layout(
         title="Cost per million tokens (prompt + output)",

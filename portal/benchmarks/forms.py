@@ -117,6 +117,12 @@ class BenchmarkTargetForm(forms.Form):
 
 
 class _TargetFormSet(forms.BaseFormSet):  # type: ignore[type-arg]
+    default_error_messages = {
+        **forms.BaseFormSet.default_error_messages,
+        "too_few_forms": "Add at least one target.",
+        "too_many_forms": "Use at most %(num)d targets.",
+    }
+
     def clean(self) -> None:
         if any(self.errors):
             return

@@ -15,13 +15,15 @@ part of the result: counted by kind per request, never a missing row, never a cr
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import math
 import platform
 import shutil
 import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -394,22 +396,16 @@ def _conditions(tokenizer: Path) -> dict[str, Any]:
         "api": "chat/completions, streamed",
         "order": "targets one at a time, interleaved per load level (order alternates between levels)",
         "seed": SEED,
-        "started_at": timezone.now().isoformat(timespec="seconds"),
+        "started_at": timezone.now().strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
-def _store(report_id: str, update: dict[str, Any]) -> None:
-    """Merges `update` into the stored results under a row lock and refreshes the heartbeat."""
+def _update_results(report_id: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Applies `change` to the stored results under a row lock and refreshes the heartbeat."""
     with transaction.atomic():
         report = BenchmarkReport.objects.select_for_update().get(id=report_id)
-        results = dict(report.results or {})
-        for key, value in update.items():
-            if key == "cell":
-                level, target_id, cell = value
-                levels = results.setdefault("levels", [])
-                levels[level]["cells"][target_id] = cell
-            else:
-                results[key] = value
+        results = copy.deepcopy(report.results or {})
+        change(results)
         report.results = results
         report.heartbeat_at = timezone.now()
         report.save(update_fields=["results", "heartbeat_at"])
@@ -484,11 +480,20 @@ def _fail(report_id: str, message: str) -> str:
 def benchmark_report_run(*, report_id: str) -> str:
     """Runs (or resumes) one report. Idempotent: a report another worker holds is skipped.
 
-    Returns the report's final status, or "skipped"."""
-    from tuning.workload import TraceError, ingest_path, synthesize, write_mooncake_jsonl
-
+    Returns the report's final status, or "skipped". Never raises for what a target does; an
+    unexpected error fails the report with a message rather than leaving it running."""
     if not _claim(report_id):
         return "skipped"
+    try:
+        return _run(report_id)
+    except Exception as exc:
+        logger.exception("benchmark %s: run crashed", report_id)
+        return _fail(report_id, f"Internal error while running the benchmark ({type(exc).__name__}).")
+
+
+def _run(report_id: str) -> str:
+    from tuning.workload import TraceError, ingest_path, synthesize, write_mooncake_jsonl
+
     report = BenchmarkReport.objects.select_related("traffic_sample").get(id=report_id)
     targets = list(report.targets.all())
     try:
@@ -508,26 +513,25 @@ def benchmark_report_run(*, report_id: str) -> str:
     except (TraceError, OSError) as exc:
         return _fail(report_id, f"The sample's workload could not be read: {exc}")
 
-    results = report.results or {}
-    if not results.get("levels"):
+    if not (report.results or {}).get("levels"):
+        conditions = _conditions(tokenizer)
         levels = [
             {"multiplier": m, "rate_rps": report.peak_rps * m, "num_requests_planned": None, "cells": {}}
             for m in report.load_multipliers
         ]
-        _store(report_id, {"conditions": _conditions(tokenizer), "levels": levels})
-        results = {"levels": levels}
-    done = {(i, t) for i, level in enumerate(results["levels"]) for t in level.get("cells", {})}
+        _update_results(report_id, lambda results: results.update(conditions=conditions, levels=levels))
+        report.refresh_from_db(fields=["results"])
+    done = {(i, t) for i, level in enumerate(report.results["levels"]) for t in level.get("cells", {})}
 
     with tempfile.TemporaryDirectory(prefix="tailguard-benchmark-") as work:
         for index, multiplier in enumerate(report.load_multipliers):
-            rate = report.peak_rps * multiplier
             order = targets if index % 2 == 0 else targets[::-1]
             if all((index, str(t.id)) in done for t in order):
                 continue
             # Same seed on a resumed run: the same requests at the same moments.
             trace = synthesize(
                 ingested,
-                target_rps=rate,
+                target_rps=report.peak_rps * multiplier,
                 duration_s=report.duration_s,
                 rng=np.random.default_rng([SEED, index]),
             )
@@ -535,37 +539,42 @@ def benchmark_report_run(*, report_id: str) -> str:
             with path.open("wb") as out:
                 write_mooncake_jsonl(trace, out)
             planned = trace.num_requests
+            _update_results(report_id, functools.partial(_set_planned, index=index, planned=planned))
             for target in order:
                 if (index, str(target.id)) in done:
                     continue
                 cell = _replay_cell(report, target, path, tokenizer, level=index, planned=planned)
-                _store(report_id, {"cell": (index, str(target.id), cell)})
-            _store_planned(report_id, index, planned)
+                _update_results(
+                    report_id, functools.partial(_set_cell, index=index, target_id=str(target.id), cell=cell)
+                )
 
+    finished = timezone.now()
+    _update_results(
+        report_id,
+        lambda results: results.setdefault("conditions", {}).update(
+            finished_at=finished.strftime("%Y-%m-%d %H:%M UTC")
+        ),
+    )
     with transaction.atomic():
-        report = BenchmarkReport.objects.select_for_update().get(id=report_id)
-        results = dict(report.results)
-        results.setdefault("conditions", {})["finished_at"] = timezone.now().isoformat(timespec="seconds")
-        report.results = results
-        report.status = BenchmarkReport.Status.SUCCEEDED
-        report.finished_at = timezone.now()
-        report.save(update_fields=["results", "status", "finished_at"])
-        audit_record(
-            actor=None,
-            organization=report.organization_id,
-            action="benchmark_report.succeeded",
-            target=report,
+        updated = BenchmarkReport.objects.filter(id=report_id, status=BenchmarkReport.Status.RUNNING).update(
+            status=BenchmarkReport.Status.SUCCEEDED, finished_at=finished
         )
+        if updated:
+            audit_record(
+                actor=None,
+                organization=report.organization_id,
+                action="benchmark_report.succeeded",
+                target=report,
+            )
     return BenchmarkReport.Status.SUCCEEDED
 
 
-def _store_planned(report_id: str, index: int, planned: int) -> None:
-    with transaction.atomic():
-        report = BenchmarkReport.objects.select_for_update().get(id=report_id)
-        results = dict(report.results)
-        results["levels"][index]["num_requests_planned"] = planned
-        report.results = results
-        report.save(update_fields=["results"])
+def _set_planned(results: dict[str, Any], *, index: int, planned: int) -> None:
+    results["levels"][index]["num_requests_planned"] = planned
+
+
+def _set_cell(results: dict[str, Any], *, index: int, target_id: str, cell: dict[str, Any]) -> None:
+    results["levels"][index]["cells"][target_id] = cell
 
 
 # --- Sharing ---------------------------------------------------------------------------------

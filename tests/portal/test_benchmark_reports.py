@@ -512,6 +512,7 @@ def test_throughput_cost_and_error_charts() -> None:
     cost = charts.cost_figure(view)
     assert [t["type"] for t in cost["data"]] == ["bar"] * 3
     assert cost["data"][1]["y"] == [2.5, 2.5] and cost["data"][2]["y"] == [None, None]
+    assert cost["data"][1]["text"] == ["$2.500", "$2.500"] and cost["data"][2]["text"] == ["", ""]
     assert cost["data"][0]["x"] == ["0.5\u00d7 peak (1.50 req/s)", "1\u00d7 peak (3.00 req/s)"]
     assert cost["layout"]["yaxis"]["title"]["text"] == "USD per 1M tokens"
     assert "No tokens served, so no cost: Down" in cost["layout"]["annotations"][0]["text"]
@@ -585,7 +586,7 @@ def _finished_report(sam: User, sample: TrafficSample) -> BenchmarkReport:
         status=BenchmarkReport.Status.SUCCEEDED,
         finished_at=timezone.now(),
         results={
-            "conditions": {"client_host": "bench-host", "started_at": "2025-01-02T03:04:05+00:00"},
+            "conditions": {"client_host": "bench-host", "started_at": "2025-01-02 03:04 UTC"},
             "levels": levels,
         },
     )
@@ -734,6 +735,12 @@ def test_the_form_creates_a_queued_report_with_sealed_keys(sam, sam_client, samp
     assert tuned.base_url == "http://10.0.0.5:8000" and tuned.send_ignore_eos and not tuned.has_api_key
     page = sam_client.get(response["Location"]).content.decode()
     assert 'data-status="queued"' in page and API_KEY not in page
+    # The page polls its status fragment until the run ends, then reloads.
+    status_url = reverse("benchmarks:status", args=[report.id])
+    polling = sam_client.get(status_url, headers={"HX-Request": "true"})
+    assert f'hx-get="{status_url}"' in polling.content.decode() and "HX-Refresh" not in polling
+    BenchmarkReport.objects.filter(pk=report.pk).update(status=BenchmarkReport.Status.SUCCEEDED)
+    assert sam_client.get(status_url, headers={"HX-Request": "true"})["HX-Refresh"] == "true"
 
 
 # --- Sharing --------------------------------------------------------------------------------------
@@ -765,7 +772,12 @@ def test_a_share_link_works_anonymously_until_it_expires_or_is_revoked(
     html = page.content.decode()
     for name in ("Tuned", "Provider", "Down"):
         assert f'data-target="{name}"' in html
-    assert "bench-host" in html and "1\u00d7 peak (3.00 req/s)" in html and "plotly-figures" in html
+    assert (
+        "2025-01-02 03:04 UTC" in html
+        and "bench-host" in html
+        and "1\u00d7 peak (3.00 req/s)" in html
+        and "plotly-figures" in html
+    )
     # Read-only and discreet: no addresses, keys, raw error texts or staff controls.
     for hidden in (
         "10.0.0.5",
@@ -826,6 +838,34 @@ def test_unfinished_reports_are_not_shared_and_a_lost_sample_fails_the_run_clean
     assert report.status == BenchmarkReport.Status.FAILED and "deleted before the run" in report.error
     assert report.sample_name == "acme voice week 12" and report.traffic_sample is None
     assert AuditEvent.objects.filter(action="benchmark_report.failed").count() == 1
+
+
+@pytest.mark.django_db
+def test_public_traces_are_attributed_in_the_report(sam, sam_client, sample) -> None:  # type: ignore[no-untyped-def]
+    report = _finished_report(sam, sample)
+    own = sam_client.get(reverse("benchmarks:detail", args=[report.id])).content.decode()
+    assert "Acme Voice's own requests" in own and "CC-BY" not in own
+    BenchmarkReport.objects.filter(pk=report.pk).update(traffic_source="azure2023_conv")
+    public = sam_client.get(reverse("benchmarks:detail", args=[report.id])).content.decode()
+    assert re.search(
+        r'id="attribution">.*Azure LLM inference trace 2023.*Azure/AzurePublicDataset.*CC-BY 4\.0',
+        public,
+        re.S,
+    )
+
+
+@pytest.mark.django_db
+def test_more_than_four_targets_are_refused(sam, sam_client, sample) -> None:  # type: ignore[no-untyped-def]
+    targets = [_target(f"T{i}", f"http://10.0.0.{i}:8000/v1") for i in range(5)]
+    with pytest.raises(ValidationError) as exc:
+        services.benchmark_report_create(
+            actor=sam, traffic_sample=sample, targets=targets, load_multipliers=[1], duration_s=5
+        )
+    assert exc.value.message_dict["targets"] == ["Add 1 to 4 targets."]
+    data = _form_data(sample, **{"targets-TOTAL_FORMS": "5", "targets-4-name": "Fifth"})
+    response = sam_client.post(reverse("benchmarks:create"), data)
+    assert response.status_code == 400 and "Use at most 4 targets." in response.content.decode()
+    assert not BenchmarkReport.objects.exists()
 
 
 @pytest.mark.django_db
