@@ -169,6 +169,9 @@ class VllmSnapshot:
     e2e_s: Histogram = field(repr=False)
     queue_s: Histogram = field(repr=False)
     prefill_s: Histogram = field(repr=False)
+    # Request shapes (tokens), what the continual loop's drift detection compares.
+    prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
+    output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -207,6 +210,8 @@ def snapshot_from_text(text: str, *, taken_at_s: float | None = None) -> VllmSna
         e2e_s=_histogram(samples, "vllm:e2e_request_latency_seconds"),
         queue_s=_histogram(samples, "vllm:request_queue_time_seconds"),
         prefill_s=_histogram(samples, "vllm:request_prefill_time_seconds"),
+        prompt_tokens=_histogram(samples, "vllm:request_prompt_tokens"),
+        output_tokens=_histogram(samples, "vllm:request_generation_tokens"),
     )
 
 
@@ -242,6 +247,9 @@ class MetricsDelta:
     e2e_p50_ms: float
     e2e_p95_ms: float
     queue_p95_ms: float
+    requests_finished: float = math.nan
+    prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # of this interval
+    output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
 
 
 def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
@@ -281,4 +289,7 @@ def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
         e2e_p50_ms=e2e.quantile(0.5) * 1000,
         e2e_p95_ms=e2e.quantile(0.95) * 1000,
         queue_p95_ms=queue.quantile(0.95) * 1000,
+        requests_finished=later.requests_finished_total - earlier.requests_finished_total,
+        prompt_tokens=window(later.prompt_tokens, earlier.prompt_tokens),
+        output_tokens=window(later.output_tokens, earlier.output_tokens),
     )

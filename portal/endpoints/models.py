@@ -39,6 +39,12 @@ class Endpoint(models.Model):
     # The engine's last /metrics text: the next scrape's interval is computed against it.
     last_metrics_text = models.TextField(blank=True)
     last_metrics_at = models.DateTimeField(null=True, blank=True)
+    # The continual loop's policy (see portal/endpoints/loop.py).
+    auto_retune = models.BooleanField(default=True)
+    retune_cooldown_s = models.IntegerField(default=3600)  # after an iteration ends
+    retune_max_per_day = models.IntegerField(default=4)
+    retune_budget_trials = models.IntegerField(default=4)  # live trials per re-tuning job
+    detect_window_s = models.IntegerField(default=120)  # live traffic compared per check
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -99,6 +105,9 @@ class MetricSnapshot(models.Model):
     prompt_tokens_per_s = models.FloatField(null=True, blank=True)
     generation_tokens_per_s = models.FloatField(null=True, blank=True)
     prefix_cache_hit_rate = models.FloatField(null=True, blank=True)
+    # The interval's request count, length histograms and prefix lookups
+    # (`tuning.continual.LiveWindow.to_dict()`): what drift detection compares.
+    window = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering: ClassVar = ["-taken_at"]
@@ -106,3 +115,61 @@ class MetricSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint_id} at {self.taken_at:%Y-%m-%d %H:%M:%S}"
+
+
+class LoopIteration(models.Model):
+    """One turn of the continual loop: detect -> re-tune -> canary -> promote (-> roll back)."""
+
+    class Status(models.TextChoices):
+        DETECTED = "detected", "Drift detected"
+        TUNING = "tuning", "Re-tuning"
+        PROMOTED = "promoted", "Promoted, watching"
+        CONFIRMED = "confirmed", "Promoted and kept"
+        KEPT = "kept", "Running configuration kept"
+        ROLLED_BACK = "rolled_back", "Rolled back"
+        FAILED = "failed", "Failed"
+
+    ACTIVE: ClassVar[set[str]] = {Status.DETECTED, Status.TUNING, Status.PROMOTED}
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="iterations")
+    number = models.IntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DETECTED, db_index=True)
+    trigger = models.TextField()  # what was detected, in words
+    drift = models.JSONField(null=True, blank=True)  # the drift report and the SLO-erosion check
+    live_windows = models.JSONField(null=True, blank=True)  # the windows the re-tuning traffic came from
+    traffic_sample = models.ForeignKey(
+        "traffic.TrafficSample", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    job = models.ForeignKey("jobs.TuningJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    verdict = models.TextField(blank=True)  # the canary's reason, promotion or not
+    candidate_ttft_p50_ms = models.FloatField(null=True, blank=True)  # measured in the job
+    incumbent_ttft_p50_ms = models.FloatField(null=True, blank=True)
+    before_p95_ms = models.FloatField(null=True, blank=True)  # live, before the promotion
+    after_p95_ms = models.FloatField(null=True, blank=True)  # live, after it
+    revision = models.ForeignKey(
+        EndpointRevision, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error = models.TextField(blank=True)
+    detected_at = models.DateTimeField(auto_now_add=True)
+    promoted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering: ClassVar = ["-number"]
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["endpoint", "number"], name="loop_iteration_number_unique"),
+            # At most one iteration in flight per endpoint: a second detection is a no-op.
+            models.UniqueConstraint(
+                fields=["endpoint"],
+                condition=models.Q(status__in=["detected", "tuning", "promoted"]),
+                name="loop_iteration_one_active",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_id} iteration {self.number}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE

@@ -10,6 +10,7 @@ metrics.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
@@ -32,6 +33,9 @@ from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
 from serving.engine.launcher import free_port
 from serving.metrics import MetricsFormatError, snapshot_delta, snapshot_from_text
+from tuning.continual import LiveWindow
+
+logger = logging.getLogger(__name__)
 
 ENDPOINT_KEY_PREFIX = "tgk_"
 
@@ -116,27 +120,46 @@ def endpoint_promote(*, actor: User, endpoint: Endpoint, job: TuningJob) -> Endp
         raise ValidationError({"job": "That job tuned another model."})
     number, result = _winner(job)
     config = dict(result["config"])  # type: ignore[call-overload]
+    return endpoint_switch(
+        endpoint=endpoint,
+        config=config,
+        job=job,
+        trial_number=number,
+        result=result,
+        reason=f"promoted the winner of tuning job {job.name!r} (trial {number})",
+        actor=actor,
+        action="endpoint.promote",
+    )
+
+
+def endpoint_switch(
+    *,
+    endpoint: Endpoint,
+    config: dict[str, object],
+    job: TuningJob | None,
+    trial_number: int | None,
+    result: dict[str, object],
+    reason: str,
+    actor: User | None,
+    action: str,
+) -> EndpointRevision:
+    """Record a new generation and hand its config to the supervisor (after the commit).
+
+    The supervisor swaps engines without failing a request; callers check permissions.
+    """
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         generation = (
             locked.revisions.order_by("-generation").values_list("generation", flat=True).first() or 0
         ) + 1
-        revision = _revision(
-            locked,
-            generation,
-            config,
-            job,
-            number,
-            result,
-            f"promoted the winner of tuning job {job.name!r} (trial {number})",
-        )
-        Endpoint.objects.filter(pk=endpoint.pk).update(config=config, job=job)
+        revision = _revision(locked, generation, config, job, trial_number, result, reason)
+        Endpoint.objects.filter(pk=endpoint.pk).update(config=config, **({"job": job} if job else {}))
         audit_record(
             actor=actor,
             organization=endpoint.organization,
-            action="endpoint.promote",
+            action=action,
             target=endpoint,
-            data={"job": str(job.id), "trial": number, "generation": generation},
+            data={"job": str(job.id) if job else None, "trial": trial_number, "generation": generation},
         )
         folder = endpoint_dir(endpoint)
         transaction.on_commit(lambda: _atomic_write(folder / "config.json", json.dumps(config)))
@@ -153,8 +176,8 @@ def _revision(
     endpoint: Endpoint,
     generation: int,
     config: dict[str, object],
-    job: TuningJob,
-    number: int,
+    job: TuningJob | None,
+    number: int | None,
     result: dict[str, object],
     reason: str,
 ) -> EndpointRevision:
@@ -290,6 +313,7 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
             gap_reason=f"metrics unavailable: {type(exc).__name__}",
         )
     values: dict[str, float | None] = {}
+    window: dict[str, object] | None = None
     if endpoint.last_metrics_text and endpoint.last_metrics_at:
         try:
             previous = snapshot_from_text(
@@ -304,8 +328,18 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
                 "generation_tokens_per_s": delta.generation_tokens_per_s,
                 "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
             }
+            p95 = delta.ttft_p95_ms
+            window = LiveWindow(
+                interval_s=delta.interval_s,
+                num_requests=delta.requests_finished,
+                prompt_tokens=delta.prompt_tokens,
+                output_tokens=delta.output_tokens,
+                prefix_queries_tokens=delta.prefix_cache_queries_tokens,
+                prefix_hits_tokens=delta.prefix_cache_hits_tokens,
+                ttft_p95_ms=p95 if p95 == p95 else None,
+            ).to_dict()
         except (MetricsFormatError, ValueError):
-            values = {}
+            values, window = {}, None
     clean = {k: (None if v is None or v != v else float(v)) for k, v in values.items()}
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint_id).update(
@@ -317,6 +351,7 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
             taken_at=now,
             gap=not values,
             gap_reason="" if values else "first scrape: no interval yet",
+            window=window,
             **clean,
         )
 
@@ -341,9 +376,15 @@ def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
 
 def endpoints_watch() -> int:
     """Beat task body: refresh every active endpoint. Returns how many were scraped."""
+    from portal.endpoints.loop import loop_tick
+
     count = 0
     for endpoint_id in Endpoint.objects.filter(status__in=Endpoint.ACTIVE).values_list("id", flat=True):
         endpoint_refresh(endpoint_id=str(endpoint_id))
         count += 1
+        try:
+            loop_tick(endpoint_id=str(endpoint_id))
+        except Exception:  # one endpoint's loop must not stop the others being watched
+            logger.exception("continual loop tick failed for endpoint %s", endpoint_id)
     # Snapshot retention is the compliance app's (per organization, after SLA windows close).
     return count

@@ -104,6 +104,81 @@ def tuning_job_create(
     capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
 ) -> TuningJob:
     require_role(actor=actor, organization=organization, minimum=Role.MEMBER, doing="start tuning jobs")
+    return _job_create(
+        actor=actor,
+        organization=organization,
+        name=name,
+        traffic_sample=traffic_sample,
+        served_model=served_model,
+        slo=slo,
+        peak_rps=peak_rps,
+        headroom=headroom,
+        hardware=hardware,
+        budget_trials=budget_trials,
+        strategy=strategy,
+        duration_s=duration_s,
+        repeats=repeats,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
+        capacity_steps=capacity_steps,
+    )
+
+
+def tuning_job_create_for_loop(
+    *,
+    base: TuningJob,
+    traffic_sample: TrafficSample,
+    peak_rps: float,
+    budget_trials: int,
+    incumbent: dict[str, Any],
+) -> TuningJob:
+    """A re-tuning job started by the continual loop for `base`'s organization (no user acts).
+
+    The same SLO, model, hardware and trial settings as the job the endpoint was tuned by, on
+    traffic synthesised from the live workload, with the running configuration as a candidate.
+    """
+    spec = JobSpec.from_dict(base.spec)
+    return _job_create(
+        actor=None,
+        organization=base.organization,
+        name=f"re-tune: {base.served_model.name} on live traffic",
+        traffic_sample=traffic_sample,
+        served_model=base.served_model,
+        slo=spec.slo,
+        peak_rps=peak_rps,
+        headroom=spec.headroom,
+        hardware=spec.hardware,
+        budget_trials=budget_trials,
+        strategy="tpe",
+        duration_s=spec.duration_s,
+        repeats=spec.repeats,
+        max_prompt_tokens=spec.max_prompt_tokens,
+        max_output_tokens=spec.max_output_tokens,
+        capacity_steps=spec.capacity_steps,
+        incumbent=incumbent,
+    )
+
+
+def _job_create(
+    *,
+    actor: User | None,
+    organization: Organization,
+    name: str,
+    traffic_sample: TrafficSample,
+    served_model: ServedModel,
+    slo: str,
+    peak_rps: float,
+    headroom: float,
+    hardware: str,
+    budget_trials: int,
+    strategy: str,
+    duration_s: float,
+    repeats: int,
+    max_prompt_tokens: int | None,
+    max_output_tokens: int | None,
+    capacity_steps: tuple[float, ...],
+    incumbent: dict[str, Any] | None = None,
+) -> TuningJob:
     billing_assert_can_start_jobs(organization=organization)
     if traffic_sample.organization_id != organization.id or served_model.organization_id != organization.id:
         # Never reachable through the views (they look objects up in the organization); kept
@@ -137,6 +212,7 @@ def tuning_job_create(
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,
         capacity_steps=capacity_steps,
+        incumbent=incumbent,
     )
     try:
         # The organization's data-residency rule decides which hardware regions are possible.

@@ -238,3 +238,38 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
     if staging and not compliance.is_object_reference(staging):
         (_staging_dir() / staging).unlink(missing_ok=True)
     workload.unlink(missing_ok=True)
+
+
+def traffic_sample_from_workload(*, organization: Organization, name: str, path: Path) -> TrafficSample:
+    """A ready sample from a numbers-only Mooncake JSONL the platform wrote itself (the
+    continual loop's live-like traffic). No user uploads it and it holds no text."""
+    with open(path, "rb") as stream:
+        result = ingest(
+            stream,
+            trace_format="mooncake",
+            salt=bytes.fromhex(organization.prefix_salt),
+            limits=IngestLimits(
+                max_bytes=settings.TRAFFIC_MAX_DECOMPRESSED_BYTES,
+                max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
+            ),
+            keep_blocks=True,
+        )
+    profile = result.profile.to_json_dict()
+    with transaction.atomic():
+        sample = TrafficSample.objects.create(
+            organization=organization,
+            name=name[:120],
+            requested_format=TrafficSample.Format.MOONCAKE,
+            detected_format=str(profile.get("format", "")),
+            status=TrafficSample.Status.READY,
+            size_bytes=path.stat().st_size,
+            progress_bytes=path.stat().st_size,
+            profile=profile,
+            charts=result.charts.to_json_dict(),
+            finished_at=timezone.now(),
+        )
+        _write_workload(sample, result)
+        audit_record(
+            actor=None, organization=organization, action="traffic_sample.synthesized", target=sample
+        )
+    return sample

@@ -71,6 +71,9 @@ class JobSpec:
     max_model_len: int = 2048
     seed: int = 0
     trace_format: str = "auto"
+    # The configuration serving now (a re-tuning job of the continual loop): measured first
+    # after the reference, so the candidates are judged against it on the same traffic.
+    incumbent: dict[str, Any] | None = None
 
     @property
     def target_rps(self) -> float:
@@ -264,9 +267,10 @@ def strategy_for(prepared: Prepared) -> Strategy:
     # The simulator's favourite first, then the defaults (what the customer would otherwise run),
     # then the simulator's next favourites.
     ranked = prepared.sim_ranked[:SIM_PRIORS]
+    incumbent = (spec.incumbent,) if spec.incumbent else ()
     return TPEStrategy(
         seed=spec.seed,
-        priors=(*ranked[:1], prepared.defaults, *ranked[1:]),
+        priors=(*incumbent, *ranked[:1], prepared.defaults, *ranked[1:]),
         n_startup_trials=max(2, spec.budget_trials // 4),
     )
 
