@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import platform
 import subprocess
@@ -282,7 +283,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--catalog-model", default="tiny-llama-s")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "cpu_local.json")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="float32 fits the efficiencies; bfloat16 then measures the bf16 path's step-time factor "
+        "against them (the CPU engine's bf16 kernels are not its matmul peak)",
+    )
     args = parser.parse_args(argv)
+    if args.dtype == "bfloat16":
+        return _calibrate_format(args, "bf16")
 
     from serving.engine import EngineConfig, start_engine
 
@@ -336,6 +346,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in fit_rows:
         print(f"{row['label']:<24} measured {row['measured_ms']:8.2f} ms  fitted {row['fitted_ms']:8.2f} ms")
     print(f"wrote {args.out}")
+    return 0
+
+
+def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
+    """Measure the engine in another dtype and store its step-time factor beside the fit."""
+    from serving.engine import EngineConfig, start_engine
+
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if "efficiency" not in data:
+        raise SystemExit(f"{args.out} has no float32 fit yet: run without --dtype first")
+    base = Efficiency.from_mapping(data["efficiency"])
+    config = EngineConfig.cpu_default(
+        max_model_len=args.max_model_len, cpu_kv_cache_space_gib=1, seed=0, dtype=args.dtype
+    )
+    started = datetime.now(UTC)
+    engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
+    try:
+        observations = measure_engine(engine.base_url, engine.endpoint.model_name, args.model_dir)
+    finally:
+        engine.stop()
+    model = get_model(args.catalog_model)
+    probe = StepTimeModel(
+        model,
+        get_hardware("cpu-local"),
+        weight_format=compute_format,
+        compute_format=compute_format,
+        efficiency=dataclasses.replace(base, format_factors={}),
+    )
+    overhead = probe.request_overhead_s
+    ratios = []
+    for o in observations:
+        fixed = overhead if o.kind == "ttft" else 0.0
+        predicted = predict_observation(o, probe) - fixed
+        if predicted > 0 and o.measured_s > fixed:
+            ratios.append((o.measured_s - fixed) / predicted)
+    factor = float(np.median(ratios))
+    efficiency = dataclasses.replace(base, format_factors={**base.format_factors, compute_format: factor})
+    data["efficiency"] = efficiency.to_mapping()
+    data.setdefault("formats", {})[compute_format] = {
+        "measured_at": started.isoformat(timespec="seconds"),
+        "how": f"python -m serving.perf.calibrate --dtype {args.dtype}: median ratio of {len(ratios)} "
+        f"measured step times to the float32 fit's prediction in {compute_format}",
+        "factor": factor,
+        "engine": {"config": config.to_mapping(), "model": args.catalog_model},
+        "observations": [o.to_mapping() for o in observations],
+    }
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(
+        f"{compute_format} step-time factor {factor:.3f} (from {len(ratios)} observations); wrote {args.out}"
+    )
     return 0
 
 

@@ -18,7 +18,7 @@ nearest measured hardware, and every `StepTimeModel` says which it did (`basis`)
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from serving.catalog.hardware import Hardware, get_hardware
@@ -43,11 +43,20 @@ class Efficiency:
     request_overhead_ms: float  # client-visible per request outside the engine loop (HTTP, tokenizing)
     measured: bool  # False: a documented prior, not a measurement
     how: str  # how and when the factors were obtained
+    # Step-time multipliers for other compute formats than the one fitted (e.g. the CPU engine's
+    # bf16 path, emulated on AVX2 and slower than its matmul peak suggests), measured the same way.
+    format_factors: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        fields = {k: data[k] for k in cls.__dataclass_fields__}
-        return cls(**fields)  # type: ignore[arg-type]
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "format_factors"}
+        factors = data.get("format_factors")
+        return cls(
+            **fields,  # type: ignore[arg-type]
+            format_factors={str(k): float(v) for k, v in factors.items()}
+            if isinstance(factors, dict)
+            else {},
+        )
 
     def to_mapping(self) -> dict[str, object]:
         return asdict(self)
@@ -163,9 +172,10 @@ class StepTimeModel:
         bw = hardware.memory_bandwidth_bytes_per_s
         tp = float(self.tp)
         # Seconds per unit of work, precomputed so the simulator's inner loop is cheap.
-        self._s_per_gemm_flop = 1.0 / (peak * eff.gemm_efficiency)
-        self._s_per_attn_flop = 1.0 / (peak * eff.attention_efficiency)
-        self._s_per_byte = 1.0 / (bw * eff.memory_efficiency)
+        factor = eff.format_factors.get(self.compute_format, 1.0)
+        self._s_per_gemm_flop = factor / (peak * eff.gemm_efficiency)
+        self._s_per_attn_flop = factor / (peak * eff.attention_efficiency)
+        self._s_per_byte = factor / (bw * eff.memory_efficiency)
         self._linear_flops = model.linear_flops_per_token() / tp
         self._lm_flops = model.lm_head_flops_per_sampled_token() / tp
         self._pair_prefill = model.attention_flops_per_pair(decode=False) / tp
@@ -173,9 +183,9 @@ class StepTimeModel:
         self._kv_bytes = model.kv_bytes_per_token(self.kv_cache_format) / tp
         self._dense_weight_bytes = model.weight_bytes(weight_format) / tp
         self._moe_cache: dict[int, float] = {}
-        self._overhead_fixed = eff.step_overhead_ms / 1000.0
-        self._overhead_seq = eff.seq_overhead_ms / 1000.0
-        self._overhead_token = eff.token_overhead_ms / 1000.0
+        self._overhead_fixed = factor * eff.step_overhead_ms / 1000.0
+        self._overhead_seq = factor * eff.seq_overhead_ms / 1000.0
+        self._overhead_token = factor * eff.token_overhead_ms / 1000.0
         self.request_overhead_s = eff.request_overhead_ms / 1000.0
         if self.tp > 1:
             link = hardware.interconnect_gbps.value * 1e9 * eff.comm_efficiency

@@ -1,0 +1,364 @@
+"""The continual loop end to end on this machine's vLLM engine: drift -> re-tune -> promote.
+
+1. A tuning job (the portal's own services, run in-process) tunes the local model on the Azure
+   conversation trace; its winner is deployed as a dedicated endpoint (supervisor, router,
+   engine: the production path).
+2. Live traffic: the Azure trace's requests at `--rate` through the endpoint's stable address,
+   while the loop's watch task scrapes the engine every 15 s.
+3. The traffic switches to the Mooncake trace (long prompts, heavy prefix sharing) at the same
+   rate. The loop must detect the drift from the scraped metrics, re-tune on live-like traffic,
+   canary the candidate against the running configuration and promote it through the
+   zero-failure switch.
+4. Reported: time to detect, time to promote, failed requests (all phases, the switch
+   included), and p50/p95 TTFT on the new traffic with the old configuration (before the
+   promotion) and the promoted one (after it), as the client sees them.
+
+This 2-core machine cannot run a trial engine beside a loaded live engine without each
+distorting the other, so live traffic pauses while the re-tuning job's trials run (on real
+deployments trials run on their own accelerators) and resumes before the promotion, which
+happens under load. Results: benchmarks/results/continual_loop.json.
+
+    .venv/bin/python benchmarks/continual_loop.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+WORK = Path(tempfile.gettempdir()) / "tailguard-continual-loop"
+RESULTS = REPO / "benchmarks" / "results" / "continual_loop.json"
+TRACES = {"azure": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
+
+
+def _django(work: Path) -> None:
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="portal.settings",
+        DATABASE_URL=f"sqlite:///{work / 'db.sqlite3'}",
+        CELERY_TASK_ALWAYS_EAGER="true",
+        TUNING_MODEL_ROOTS=str(work / "models"),
+        TUNING_WORK_DIR=str(work / "jobs"),
+        TRAFFIC_WORKLOAD_DIR=str(work / "workloads"),
+        TRAFFIC_STAGING_DIR=str(work / "staging"),
+        ENDPOINTS_DIR=str(work / "endpoints"),
+        COMPLIANCE_STORAGE_DIR=str(work / "compliance"),
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from portal.celery import app
+
+    app.conf.task_always_eager = True
+
+
+class Traffic(threading.Thread):
+    """Live traffic in 15 s chunks of one trace's requests at a fixed rate; pausable between chunks."""
+
+    def __init__(self, url: str, api_key: str, model_dir: Path, args: argparse.Namespace) -> None:
+        super().__init__(daemon=True)
+        self.url, self.api_key, self.model_dir, self.args = url, api_key, model_dir, args
+        self.trace = "azure"
+        self.running = threading.Event()
+        self.running.set()
+        self.idle = threading.Event()
+        self.stop = threading.Event()
+        self.chunks: list[dict[str, Any]] = []
+        self._seed = 100
+
+    def _chunk_file(self, trace: str) -> Path:
+        from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl
+
+        self._seed += 1
+        out = WORK / "chunks" / f"{trace}-{self._seed}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sample = _SAMPLES.setdefault(
+            trace, ingest_path(self.args.traces_dir / TRACES[trace], keep_blocks=True)
+        )
+        synth = synthesize(
+            sample, target_rps=self.args.rate, duration_s=15.0, rng=np.random.default_rng(self._seed)
+        )
+        with out.open("wb") as stream:
+            write_mooncake_jsonl(synth, stream)
+        return out
+
+    def run(self) -> None:
+        from serving.loadgen.api import replay_trace
+
+        while not self.stop.is_set():
+            if not self.running.is_set():
+                self.idle.set()
+                self.running.wait(1.0)
+                continue
+            self.idle.clear()
+            trace = self.trace
+            started = time.time()
+            result = replay_trace(
+                endpoint=self.url,
+                trace=self._chunk_file(trace),
+                api_key=self.api_key,
+                tokenizer=self.model_dir,
+                max_prompt_tokens=self.args.max_prompt_tokens,
+                max_output_tokens=self.args.max_output_tokens,
+                seed=self._seed,
+                progress=False,
+            )
+            ok = [r.ttft_ms for r in result.requests if r.ok and r.ttft_ms is not None]
+            self.chunks.append(
+                {
+                    "trace": trace,
+                    "started": started,
+                    "ended": time.time(),
+                    "requests": len(result.requests),
+                    "errors": sum(1 for r in result.requests if not r.ok),
+                    "error_kinds": sorted({str(r.error)[:80] for r in result.requests if not r.ok}),
+                    "ttft_ms": ok,
+                }
+            )
+        self.idle.set()
+
+    def pause(self) -> None:
+        self.running.clear()
+        self.idle.wait()
+
+    def resume(self) -> None:
+        self.running.set()
+
+
+_SAMPLES: dict[str, Any] = {}
+
+
+def _pooled(chunks: list[dict[str, Any]], start: float, end: float, trace: str) -> dict[str, Any]:
+    ttfts = [
+        t
+        for c in chunks
+        if c["trace"] == trace and c["started"] >= start and c["ended"] <= end
+        for t in c["ttft_ms"]
+    ]
+    return {
+        "requests": len(ttfts),
+        "ttft_p50_ms": float(np.percentile(ttfts, 50)) if ttfts else math.nan,
+        "ttft_p95_ms": float(np.percentile(ttfts, 95)) if ttfts else math.nan,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", default="m")
+    parser.add_argument("--slo", default="ttft_p50_ms<=1000,ttft_p95_ms<=3000")
+    parser.add_argument("--rate", type=float, default=2.0, help="live request rate, both phases (req/s)")
+    parser.add_argument("--budget", type=int, default=3, help="live trials per tuning job")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1900)
+    parser.add_argument("--max-output-tokens", type=int, default=32)
+    parser.add_argument(
+        "--warm-s", type=float, default=90.0, help="seconds of Azure traffic before the switch"
+    )
+    parser.add_argument("--after-s", type=float, default=90.0, help="seconds measured after the promotion")
+    parser.add_argument("--timeout-s", type=float, default=2400.0)
+    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    args = parser.parse_args()
+    import shutil
+
+    shutil.rmtree(WORK, ignore_errors=True)
+    (WORK / "models").mkdir(parents=True)
+    _django(WORK)
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.db.models.signals import post_save
+
+    from portal.accounts.models import Organization, User
+    from portal.accounts.services import organization_create
+    from portal.endpoints import services as endpoints
+    from portal.endpoints.models import Endpoint, LoopIteration
+    from portal.jobs import services as jobs
+    from portal.jobs.models import TuningJob
+    from portal.traffic import services as traffic
+    from serving.models.tiny import build_tiny_model
+
+    model_dir = WORK / "models" / f"llama-{args.size}"
+    build_tiny_model(arch="llama", size=args.size, out_dir=model_dir, seed=0)
+    user = User.objects.create_user(email="bench@example.com", password="x" * 16)
+    org = organization_create(actor=user, name="bench")
+    assert isinstance(org, Organization)
+    azure = args.traces_dir / TRACES["azure"]
+    sample = traffic.traffic_sample_create(
+        actor=user, organization=org, name="azure", upload=SimpleUploadedFile(azure.name, azure.read_bytes())
+    )
+    sample.refresh_from_db()
+    model = jobs.served_model_register(actor=user, organization=org, name=model_dir.name, path=str(model_dir))
+    t0 = time.monotonic()
+    print(f"[1/4] tuning on the Azure trace at {args.rate} req/s (budget {args.budget})", file=sys.stderr)
+    base_job = jobs.tuning_job_create(
+        actor=user,
+        organization=org,
+        name="azure",
+        traffic_sample=sample,
+        served_model=model,
+        slo=args.slo,
+        peak_rps=args.rate / 1.25,
+        budget_trials=args.budget,
+        duration_s=20.0,
+        repeats=1,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        capacity_steps=(1.5, 2.0),
+    )
+    base_job.refresh_from_db()
+    if base_job.status != TuningJob.Status.SUCCEEDED or base_job.winner_trial is None:
+        print(f"the Azure job did not produce a winner: {base_job.status} {base_job.error}", file=sys.stderr)
+        return 1
+    tune_s = time.monotonic() - t0
+    endpoint, api_key = endpoints.endpoint_deploy(actor=user, job=base_job, name="voice")
+    Endpoint.objects.filter(pk=endpoint.pk).update(detect_window_s=60, retune_budget_trials=args.budget)
+    deadline = time.monotonic() + 600
+    while endpoints.read_state(endpoint).get("status") != "healthy":
+        if time.monotonic() > deadline or endpoints.read_state(endpoint).get("status") == "failed":
+            print(f"endpoint did not start: {endpoints.read_state(endpoint)}", file=sys.stderr)
+            return 1
+        time.sleep(2)
+    url = f"http://127.0.0.1:{endpoint.port}/v1"
+    print(f"[2/4] endpoint healthy at {url}; Azure traffic for {args.warm_s:.0f} s", file=sys.stderr)
+    live = Traffic(url, api_key, model_dir, args)
+
+    def on_job(sender: Any, instance: TuningJob, created: bool, **kwargs: Any) -> None:
+        if created and instance.pk != base_job.pk:
+            print("  re-tuning job created: pausing live traffic for its trials", file=sys.stderr)
+            live.pause()
+
+    post_save.connect(on_job, sender=TuningJob)
+    live.start()
+    events: dict[str, float] = {}
+    iteration_log: list[str] = []
+
+    def tick() -> None:
+        endpoints.endpoints_watch()
+        live.resume()
+        it = LoopIteration.objects.filter(endpoint=endpoint).order_by("-number").first()
+        if it is not None:
+            iteration_log.append(
+                f"{time.time() - events.get('switch', time.time()):.0f}s {it.status}: {it.verdict or it.trigger}"[
+                    :300
+                ]
+            )
+            if "detected" not in events:
+                events["detected"] = it.detected_at.timestamp()
+            if it.status in ("kept", "failed") and "ended" not in events:
+                events["ended"] = time.time()
+            if it.promoted_at and "promoted" not in events:
+                events["promoted"] = it.promoted_at.timestamp()
+
+    warm_end = time.time() + args.warm_s
+    while time.time() < warm_end:
+        time.sleep(15)
+        tick()
+    live.trace = "mooncake"
+    events["switch"] = time.time()
+    print("[3/4] traffic switched to the Mooncake trace; the loop watches", file=sys.stderr)
+    hard_end = time.monotonic() + args.timeout_s
+    while "promoted" not in events and "ended" not in events and time.monotonic() < hard_end:
+        time.sleep(15)
+        tick()
+        if iteration_log:
+            print("  " + iteration_log[-1], file=sys.stderr)
+    serving_since = None
+    if "promoted" in events:
+        # The supervisor starts the new engine and drains the old one under live traffic.
+        while time.monotonic() < hard_end:
+            state = endpoints.read_state(endpoint)
+            if state.get("generation", 1) >= 2 and state.get("status") == "healthy":
+                serving_since = time.time()
+                break
+            time.sleep(2)
+            tick() if time.time() - events["promoted"] > 15 else None
+        print("[4/4] promoted configuration serving; measuring the new traffic on it", file=sys.stderr)
+        after_end = time.time() + args.after_s
+        while time.time() < after_end:
+            time.sleep(15)
+            tick()
+    live.stop.set()
+    live.join(timeout=120)
+    endpoint.refresh_from_db()
+    endpoints.endpoint_stop(actor=user, endpoint=endpoint)
+    it = LoopIteration.objects.filter(endpoint=endpoint).order_by("-number").first()
+    chunks = live.chunks
+    detect = events.get("detected")
+    promoted = events.get("promoted")
+    before = _pooled(chunks, events["switch"], promoted or math.inf, "mooncake")
+    after = _pooled(chunks, serving_since or math.inf, math.inf, "mooncake")
+    import vllm
+
+    from tuning import __version__
+
+    summary = {
+        "detect_s": (detect - events["switch"]) if detect else None,
+        "promote_s": (serving_since - detect) if serving_since and detect else None,
+        "failed_requests": sum(c["errors"] for c in chunks),
+        "p50_ttft_ratio_new_vs_old": (after["ttft_p50_ms"] / before["ttft_p50_ms"])
+        if after["requests"] and before["requests"]
+        else None,
+    }
+    out = {
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "versions": {"tailguard": __version__, "vllm": vllm.__version__, "python": platform.python_version()},
+        "command": "python benchmarks/continual_loop.py " + " ".join(sys.argv[1:]),
+        "model": f"random-weight llama preset {args.size}",
+        "settings": vars(args) | {"traces_dir": str(args.traces_dir)},
+        "summary": summary,
+        "azure_tuning_s": tune_s,
+        "deployed": endpoint.revisions.order_by("generation").first().config
+        if endpoint.revisions.exists()
+        else None,
+        "iteration": {
+            "status": it.status if it else None,
+            "trigger": it.trigger if it else None,
+            "verdict": it.verdict if it else None,
+            "candidate_ttft_p50_ms": it.candidate_ttft_p50_ms if it else None,
+            "incumbent_ttft_p50_ms": it.incumbent_ttft_p50_ms if it else None,
+            "job_trials": [
+                {
+                    "number": t.number,
+                    "label": t.label,
+                    "ttft_p50_ms": (t.result or {}).get("ttft_p50_ms"),
+                    "slo_met": (t.result or {}).get("slo_met"),
+                }
+                for t in (it.job.trials.order_by("number") if it and it.job else [])
+            ],
+        },
+        "mooncake_old_config": before,
+        "mooncake_promoted_config": after,
+        "azure_old_config": _pooled(chunks, 0, events["switch"], "azure"),
+        "chunks": [
+            {k: v for k, v in c.items() if k != "ttft_ms"}
+            | {"ttft_p50_ms": float(np.percentile(c["ttft_ms"], 50)) if c["ttft_ms"] else None}
+            for c in chunks
+        ],
+        "loop_log": iteration_log,
+    }
+    from serving.loadgen.results import json_finite
+
+    RESULTS.write_text(json.dumps(json_finite(out), indent=1, allow_nan=False) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
