@@ -1,15 +1,21 @@
-"""Endpoint pages: deploy a job's winner (key shown once), watch health and history, stop."""
+"""Endpoint pages: deploy a job's winner (key shown once), a dashboard that refreshes itself
+(health, live metrics against the SLO, SLA compliance, the optimization history and the loop's
+iterations), the re-tuning policy, promote and stop."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
+from portal.accounts.models import Role
 from portal.accounts.tenancy import get_object_for_member, member_required
-from portal.endpoints import services
+from portal.endpoints import charts, policy, selectors, services
+from portal.endpoints.forms import EndpointPolicyForm
 from portal.endpoints.models import Endpoint
 from portal.jobs.models import TuningJob
 
@@ -36,25 +42,72 @@ def endpoint_deploy(request: HttpRequest, job_id: str) -> HttpResponse:
     return render(request, "endpoints/deployed.html", {"endpoint": endpoint, "api_key": api_key})
 
 
-@member_required
-def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
-    endpoint = get_object_for_member(
-        request, Endpoint.objects.select_related("served_model", "job"), endpoint_id
-    )
+def _detail_context(
+    request: HttpRequest, endpoint: Endpoint, *, policy_form: EndpointPolicyForm | None = None
+) -> dict[str, Any]:
+    asked = request.GET.get("range")
+    range_name = selectors.range_key(asked)
+    data = selectors.endpoint_dashboard(endpoint=endpoint, range_name=range_name)
+    can_change = request.membership.has_role(Role.MEMBER)  # type: ignore[attr-defined]
     candidates = TuningJob.objects.filter(
         organization=endpoint.organization,
         served_model=endpoint.served_model,
         status=TuningJob.Status.SUCCEEDED,
         winner_trial__isnull=False,
     ).exclude(id=endpoint.job_id)
-    context = {
+    return {
         "endpoint": endpoint,
+        "data": data,
+        "figures": charts.dashboard_figures(data),
+        "range": range_name,
+        "ranges": list(selectors.RANGE_LABELS.items()),
+        "unknown_range": asked if asked and asked != range_name else None,
         "candidates": candidates,
-        "revisions": endpoint.revisions.all(),
-        "snapshots": endpoint.snapshots.all()[:20],
         "state": services.read_state(endpoint),
+        "can_change": can_change,
+        "policy_form": policy_form
+        or EndpointPolicyForm(initial=policy.policy_values(endpoint), read_only=not can_change),
     }
+
+
+def _endpoint(request: HttpRequest, endpoint_id: str) -> Endpoint:
+    return get_object_for_member(
+        request, Endpoint.objects.select_related("organization", "served_model", "job"), endpoint_id
+    )
+
+
+@member_required
+@require_safe
+def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    endpoint = _endpoint(request, endpoint_id)
+    context = _detail_context(request, endpoint)
+    if request.htmx:  # type: ignore[attr-defined]
+        # The dashboard's refresh: only the live panel (the charts update in place).
+        response = render(request, "endpoints/_live.html", context)
+        if not endpoint.is_active:
+            response["HX-Refresh"] = "true"  # stopped meanwhile: the page stops polling
+        return response
     return render(request, "endpoints/detail.html", context)
+
+
+@member_required
+@require_POST
+def endpoint_policy(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    endpoint = _endpoint(request, endpoint_id)
+    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+        raise PermissionDenied("Only a member or above can change the re-tuning policy.")
+    form = EndpointPolicyForm(request.POST)
+    if form.is_valid():
+        try:
+            policy.endpoint_policy_set(actor=request.user, endpoint=endpoint, **form.cleaned_data)
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, "Re-tuning policy saved.")
+            return redirect("endpoints:detail", endpoint_id=endpoint.id)
+    return render(
+        request, "endpoints/detail.html", _detail_context(request, endpoint, policy_form=form), status=400
+    )
 
 
 @member_required

@@ -1,0 +1,501 @@
+"""Reads for the endpoint page: plain data (dicts and lists) that the template shows and
+`portal.endpoints.charts` draws (the series the charts take are JSON-ready: times as ISO text).
+
+Missing data stays missing. A gap snapshot (the engine or its metrics were unavailable), an
+interval in which no request finished, and a silence longer than the SLA's longest interval
+(the scraper was away) all become `None` in the series, never zeros, so a chart breaks its line
+there instead of drawing a fall to zero.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import statistics
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from compliance import selectors as compliance_selectors
+from compliance import sla
+from compliance.models import SLAWindowReport
+from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
+from tuning.search.slo import SLOParseError, parse_slo
+
+# Range key -> (length, bucket). Up to an hour every scrape (one each 15 s) is a point; longer
+# ranges are bucketed so a page refreshed every 15 s does not ship tens of thousands of points.
+RANGES: dict[str, tuple[timedelta, timedelta | None]] = {
+    "1h": (timedelta(hours=1), None),
+    "6h": (timedelta(hours=6), timedelta(minutes=1)),
+    "24h": (timedelta(hours=24), timedelta(minutes=5)),
+    "7d": (timedelta(days=7), timedelta(minutes=30)),
+}
+RANGE_LABELS = {"1h": "last hour", "6h": "last 6 hours", "24h": "last 24 hours", "7d": "last 7 days"}
+DEFAULT_RANGE = "1h"
+SERIES = (
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "requests_per_s",
+    "prompt_tokens_per_s",
+    "generation_tokens_per_s",
+    "prefix_cache_hit_rate",
+)
+SLA_WINDOWS_SHOWN = 6  # closed monthly windows on the chart, besides the current one
+_MAX_CELL = 120  # characters of a configuration value shown in a table cell
+
+
+def range_key(value: str | None) -> str:
+    """The range asked for, or the default when it is missing or unknown."""
+    return value if value in RANGES else DEFAULT_RANGE
+
+
+def endpoint_base_url(endpoint: Endpoint) -> str:
+    # The local runner's router listens on the serving host's loopback at the endpoint's port.
+    return f"http://127.0.0.1:{endpoint.port}/v1"
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def endpoint_slo(*, endpoint: Endpoint) -> dict[str, Any]:
+    """The SLO the endpoint was tuned for (its job's), with p50/p95 TTFT targets where stated."""
+    text = str(((endpoint.job.spec or {}) if endpoint.job else {}).get("slo") or "")
+    empty: dict[str, Any] = {"text": text, "ttft_p50_ms": None, "ttft_p95_ms": None, "problem": None}
+    if endpoint.job is None:
+        return {**empty, "problem": "the endpoint's tuning job was deleted, so its SLO is unknown"}
+    try:
+        target = parse_slo(text)
+    except SLOParseError as exc:
+        return {**empty, "problem": f"the job's SLO cannot be read: {exc}"}
+    return {**empty, "ttft_p50_ms": target.limit("ttft_p50_ms"), "ttft_p95_ms": target.limit("ttft_p95_ms")}
+
+
+def _point(row: dict[str, Any]) -> dict[str, float | None]:
+    if row["gap"]:
+        return dict.fromkeys(SERIES)
+    return {name: _finite(row[name]) for name in SERIES}
+
+
+def _bucket(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """One bucket's point: the median p50, the worst p95 (a bucket must not hide a bad interval),
+    mean rates and hit rate; `None` where no snapshot in it measured the value."""
+    points = [_point(r) for r in rows]
+    values = {name: [p[name] for p in points if p[name] is not None] for name in SERIES}
+    out: dict[str, float | None] = {}
+    for name, found in values.items():
+        if not found:
+            out[name] = None
+        elif name == "ttft_p50_ms":
+            out[name] = float(statistics.median(found))
+        elif name == "ttft_p95_ms":
+            out[name] = max(found)
+        else:
+            out[name] = sum(found) / len(found)
+    return out
+
+
+def _gap_spans(rows: list[dict[str, Any]], start: datetime, max_interval: timedelta) -> list[dict[str, Any]]:
+    """Spans with no data: from the snapshot before a gap snapshot to it, and silences longer
+    than the longest interval the SLA accepts."""
+    spans: list[dict[str, Any]] = []
+    previous: datetime | None = None
+    for row in rows:
+        taken = row["taken_at"]
+        if row["gap"]:
+            # A gap snapshot stands for the interval since the one before it.
+            since = previous if previous is not None else max(start, taken - max_interval)
+            spans.append({"start": since, "end": taken, "reason": row["gap_reason"] or "gap"})
+        elif previous is not None and taken - previous > max_interval:
+            spans.append({"start": previous, "end": taken, "reason": "no snapshot (the scraper was away)"})
+        previous = taken
+    merged: list[dict[str, Any]] = []
+    for span in spans:
+        last = merged[-1] if merged else None
+        if last is not None and last["end"] >= span["start"] and last["reason"] == span["reason"]:
+            last["end"] = span["end"]
+        else:
+            merged.append(dict(span))
+    return [{**s, "start": s["start"].isoformat(), "end": s["end"].isoformat()} for s in merged]
+
+
+Point = tuple[datetime, dict[str, float | None]]
+
+
+def _rows(endpoint: Endpoint, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    return list(
+        MetricSnapshot.objects.filter(endpoint=endpoint, taken_at__gte=since, taken_at__lte=until)
+        .order_by("taken_at")
+        .values("taken_at", "gap", "gap_reason", *SERIES)
+    )
+
+
+def _range_start(range_name: str, end: datetime) -> datetime:
+    length, bucket = RANGES[range_name]
+    start = end - length
+    if bucket is not None:
+        # Buckets on fixed boundaries: a refresh 15 s later moves no point but the last.
+        step_s = bucket.total_seconds()
+        start = datetime.fromtimestamp(math.floor(start.timestamp() / step_s) * step_s, tz=UTC)
+    return start
+
+
+def _hours_start(range_name: str, now: datetime) -> datetime:
+    return (now - RANGES[range_name][0]).replace(minute=0, second=0, microsecond=0)
+
+
+def _raw_points(rows: list[dict[str, Any]], max_interval: timedelta) -> list[Point]:
+    points: list[Point] = []
+    previous: datetime | None = None
+    for row in rows:
+        if previous is not None and row["taken_at"] - previous > max_interval:
+            # A silence: one empty point between the two, so the line breaks there.
+            points.append((previous + (row["taken_at"] - previous) / 2, dict.fromkeys(SERIES)))
+        points.append((row["taken_at"], _point(row)))
+        previous = row["taken_at"]
+    return points
+
+
+def _bucket_points(
+    rows: list[dict[str, Any]], start: datetime, end: datetime, bucket: timedelta
+) -> tuple[list[Point], list[dict[str, Any]]]:
+    """A point per bucket of the range, an empty one included (that is the break), and the
+    gaps at this resolution: buckets without one good scrape, between the first snapshot and
+    the last (before the first, the endpoint may not have existed)."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(int((row["taken_at"] - start) / bucket), []).append(row)
+    points = [
+        (min(start + bucket * index + bucket / 2, end), _bucket(groups.get(index, [])))
+        for index in range(math.ceil((end - start) / bucket))
+    ]
+    gaps: list[dict[str, Any]] = []
+    if rows:
+        first = int((rows[0]["taken_at"] - start) / bucket)
+        last = int((rows[-1]["taken_at"] - start) / bucket)
+        for index in range(first, last + 1):
+            if all(r["gap"] for r in groups.get(index, [])):
+                lo, hi = start + bucket * index, min(start + bucket * (index + 1), end)
+                if gaps and gaps[-1]["end"] == lo:
+                    gaps[-1]["end"] = hi
+                else:
+                    gaps.append({"start": lo, "end": hi, "reason": "no scrape with data in this bucket"})
+    return points, [{**g, "start": g["start"].isoformat(), "end": g["end"].isoformat()} for g in gaps]
+
+
+def snapshot_series(
+    *,
+    endpoint: Endpoint,
+    range_name: str,
+    now: datetime | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The endpoint's snapshots over the range as aligned lists (`taken_at` and one list per
+    metric), gaps as `None`, plus the spans with no data. `rows` (ordered, covering the range)
+    saves reading them again."""
+    _, bucket = RANGES[range_name]
+    end = now or timezone.now()
+    start = _range_start(range_name, end)
+    max_interval = timedelta(seconds=settings.COMPLIANCE_SLA_MAX_INTERVAL_S)
+    rows = (
+        [r for r in rows if start <= r["taken_at"] <= end]
+        if rows is not None
+        else _rows(endpoint, start, end)
+    )
+    if bucket is None:
+        points, gaps = _raw_points(rows, max_interval), _gap_spans(rows, start, max_interval)
+    else:
+        points, gaps = _bucket_points(rows, start, end, bucket)
+    return {
+        "range": range_name,
+        "range_label": RANGE_LABELS[range_name],
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "bucket_s": bucket.total_seconds() if bucket else None,
+        "taken_at": [moment.isoformat() for moment, _ in points],
+        **{name: [point[name] for _, point in points] for name in SERIES},
+        "num_snapshots": len(rows),
+        "num_gaps": sum(1 for r in rows if r["gap"]),
+        "gaps": gaps,
+    }
+
+
+# --- SLA compliance by window ----------------------------------------------------------------
+
+
+def _terms_windows(terms: Any, now: datetime) -> list[dict[str, Any]]:
+    closed = list(SLAWindowReport.objects.filter(terms=terms).order_by("-window_start")[:SLA_WINDOWS_SHOWN])
+    windows = []
+    for report in reversed(closed):
+        result = report.result or {}
+        windows.append(
+            {
+                "label": report.window_start.astimezone(UTC).strftime("%Y-%m"),
+                "start": report.window_start.isoformat(),
+                "end": report.window_end.isoformat(),
+                "compliance_pct": result.get("compliance_pct"),
+                "coverage_pct": result.get("coverage_pct"),
+                "status": result.get("status", "no data"),
+                "current": False,
+            }
+        )
+    current = compliance_selectors.sla_report(terms=terms, now=now)
+    if not any(w["start"] == current.window_start.isoformat() for w in windows):
+        windows.append(
+            {
+                "label": current.window_start.strftime("%Y-%m") + " (so far)",
+                "start": current.window_start.isoformat(),
+                "end": current.window_end.isoformat(),
+                "compliance_pct": current.compliance_pct,
+                "coverage_pct": current.coverage_pct,
+                "status": current.status,
+                "current": True,
+            }
+        )
+    return windows
+
+
+def _hourly_windows(
+    endpoint: Endpoint,
+    target_ms: float,
+    range_name: str,
+    now: datetime,
+    rows: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Each UTC hour of the range judged the way SLA windows are (`compliance.sla.evaluate`):
+    the share of measured time whose p95 TTFT met the target; gaps and idle intervals left out."""
+    max_interval_s = float(settings.COMPLIANCE_SLA_MAX_INTERVAL_S)
+    first = _hours_start(range_name, now)
+    margin = sla.lookaround(max_interval_s)
+    if rows is None:
+        rows = _rows(endpoint, first - margin, now)
+    measurements = [
+        sla.Measurement(taken_at=r["taken_at"], value_ms=_finite(r["ttft_p95_ms"]), gap=r["gap"])
+        for r in rows
+        if first - margin <= r["taken_at"] <= now
+    ]
+    times = [m.taken_at for m in measurements]
+    windows = []
+    hour = first
+    while hour < now:
+        # Only the snapshots that can touch this hour (a week is 168 hours of 240 snapshots each).
+        lo = bisect.bisect_left(times, hour - margin)
+        hi = bisect.bisect_right(times, hour + timedelta(hours=1) + margin)
+        report = sla.evaluate(
+            measurements[lo:hi],
+            target_ms=target_ms,
+            window_start=hour,
+            window_end=hour + timedelta(hours=1),
+            now=now,
+            max_interval_s=max_interval_s,
+        )
+        windows.append(
+            {
+                "label": hour.astimezone(UTC).strftime("%m-%d %H:00"),
+                "start": hour.isoformat(),
+                "end": (hour + timedelta(hours=1)).isoformat(),
+                "compliance_pct": report.compliance_pct,
+                "coverage_pct": report.coverage_pct,
+                "status": report.status,
+                "current": hour + timedelta(hours=1) > now,
+            }
+        )
+        hour += timedelta(hours=1)
+    return windows
+
+
+def sla_compliance(
+    *,
+    endpoint: Endpoint,
+    slo: dict[str, Any],
+    range_name: str,
+    now: datetime | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """SLA compliance per window. With SLA terms, the compliance app's own monthly windows
+    (closed ones as frozen, the current one so far) and the compliance the credits start below;
+    without, the job's p95 TTFT target judged per hour over the range, with no commitment."""
+    current = now or timezone.now()
+    terms = compliance_selectors.sla_terms_get(endpoint=endpoint)
+    if terms is not None:
+        tiers = [float(t["below_pct"]) for t in terms.credit_tiers or []]
+        metric = terms.get_metric_display()
+        return {
+            "source": "sla_terms",
+            "metric": terms.metric,
+            "target_ms": terms.target_ms,
+            "commitment_pct": max(tiers) if tiers else None,
+            "windows": _terms_windows(terms, current),
+            "note": (
+                f"The endpoint's SLA: {metric} at most {terms.target_ms:,.0f} ms per calendar month "
+                f"(UTC), {terms.get_source_display().lower()} measurements; gaps are not counted as met."
+            ),
+        }
+    target = slo.get("ttft_p95_ms")
+    if target is None:
+        return {
+            "source": "none",
+            "metric": None,
+            "target_ms": None,
+            "commitment_pct": None,
+            "windows": [],
+            "note": "No SLA terms are set for this endpoint and its job's SLO states no p95 TTFT target, "
+            "so there is no compliance to show.",
+        }
+    return {
+        "source": "slo",
+        "metric": "ttft_p95_ms",
+        "target_ms": target,
+        "commitment_pct": None,
+        "windows": _hourly_windows(endpoint, float(target), range_name, current, rows),
+        "note": (
+            "No SLA terms are set for this endpoint, so compliance is computed here from its snapshots: "
+            f"per UTC hour, the share of measured time whose p95 TTFT met the job's SLO target "
+            f"({target:,.0f} ms). Gaps and intervals with no finished request are left out."
+        ),
+    }
+
+
+# --- Optimization history --------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= _MAX_CELL else text[: _MAX_CELL - 1] + "…"
+
+
+def config_rows(config: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The configuration as table rows, sorted by key."""
+    return [{"key": key, "value": _cell(value)} for key, value in sorted((config or {}).items())]
+
+
+_MISSING = object()
+
+
+def config_diff(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[dict[str, str]]:
+    """Keys whose values differ, with both sides ("not set" where a side lacks it)."""
+    before, after = before or {}, after or {}
+    rows = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key, _MISSING) != after.get(key, _MISSING):
+            rows.append(
+                {
+                    "key": key,
+                    "before": _cell(before[key]) if key in before else "not set",
+                    "after": _cell(after[key]) if key in after else "not set",
+                }
+            )
+    return rows
+
+
+def _change_pct(before: float | None, after: float | None) -> float | None:
+    if before is None or after is None or before == 0:
+        return None
+    return 100.0 * (after - before) / before
+
+
+def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
+    """Every generation in order: what was deployed and why, what changed from the generation
+    before, what its tuning job measured, and the gain over the generation before (tokens per
+    second up, p50 TTFT down). A loop-created generation carries its iteration's trigger."""
+    revisions = list(EndpointRevision.objects.filter(endpoint=endpoint).select_related("job"))
+    by_revision = {
+        it.revision_id: it for it in LoopIteration.objects.filter(endpoint=endpoint, revision__isnull=False)
+    }
+    serving = max(
+        (r.generation for r in revisions if r.config == endpoint.config),
+        default=revisions[-1].generation if revisions else None,
+    )
+    rows: list[dict[str, Any]] = []
+    previous: EndpointRevision | None = None
+    for revision in revisions:
+        iteration = by_revision.get(revision.pk)
+        tokens = _finite(revision.measured_tokens_per_s)
+        p50 = _finite(revision.measured_ttft_p50_ms)
+        before_tokens = _finite(previous.measured_tokens_per_s) if previous else None
+        before_p50 = _finite(previous.measured_ttft_p50_ms) if previous else None
+        rows.append(
+            {
+                "generation": revision.generation,
+                "created_at": revision.created_at.isoformat(),
+                "when": revision.created_at,
+                "reason": revision.reason,
+                "trigger": iteration.trigger if iteration else None,
+                "iteration": iteration.number if iteration else None,
+                "job_id": str(revision.job_id) if revision.job_id else None,
+                "job_name": revision.job.name if revision.job else None,
+                "trial_number": revision.trial_number,
+                "diff": config_diff(previous.config, revision.config) if previous else [],
+                "is_first": previous is None,
+                "ttft_p50_ms": p50,
+                "ttft_p95_ms": _finite(revision.measured_ttft_p95_ms),
+                "tokens_per_s": tokens,
+                "tokens_gain_pct": _change_pct(before_tokens, tokens),
+                "ttft_p50_change_pct": _change_pct(before_p50, p50),
+                "serving": revision.generation == serving,
+            }
+        )
+        previous = revision
+    return rows
+
+
+def loop_iterations(*, endpoint: Endpoint) -> list[dict[str, Any]]:
+    """The loop's iterations, newest first, as the page's table shows them."""
+    rows = []
+    iterations = LoopIteration.objects.filter(endpoint=endpoint).select_related("job", "revision")
+    for it in iterations.order_by("-number"):
+        before, after = _finite(it.before_p95_ms), _finite(it.after_p95_ms)
+        rows.append(
+            {
+                "number": it.number,
+                "status": it.status,
+                "status_display": it.get_status_display(),
+                "trigger": it.trigger,
+                "job_id": str(it.job_id) if it.job_id else None,
+                "job_name": it.job.name if it.job else None,
+                "job_status": it.job.get_status_display() if it.job else None,
+                "verdict": it.verdict,
+                "error": it.error,
+                "candidate_ttft_p50_ms": _finite(it.candidate_ttft_p50_ms),
+                "incumbent_ttft_p50_ms": _finite(it.incumbent_ttft_p50_ms),
+                "before_p95_ms": before,
+                "after_p95_ms": after,
+                "p95_change_pct": _change_pct(before, after),
+                "generation": it.revision.generation if it.revision else None,
+                "detected_at": it.detected_at,
+                "promoted_at": it.promoted_at,
+                "finished_at": it.finished_at,
+            }
+        )
+    return rows
+
+
+def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | None = None) -> dict[str, Any]:
+    """Everything the endpoint page shows, for one range."""
+    current = now or timezone.now()
+    slo = endpoint_slo(endpoint=endpoint)
+    history = optimization_history(endpoint=endpoint)
+    # One read of the range's snapshots serves the series and the hourly compliance.
+    margin = sla.lookaround(float(settings.COMPLIANCE_SLA_MAX_INTERVAL_S))
+    since = min(_range_start(range_name, current), _hours_start(range_name, current) - margin)
+    rows = _rows(endpoint, since, current)
+    return {
+        "slo": slo,
+        "series": snapshot_series(endpoint=endpoint, range_name=range_name, now=current, rows=rows),
+        "sla": sla_compliance(endpoint=endpoint, slo=slo, range_name=range_name, now=current, rows=rows),
+        "history": history,
+        "serving_generation": next((r["generation"] for r in history if r["serving"]), None),
+        "iterations": loop_iterations(endpoint=endpoint),
+        "config": config_rows(endpoint.config),
+        "base_url": endpoint_base_url(endpoint),
+        "last_snapshot": MetricSnapshot.objects.filter(endpoint=endpoint)
+        .order_by("-taken_at")
+        .values("taken_at", "gap", "gap_reason")
+        .first(),
+    }
