@@ -207,3 +207,26 @@ def test_h200_factors_from_the_kernel_benchmarks_ceilings(tmp_path: Path) -> Non
     assert eff["gemm_efficiency"] == pytest.approx(0.7) and eff["memory_efficiency"] == pytest.approx(0.72)
     assert out["held_out_mape"] is None and "priors, not measured" in eff["how"]
     assert Efficiency.from_mapping(eff).measured
+
+
+def test_measured_format_factor_makes_cpu_bf16_slower_than_fp32() -> None:
+    """The CPU engine's bf16 path was measured slower than fp32 on this machine; the model says so."""
+    from serving.catalog.hardware import get_hardware
+    from serving.catalog.models import get_model
+    from serving.perf.model import StepShape, StepTimeModel, nearest_measured
+
+    eff, _ = nearest_measured(get_hardware("cpu-local"))
+    assert eff.format_factors.get("bf16", 1.0) > 1.0
+    model, hw = get_model("tiny-llama-s"), get_hardware("cpu-local")
+    shape = StepShape(
+        num_prefill_tokens=0,
+        num_decode_tokens=8,
+        num_seqs=8,
+        num_sampled=8,
+        prefill_attn_pairs=0.0,
+        prefill_cached_tokens=0,
+        decode_ctx_tokens=8 * 512,
+    )
+    fp32 = StepTimeModel(model, hw, weight_format="fp32").step_time(shape).total_s
+    bf16 = StepTimeModel(model, hw, weight_format="bf16").step_time(shape).total_s
+    assert bf16 > fp32
