@@ -236,6 +236,18 @@ TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workl
 TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
 TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
 TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
+# `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps and sample
+# ingests the broker never got or lost, and replaces steps whose worker died; a step the broker
+# took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S, a queued sample after
+# TRAFFIC_REDISPATCH_AFTER_S; a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails.
+TUNING_REDISPATCH_INTERVAL_S = env.int("TUNING_REDISPATCH_INTERVAL_S", 30, minimum=1)
+TUNING_REDISPATCH_AFTER_S = env.int("TUNING_REDISPATCH_AFTER_S", 900, minimum=1)
+TUNING_MAX_INTERRUPTIONS = env.int("TUNING_MAX_INTERRUPTIONS", 3, minimum=1)
+TRAFFIC_REDISPATCH_AFTER_S = env.int("TRAFFIC_REDISPATCH_AFTER_S", 60, minimum=1)
+CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
+    "task": "portal.jobs.tasks.jobs_redispatch",
+    "schedule": float(TUNING_REDISPATCH_INTERVAL_S),
+}
 # Job report PDFs: the headless Chromium that prints them (a name on PATH or a path), and how
 # long one print may take before the request gives up with an error.
 REPORT_CHROMIUM = env.str("REPORT_CHROMIUM", "chromium")
@@ -243,11 +255,19 @@ REPORT_PDF_TIMEOUT_S = env.int("REPORT_PDF_TIMEOUT_S", 60, minimum=5)
 # Dedicated endpoints: their config, key and logs on the serving host. (How long their metric
 # snapshots are kept is each organization's retention policy, in the compliance app.)
 ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
+# Bounded broker calls: a request that enqueues work must not hang on a broker that is down or
+# stuck (connecting, then each command); work it could not enqueue stays queued in the database.
+CELERY_BROKER_CONNECTION_TIMEOUT = env.int("CELERY_BROKER_CONNECT_TIMEOUT_S", 3, minimum=1)
+REDIS_BROKER_TIMEOUTS = {
+    "socket_connect_timeout": CELERY_BROKER_CONNECTION_TIMEOUT,
+    "socket_timeout": env.int("CELERY_BROKER_SOCKET_TIMEOUT_S", 5, minimum=2),
+}
 # The broker re-delivers a task whose worker died after this long; longer than one trial.
 # Only Redis takes these: the embedded SQLAlchemy transport hands unknown options to
 # create_engine(), which refuses them and stops the worker.
 CELERY_BROKER_TRANSPORT_OPTIONS = (
     {
+        **REDIS_BROKER_TIMEOUTS,
         "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=10),
         # How often a worker looks for messages whose worker died (kombu's sweep).
         "unacked_restore_interval": env.int("CELERY_UNACKED_RESTORE_INTERVAL_S", 10, minimum=1),

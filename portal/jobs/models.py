@@ -42,6 +42,11 @@ class TuningJob(models.Model):
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
 
+    class Dispatch(models.TextChoices):
+        PENDING = "pending", "Waiting for the task queue"
+        SENT = "sent", "In the task queue"
+        TAKEN = "taken", "Taken by a worker"
+
     TERMINAL: ClassVar[set[str]] = {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -65,6 +70,16 @@ class TuningJob(models.Model):
     # takes over only when the heartbeat is older than TUNING_LEASE_S (a killed worker).
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A transactional outbox for the job's next step. The row says a step is owed (PENDING) in
+    # the transaction that makes it due; the message goes to the broker after the commit and is
+    # marked SENT only once the broker took it; the step that claims the job marks it TAKEN.
+    # `jobs_redispatch` re-sends what the broker never got (it was down), what it lost, and what
+    # a dead step left behind, so a job is never shown as queued or running with nothing to run it.
+    dispatch = models.CharField(max_length=16, choices=Dispatch.choices, default=Dispatch.PENDING)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Steps that died (worker killed, database lost) since the job's last finished trial; the
+    # job fails at TUNING_MAX_INTERRUPTIONS rather than retrying a step that cannot finish.
+    interruptions = models.IntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -82,6 +97,11 @@ class TuningJob(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status not in self.TERMINAL
+
+    @property
+    def awaits_broker(self) -> bool:
+        """Its next step is owed but the task queue has not taken it yet (it was unreachable)."""
+        return self.is_active and self.dispatch == self.Dispatch.PENDING
 
 
 class Trial(models.Model):

@@ -5,21 +5,29 @@ lease that it keeps fresh with a heartbeat while the trial runs; a duplicate del
 lease held and does nothing, and a step whose worker was killed loses the lease after
 `TUNING_LEASE_S`, so the re-delivered task re-runs only the unfinished trial. Finished trials
 are never repeated: they are rows, written as each trial ends.
+
+The broker is not trusted to hold the only copy of "this job has a step to run": the job row
+records it (`TuningJob.dispatch`, an outbox) in the transaction that makes the step due, and the
+message is sent after the commit. A broker that is down or hangs costs the user a few seconds at
+most and leaves the job queued in the database; `jobs_redispatch` (beat) sends it when the broker
+is back, and also replaces steps that died (worker killed, database restarted) once their lease
+runs out.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection, transaction
-from django.db.models import Q
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
 
 from compliance.selectors import allowed_regions
 from compliance.services import audit_record
@@ -47,6 +55,9 @@ from tuning.search.trial import describe, run_trial
 
 logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 5.0
+# One quick second try inside the request; the outbox and `jobs_redispatch` are the real retry.
+# Each try is bounded by the broker's socket timeouts (settings.REDIS_BROKER_TIMEOUTS).
+SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
 
 
 def served_model_register(*, actor: User, organization: Organization, name: str, path: str) -> ServedModel:
@@ -240,11 +251,94 @@ def _job_create(
             target=job,
             data={"slo": slo, "peak_rps": peak_rps, "budget_trials": budget_trials, "strategy": strategy},
         )
-        from portal.jobs.tasks import tuning_job_step
-
         job_id = str(job.id)
-        transaction.on_commit(lambda: tuning_job_step.delay(job_id))
+        # The job is durably queued (dispatch PENDING) once this commits, whatever the broker does.
+        transaction.on_commit(lambda: _step_send(job_id))
     return job
+
+
+def _step_send(job_id: str) -> bool:
+    """Hands the job's next step to the broker and records that it did. Never raises for a
+    broker that is down or stuck: the job stays PENDING and `jobs_redispatch` sends it later."""
+    from portal.jobs.tasks import tuning_job_step
+
+    try:
+        tuning_job_step.apply_async((job_id,), retry=True, retry_policy=SEND_RETRY_POLICY)
+    except (BrokerError, OSError) as exc:
+        logger.warning(
+            "tuning job %s: the task queue did not take its next step (%s); it stays queued", job_id, exc
+        )
+        return False
+    # Only from PENDING: a fast worker may already have claimed the step (TAKEN).
+    TuningJob.objects.filter(id=job_id, dispatch=TuningJob.Dispatch.PENDING).update(
+        dispatch=TuningJob.Dispatch.SENT, dispatched_at=timezone.now()
+    )
+    return True
+
+
+def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
+    """Sends again every step that the broker should hold but may not. Returns counts by case.
+
+    - pending: the step was due while the broker was unreachable;
+    - lost: the broker took it TUNING_REDISPATCH_AFTER_S ago and no step has claimed the job (a
+      broker that lost its data; in a merely long queue the copy is a no-op, the lease sees to it);
+    - died: a step claimed the job and stopped without finishing (worker killed, database lost)
+      and its lease ran out. The job fails instead at its TUNING_MAX_INTERRUPTIONS-th death in a
+      row, so a step that cannot finish is not retried for ever.
+    Only jobs that no live step holds are touched.
+    """
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
+    unheld = TuningJob.objects.filter(status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING]).filter(
+        Q(lease_owner="") | Q(lease_heartbeat_at__isnull=True) | Q(lease_heartbeat_at__lt=stale)
+    )
+    counts = {"pending": 0, "lost": 0, "died": 0, "failed": 0, "unsent": 0}
+
+    def send(job_id: str, case: str) -> None:
+        counts[case if _step_send(job_id) else "unsent"] += 1
+
+    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.PENDING).values_list("id", flat=True):
+        send(str(job_id), "pending")
+    lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
+    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.SENT, dispatched_at__lt=lost_before).values_list(
+        "id", flat=True
+    ):
+        if unheld.filter(id=job_id, dispatch=TuningJob.Dispatch.SENT).update(
+            dispatch=TuningJob.Dispatch.PENDING
+        ):
+            send(str(job_id), "lost")
+    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.TAKEN).values_list("id", flat=True):
+        with transaction.atomic():
+            job = (
+                unheld.select_for_update(skip_locked=True)
+                .select_related("organization")
+                .filter(id=job_id, dispatch=TuningJob.Dispatch.TAKEN)
+                .first()
+            )
+            if job is None:
+                continue
+            if job.interruptions + 1 >= settings.TUNING_MAX_INTERRUPTIONS:
+                done = job.trials.filter(status=Trial.Status.DONE).count()
+                _finish(
+                    job,
+                    TuningJob.Status.FAILED,
+                    error=(
+                        f"Stopped after {job.interruptions + 1} interrupted attempts in a row at the step "
+                        f"after {done} finished trial(s): each time its worker stopped or lost the database "
+                        "before the step ended. Start the job again."
+                    ),
+                )
+                counts["failed"] += 1
+                continue
+            TuningJob.objects.filter(id=job_id).update(
+                dispatch=TuningJob.Dispatch.PENDING,
+                interruptions=F("interruptions") + 1,
+                lease_owner="",
+                lease_heartbeat_at=None,
+            )
+            logger.warning("tuning job %s: its step stopped without finishing; sending it again", job_id)
+        send(str(job_id), "died")
+    return counts
 
 
 def tuning_job_cancel(*, actor: User, job: TuningJob) -> TuningJob:
@@ -280,7 +374,7 @@ def _claim(job_id: str, owner: str) -> bool:
     return bool(
         TuningJob.objects.filter(id=job_id, status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING])
         .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
-        .update(lease_owner=owner, lease_heartbeat_at=now)
+        .update(lease_owner=owner, lease_heartbeat_at=now, dispatch=TuningJob.Dispatch.TAKEN)
     )
 
 
@@ -289,7 +383,9 @@ def _release(job_id: str, owner: str) -> None:
 
 
 class _Heartbeat:
-    """Keeps the lease fresh from a thread while a trial runs (a trial can take minutes)."""
+    """Keeps the lease fresh from a thread for the whole step (a trial can take minutes, and
+    planning on a large trace a while too). A database that drops the thread's connection
+    (restart, failover) costs one beat: the next one reconnects."""
 
     def __init__(self, job_id: str, owner: str) -> None:
         self.job_id, self.owner = job_id, owner
@@ -299,9 +395,13 @@ class _Heartbeat:
     def _run(self) -> None:
         try:
             while not self.stop.wait(_HEARTBEAT_S):
-                TuningJob.objects.filter(id=self.job_id, lease_owner=self.owner).update(
-                    lease_heartbeat_at=timezone.now()
-                )
+                try:
+                    TuningJob.objects.filter(id=self.job_id, lease_owner=self.owner).update(
+                        lease_heartbeat_at=timezone.now()
+                    )
+                except DatabaseError as exc:
+                    logger.warning("tuning job %s: heartbeat not recorded (%s)", self.job_id, exc)
+                    connection.close()
         finally:
             connection.close()
 
@@ -362,62 +462,86 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
     if not _claim(job_id, owner):
         return "busy-or-done"
     try:
-        job = TuningJob.objects.select_related("organization").get(id=job_id)
-        if job.status == TuningJob.Status.QUEUED:
-            TuningJob.objects.filter(id=job_id).update(
-                status=TuningJob.Status.RUNNING, started_at=timezone.now()
-            )
-        try:
-            prepared = plan_job(
-                JobSpec.from_dict(job.spec), _work_dir(job), calibration=_calibration_pairs(job)
-            )
-        except JobSpecError as exc:
-            _finish(job, TuningJob.Status.FAILED, error=str(exc))
-            return "failed"
-        if job.cancel_requested:
-            _finish(job, TuningJob.Status.CANCELLED, prepared=prepared)
-            return "cancelled"
-        history = _history(job)
-        assignment = next_assignment(prepared, history)
-        if assignment is None:
-            _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
-            return "finished"
-        number = len(history)
-        trial, created = Trial.objects.get_or_create(
-            job=job,
-            number=number,
-            defaults={
-                "organization": job.organization,
-                "assignment": assignment,
-                "label": describe(assignment),
-            },
-        )
-        if not created:
-            # A worker died during this trial: run it again from the start.
-            Trial.objects.filter(pk=trial.pk).update(
-                attempts=trial.attempts + 1, assignment=assignment, label=describe(assignment)
-            )
-        config = prepared.space.to_config(assignment)
-        reference = prepared.reference if number else assignment
         with _Heartbeat(job_id, owner):
-            result = run_trial(
-                prepared.plan,
-                config,
-                change_type=prepared.space.change_type(assignment, reference),
-                reference=reference_capture(history),
-                work_dir=_work_dir(job) / f"trial-{number}",
-            )
-        with transaction.atomic():
-            Trial.objects.filter(pk=trial.pk).update(
-                status=Trial.Status.DONE,
-                result=with_prediction(prepared, assignment, result),
-                finished_at=timezone.now(),
-            )
-            _release(job_id, owner)
-            from portal.jobs.tasks import tuning_job_step as step_task
-
-            transaction.on_commit(lambda: step_task.delay(job_id))
-        return f"trial {number}"
+            return _step(job_id, owner)
     except Exception:
-        _release(job_id, owner)
+        try:
+            _release(job_id, owner)
+        except DatabaseError:
+            # The database went away (restart, failover): the lease runs out after
+            # TUNING_LEASE_S and `jobs_redispatch` hands the job to a new step then.
+            logger.warning("tuning job %s: step %s lost the database; its lease will run out", job_id, owner)
         raise
+
+
+def _reconnect_if_lost() -> None:
+    """Planning and trials run for a while without the database, which may have restarted
+    meanwhile: a dead session is replaced before the step writes, rather than failing the step
+    (and losing a measured trial). A database still away fails the step; its lease runs out."""
+    if connection.connection is not None and not connection.in_atomic_block and not connection.is_usable():
+        connection.close()
+
+
+def _step(job_id: str, owner: str) -> str:
+    job = TuningJob.objects.select_related("organization").get(id=job_id)
+    if job.status == TuningJob.Status.QUEUED:
+        TuningJob.objects.filter(id=job_id).update(status=TuningJob.Status.RUNNING, started_at=timezone.now())
+    plan_error = ""
+    try:
+        prepared = plan_job(JobSpec.from_dict(job.spec), _work_dir(job), calibration=_calibration_pairs(job))
+    except JobSpecError as exc:
+        plan_error = str(exc)
+    _reconnect_if_lost()
+    if plan_error:
+        _finish(job, TuningJob.Status.FAILED, error=plan_error)
+        return "failed"
+    if job.cancel_requested:
+        _finish(job, TuningJob.Status.CANCELLED, prepared=prepared)
+        return "cancelled"
+    history = _history(job)
+    assignment = next_assignment(prepared, history)
+    if assignment is None:
+        _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
+        return "finished"
+    number = len(history)
+    trial, created = Trial.objects.get_or_create(
+        job=job,
+        number=number,
+        defaults={
+            "organization": job.organization,
+            "assignment": assignment,
+            "label": describe(assignment),
+        },
+    )
+    if not created:
+        # A worker died during this trial: run it again from the start.
+        Trial.objects.filter(pk=trial.pk).update(
+            attempts=trial.attempts + 1, assignment=assignment, label=describe(assignment)
+        )
+    config = prepared.space.to_config(assignment)
+    reference = prepared.reference if number else assignment
+    result = run_trial(
+        prepared.plan,
+        config,
+        change_type=prepared.space.change_type(assignment, reference),
+        reference=reference_capture(history),
+        work_dir=_work_dir(job) / f"trial-{number}",
+    )
+    _reconnect_if_lost()
+    with transaction.atomic():
+        # Fenced by the lease: a step that lost it (its heartbeats stopped reaching the database
+        # for longer than the lease, and a new step took the job over) drops its late result.
+        if not TuningJob.objects.select_for_update().filter(id=job_id, lease_owner=owner).exists():
+            logger.warning("tuning job %s: step %s lost its lease during trial %s", job_id, owner, number)
+            return "lease-lost"
+        Trial.objects.filter(pk=trial.pk).update(
+            status=Trial.Status.DONE,
+            result=with_prediction(prepared, assignment, result),
+            finished_at=timezone.now(),
+        )
+        # The next step is owed from this commit on (the outbox), sent right after it.
+        TuningJob.objects.filter(id=job_id).update(
+            lease_owner="", lease_heartbeat_at=None, dispatch=TuningJob.Dispatch.PENDING, interruptions=0
+        )
+        transaction.on_commit(lambda: _step_send(job_id))
+    return f"trial {number}"

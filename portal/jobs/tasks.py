@@ -5,9 +5,19 @@ from __future__ import annotations
 from celery import shared_task
 
 from portal.jobs import services
+from portal.traffic import services as traffic_services
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
 def tuning_job_step(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
     # The lease owner names this delivery, for the record; see services.tuning_job_step.
     return services.tuning_job_step(job_id=job_id, owner=str(self.request.id))
+
+
+@shared_task
+def jobs_redispatch() -> str:
+    # Beat: background work the broker never got (it was down) or lost, and job steps whose
+    # worker died; the traffic app's sample ingests are covered by the same beat.
+    jobs = services.tuning_jobs_redispatch()
+    samples = traffic_services.traffic_samples_redispatch()
+    return f"jobs {jobs}; samples sent {samples}"

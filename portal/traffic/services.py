@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.utils import timezone
+from kombu.exceptions import ChannelError
+from kombu.exceptions import OperationalError as BrokerError
 
 from compliance import services as compliance
 from compliance.services import audit_record
@@ -92,14 +95,67 @@ def traffic_sample_create(
                 target=sample,
                 data={"name": name, "size_bytes": sample.size_bytes, "format": trace_format},
             )
-            from portal.traffic.tasks import traffic_sample_ingest as ingest_task
-
             sample_id = str(sample.id)
-            transaction.on_commit(lambda: ingest_task.delay(sample_id))
+            # Never raises: with the broker down the sample stays queued (the row and the stored
+            # upload are committed) and `traffic_samples_redispatch` sends it later.
+            transaction.on_commit(lambda: _ingest_send(sample_id))
     except Exception:
         compliance.sample_upload_discard(reference=sample.staging_name)
         raise
     return sample
+
+
+# One quick second try inside the request; `traffic_samples_redispatch` is the real retry.
+_SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
+
+
+def _ingest_send(sample_id: str) -> bool:
+    from portal.traffic.tasks import traffic_sample_ingest as ingest_task
+
+    try:
+        ingest_task.apply_async((sample_id,), retry=True, retry_policy=_SEND_RETRY_POLICY)
+    except (BrokerError, OSError) as exc:
+        logger.warning(
+            "traffic sample %s: the task queue did not take it (%s); it stays queued", sample_id, exc
+        )
+        return False
+    return True
+
+
+def _broker_queue_empty() -> bool | None:
+    """Whether the task queue holds no message at all; None when the broker cannot be asked."""
+    from portal.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1)
+            try:
+                _name, count, _consumers = conn.default_channel.queue_declare(
+                    queue=settings.CELERY_TASK_DEFAULT_QUEUE, passive=True
+                )
+            except ChannelError:
+                # Redis and the embedded broker drop a queue with no message in it.
+                return True
+            return int(count) == 0
+    except (BrokerError, OSError) as exc:
+        logger.warning("traffic samples: the task queue cannot be asked (%s)", exc)
+        return None
+
+
+def traffic_samples_redispatch(*, now: datetime | None = None) -> int:
+    """Sends again the ingests of samples still queued TRAFFIC_REDISPATCH_AFTER_S after upload
+    while the broker's queue is empty: their messages never reached it (it was down) or it lost
+    them. A queue with messages in it may still hold theirs, so nothing is sent then (no pile of
+    copies behind a long backlog); a copy that does go out twice is a no-op, since the ingest
+    claims a queued sample once. Returns how many were sent."""
+    now = now or timezone.now()
+    waiting = TrafficSample.objects.filter(
+        status=TrafficSample.Status.QUEUED,
+        created_at__lt=now - timedelta(seconds=settings.TRAFFIC_REDISPATCH_AFTER_S),
+    ).values_list("id", flat=True)
+    if not waiting.exists() or not _broker_queue_empty():
+        return 0
+    return sum(_ingest_send(str(sample_id)) for sample_id in waiting)
 
 
 def traffic_sample_ingest(*, sample_id: str) -> str:
