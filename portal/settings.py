@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "portal.endpoints",
     "portal.billing",
     "portal.benchmarks",
+    "portal.catalog",
     "compliance",
 ]
 

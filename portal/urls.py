@@ -28,6 +28,7 @@ urlpatterns = [
     path("endpoints/", include("portal.endpoints.urls")),
     path("billing/", include("portal.billing.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
+    path("catalog/", include("portal.catalog.urls")),
     path("compliance/", include("compliance.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("vendor/plotly.min.js", plotly_js, name="plotly-js"),

@@ -34,6 +34,7 @@ from compliance.services import audit_record
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.billing.services import billing_assert_can_start_jobs
+from portal.catalog.selectors import job_price_per_hour
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
@@ -224,6 +225,8 @@ def _job_create(
         max_output_tokens=max_output_tokens,
         capacity_steps=capacity_steps,
         incumbent=incumbent,
+        # An admin's price override (catalog pages) prices this job; None: the target's own.
+        price_per_hour_usd=job_price_per_hour(hardware),
     )
     try:
         # The organization's data-residency rule decides which hardware regions are possible.

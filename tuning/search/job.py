@@ -74,6 +74,9 @@ class JobSpec:
     # The configuration serving now (a re-tuning job of the continual loop): measured first
     # after the reference, so the candidates are judged against it on the same traffic.
     incumbent: dict[str, Any] | None = None
+    # USD per device-hour that cost per million tokens uses (an admin's price override in the
+    # portal's catalog); None: the hardware target's own price.
+    price_per_hour_usd: float | None = None
 
     @property
     def target_rps(self) -> float:
@@ -132,6 +135,9 @@ def validate(
         raise JobSpecError("headroom", "the headroom factor must be between 1 and 10")
     if spec.strategy not in {"tpe", "grid"}:
         raise JobSpecError("strategy", "choose tpe or grid")
+    price = spec.price_per_hour_usd
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise JobSpecError("price_per_hour_usd", "the price per hour must be a number of USD, 0 or more")
     hardware = HARDWARE.get(spec.hardware)
     if hardware is None:
         raise JobSpecError("hardware", f"unknown hardware {spec.hardware!r}; known: {', '.join(HARDWARE)}")
@@ -200,7 +206,9 @@ def plan_job(
         capacity_traces=tuple((m, str(f)) for m, f in files.items() if m != 1.0),
         target_rps=spec.target_rps,
         slo=slo,
-        price_per_hour_usd=hardware.price_per_hour_usd,
+        price_per_hour_usd=(
+            hardware.price_per_hour_usd if spec.price_per_hour_usd is None else spec.price_per_hour_usd
+        ),
         golden=golden,
         repeats=spec.repeats,
         capacity_steps=spec.capacity_steps,
