@@ -64,9 +64,10 @@ def test_plan_ranks_candidates_and_predicts_each_trial(
     assert 0 < predicted["ttft_p50_ms"] <= predicted["ttft_p95_ms"]
     # No tenant history: the calibrated forecast is the base one.
     assert predicted["ttft_p50_ms"] == predicted["base_ttft_p50_ms"]
-    # float32 weights are twice the bytes of bfloat16: the simulator must see it.
-    slow = prepared.predict(prepared.reference)
-    assert slow is not None and slow["tpot_p50_ms"] > predicted["tpot_p50_ms"]
+    # The dtype matters: on this CPU the bf16 path (the checkpoint's dtype, vLLM's default here)
+    # was measured ~2x slower than float32, and the calibration carries that factor.
+    fp32 = prepared.predict(prepared.reference)
+    assert fp32 is not None and fp32["tpot_p50_ms"] < predicted["tpot_p50_ms"]
 
 
 def test_stored_trials_carry_prediction_and_the_report_its_error(

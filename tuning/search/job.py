@@ -258,7 +258,7 @@ def objective(result: Mapping[str, Any], slo: SLOTarget) -> float | None:
     gates_ok = bool((result.get("correctness") or {}).get("passed")) and bool(
         (result.get("reliability") or {}).get("passed")
     )
-    if result.get("slo_met") and gates_ok and result.get("cost_per_mtok_usd"):
+    if result.get("slo_met") and gates_ok and result.get("cost_per_mtok_usd") is not None:
         return float(result["cost_per_mtok_usd"])
     overshoot = 0.0
     for o in slo.objectives:
