@@ -278,6 +278,13 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
     require_role(
         actor=actor, organization=sample.organization, minimum=Role.MEMBER, doing="delete traffic samples"
     )
+    # A tuning job keeps its sample (its workload and its record; the key is PROTECT). Refused
+    # before anything is removed, so the stored upload stays too.
+    jobs = list(sample.tuning_jobs.order_by("created_at").values_list("name", flat=True))
+    if jobs:
+        names = ", ".join(repr(name) for name in jobs[:3])
+        more = f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""
+        raise ValidationError(f"Tuning jobs use this sample ({names}{more}); it is kept as their workload.")
     compliance.sample_objects_delete(actor=actor, sample=sample)
     with transaction.atomic():
         audit_record(

@@ -80,6 +80,10 @@ def sample_status(request: HttpRequest, sample_id: str) -> HttpResponse:
 @require_POST
 def sample_delete(request: HttpRequest, sample_id: str) -> HttpResponse:
     sample = get_object_for_member(request, TrafficSample.objects.select_related("organization"), sample_id)
-    services.traffic_sample_delete(actor=request.user, sample=sample)
+    try:
+        services.traffic_sample_delete(actor=request.user, sample=sample)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("traffic:detail", sample_id=sample.id)
     messages.success(request, f"Deleted {sample.name}.")
     return redirect("traffic:list")
