@@ -139,8 +139,9 @@ def compute_charts(
     bin_s = _time_bin_s(duration_s)
     num_bins = int(duration_s // bin_s) + 1
     per_bin = np.bincount(np.minimum((arrival_s // bin_s).astype(np.int64), num_bins - 1), minlength=num_bins)
-    windows = window_counts(columns.arrival_ns)
-    busiest = int(np.argmax(windows))
+    index, counts = window_counts(columns.arrival_ns)
+    top = int(np.argmax(counts))
+    busiest = int(index[top])
     return ChartData(
         arrival_rate=ArrivalRateSeries(
             bin_s=bin_s,
@@ -148,7 +149,7 @@ def compute_charts(
             rate_rps=tuple(float(c) / bin_s for c in per_bin),
             peak_window_start_s=float(busiest * WINDOW_S),
             peak_window_end_s=float((busiest + 1) * WINDOW_S),
-            peak_rps_60s=float(windows[busiest]) / WINDOW_S,
+            peak_rps_60s=float(counts[top]) / WINDOW_S,
         ),
         input_tokens=_length_histogram(columns.input_tokens),
         output_tokens=_length_histogram(columns.output_tokens),

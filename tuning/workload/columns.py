@@ -17,7 +17,7 @@ from tuning.workload.errors import TraceError
 
 FLUSH_ROWS = 16_384
 # Block ids below this are used directly as indices of the first-use table (4 bytes each, so at
-# most 128 MiB); larger (sparse, hashed) ids are renumbered through a dict.
+# most 128 MiB); larger (sparse, hashed) ids are renumbered through a dict (see _sparse_from).
 _DENSE_ID_LIMIT = 1 << 25
 _UNSEEN = np.iinfo(np.int32).max
 
@@ -89,6 +89,10 @@ class PrefixTracker:
         self.prompt_tokens_total = 0
         self._first_use = np.full(0, _UNSEEN, dtype=np.int32)
         self._sparse: dict[int, int] | None = None
+        # Ids from this one up go through `_sparse`: 2**25 until the first sparse id arrives,
+        # then the table's size at that moment, so that one hashed id does not grow the table
+        # to 2**25 entries (hundreds of MiB for a one-line file).
+        self._sparse_from = _DENSE_ID_LIMIT
         self._curve_max_blocks = curve_max_blocks
         self._curve_blocks = 0
         self._curve_full = curve_max_blocks <= 0
@@ -100,14 +104,19 @@ class PrefixTracker:
         self._next_dense = 0
 
     def _densify(self, ids: np.ndarray) -> np.ndarray:
-        large = ids >= _DENSE_ID_LIMIT
+        large = ids >= self._sparse_from
         if self._sparse is None and not large.any():
             return ids
         if self._sparse is None:
             self._sparse = {}
+            # Above every id used directly so far, this chunk's included.
+            small = ids[~large]
+            self._sparse_from = max(self._first_use.shape[0], int(small.max()) + 1 if small.size else 0)
+            large = ids >= self._sparse_from
         table = self._sparse
+        base = self._sparse_from
         out = ids.copy()
-        out[large] = [table.setdefault(x, _DENSE_ID_LIMIT + len(table)) for x in ids[large].tolist()]
+        out[large] = [table.setdefault(x, base + len(table)) for x in ids[large].tolist()]
         return out
 
     def add_chunk(

@@ -244,7 +244,8 @@ def parse_mooncake(reader: LineReader, builder: ColumnBuilder, *, max_tokens: in
             if type(ts) is int:
                 t_ns = ts * 1_000_000
             elif type(ts) is float and math.isfinite(ts):
-                t_ns = round(ts * 1_000_000)
+                # A float beyond the range (1e303 is valid JSON) would overflow to inf when scaled.
+                t_ns = round(ts * 1_000_000) if abs(ts) < _MAX_ABS_NS else _MAX_ABS_NS
             else:
                 raise TraceError(
                     n, "missing `timestamp`" if ts is None else "`timestamp` must be a number of milliseconds"
@@ -300,7 +301,7 @@ def _epoch_ns(value: object, n: int) -> int:
     if isinstance(value, int):
         ns = value * 1_000_000_000
     elif isinstance(value, float) and math.isfinite(value):
-        ns = round(value * 1e9)
+        ns = round(value * 1e9) if abs(value) < _MAX_ABS_NS else _MAX_ABS_NS
     elif isinstance(value, str):
         moment: datetime | None
         try:
@@ -522,8 +523,13 @@ def parse_openai(
 # --------------------------------------------------------------------------------------------
 # CSV formats
 
-_TIME_SYNTAX: Final = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?")
-_SECONDS_SYNTAX: Final = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
+# ASCII digits only: `\d` would also take other scripts' digits, which numpy cannot read.
+_TIME_SYNTAX: Final = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d{1,9})?", re.ASCII)
+_SECONDS_SYNTAX: Final = re.compile(r"\d{1,12}(?:\.\d{1,9})?", re.ASCII)
+# Azure times are kept within 2**62 ns of the epoch like every other format's (1823-2116), so
+# that the difference of any two fits in int64.
+_FIRST_YEAR: Final = "1824"
+_LAST_YEAR: Final = "2115"
 
 
 def _cell_problem(cell: str, name: str, *, what: str, max_value: int | None = None) -> str:
@@ -563,20 +569,26 @@ def _is_blank(row: list[str]) -> bool:
     return not row or (len(row) == 1 and not row[0].strip())
 
 
-def _open_csv(reader: LineReader, required: tuple[str, ...], label: str) -> tuple[Any, list[str]]:
+def _open_csv(
+    reader: LineReader, required: tuple[str, ...], label: str, optional: tuple[str, ...] = ()
+) -> tuple[Any, list[str]]:
     """A csv reader positioned after the header, and the header's names (checked)."""
     rows = csv.reader(reader.text_lines(), strict=True)
     header: list[str] | None = None
     malformed = False
+    done = 0  # lines read up to the end of the last complete row
     try:
         for row in rows:
             if not _is_blank(row):
                 header = row
                 break
+            done = rows.line_num
     except csv.Error:
         malformed = True
     if malformed:
-        raise TraceError(rows.line_num, _MALFORMED_CSV)
+        # The bad record starts after the last good one; the csv reader may have read on to
+        # the end of the file looking for a closing quote.
+        raise TraceError(done + 1, _MALFORMED_CSV)
     if header is None:
         raise TraceError(None, "the file is empty")
     names = [cell.strip() for cell in header]
@@ -585,6 +597,10 @@ def _open_csv(reader: LineReader, required: tuple[str, ...], label: str) -> tupl
         raise TraceError(
             rows.line_num, f"not {label}: the header must name the columns {', '.join(required)}"
         )
+    # A column read twice would be ambiguous: which of the two holds the numbers?
+    for name in (*required, *optional):
+        if lowered.count(name.lower()) > 1:
+            raise TraceError(rows.line_num, f"the header names the column `{name}` more than once")
     return rows, names
 
 
@@ -613,6 +629,7 @@ def parse_azure(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) 
     add_output = builder.output_tokens.append
     syntax = _TIME_SYNTAX.fullmatch
     malformed = False
+    n = rows.line_num
     try:
         for row in rows:
             n = rows.line_num
@@ -653,7 +670,7 @@ def parse_azure(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) 
     except csv.Error:
         malformed = True
     if malformed:
-        raise TraceError(rows.line_num, _MALFORMED_CSV)
+        raise TraceError(n + 1, _MALFORMED_CSV)  # where the bad record starts
     _flush_times(times, builder)
 
 
@@ -661,6 +678,12 @@ def _flush_times(times: list[str], builder: ColumnBuilder) -> None:
     """Convert a chunk of (already syntax-checked) timestamps at once; find the bad one if any."""
     if not times:
         return
+    # datetime64[ns] spans 1677-2262 and numpy wraps a year outside it around without a word;
+    # the (syntax-checked, four-digit) years compare as strings, one pass in C over the chunk.
+    if min(times)[:4] < _FIRST_YEAR or max(times)[:4] > _LAST_YEAR:
+        for stamp, n in zip(times, builder.line_no, strict=True):
+            if not _FIRST_YEAR <= stamp[:4] <= _LAST_YEAR:
+                raise TraceError(n, f"`TIMESTAMP` is out of range (years {_FIRST_YEAR} to {_LAST_YEAR})")
     converted: np.ndarray | None
     try:
         converted = np.array(times, dtype="datetime64[ns]")
@@ -687,16 +710,20 @@ def _seconds_ns(cell: str, n: int) -> int:
     if _SECONDS_SYNTAX.fullmatch(cell) is None:
         raise TraceError(n, _cell_problem(cell, "Timestamp", what="a number of seconds"))
     whole, _, fraction = cell.partition(".")
-    return int(whole) * 1_000_000_000 + int(fraction.ljust(9, "0") or "0")
+    ns = int(whole) * 1_000_000_000 + int(fraction.ljust(9, "0") or "0")
+    if ns >= _MAX_ABS_NS:  # twelve digits of seconds can exceed the int64 nanosecond columns
+        raise TraceError(n, "`Timestamp` is out of range")
+    return ns
 
 
 def parse_burstgpt(reader: LineReader, builder: ColumnBuilder, *, max_tokens: int) -> None:
-    rows, names = _open_csv(reader, BURSTGPT_REQUIRED, "a BurstGPT trace")
+    rows, names = _open_csv(reader, BURSTGPT_REQUIRED, "a BurstGPT trace", optional=("Log Type",))
     lowered = [name.lower() for name in names]
     i_time, i_in, i_out = (lowered.index(name.lower()) for name in BURSTGPT_REQUIRED)
     i_type = lowered.index("log type") if "log type" in lowered else None
     width = len(names)
     malformed = False
+    n = rows.line_num
     try:
         for row in rows:
             n = rows.line_num
@@ -721,4 +748,4 @@ def parse_burstgpt(reader: LineReader, builder: ColumnBuilder, *, max_tokens: in
     except csv.Error:
         malformed = True
     if malformed:
-        raise TraceError(rows.line_num, _MALFORMED_CSV)
+        raise TraceError(n + 1, _MALFORMED_CSV)  # where the bad record starts

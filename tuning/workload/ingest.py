@@ -156,7 +156,9 @@ def _ingest(
         session_salt = hashlib.blake2b(key, digest_size=32).digest()
 
         def session_key(session: str) -> bytes:
-            return hashlib.blake2b(session.encode(), key=session_salt, digest_size=16).digest()
+            # surrogatepass: JSON may escape a lone surrogate (a cut emoji), which strict UTF-8 refuses.
+            raw = session.encode("utf-8", "surrogatepass")
+            return hashlib.blake2b(raw, key=session_salt, digest_size=16).digest()
 
         used_tokenizer, num_sessions = parse_openai(
             reader,

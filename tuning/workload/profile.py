@@ -150,10 +150,16 @@ def length_stats(values: np.ndarray) -> LengthStats:
     )
 
 
-def window_counts(arrival_ns: np.ndarray) -> np.ndarray:
-    """Arrivals per 60 s tumbling window starting at the first arrival (last one may be partial)."""
+def window_counts(arrival_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 60 s tumbling windows (from the first arrival; the last may be partial) that hold
+    arrivals: their indices, ascending, and their arrival counts.
+
+    Sparse, because two requests centuries apart are a valid file: a dense count per window
+    would take gigabytes for them.
+    """
     window = (arrival_ns - arrival_ns[0]) // _WINDOW_NS
-    return np.bincount(window)
+    starts = np.flatnonzero(np.diff(window, prepend=-1))
+    return window[starts], np.diff(starts, append=window.shape[0])
 
 
 def compute_profile(
@@ -179,8 +185,16 @@ def compute_profile(
     duration_s = duration_ns / 1e9
     gaps_s = np.diff(arrival_ns).astype(np.float64) / 1e9
     gap_mean = float(np.mean(gaps_s))
-    counts = window_counts(arrival_ns)
-    full = counts[: duration_ns // _WINDOW_NS]
+    index, counts = window_counts(arrival_ns)
+    # Moments over every full window, the empty ones included (as zeros).
+    num_full = duration_ns // _WINDOW_NS
+    in_full = counts[index < num_full].astype(np.float64)
+    full_mean = float(in_full.sum()) / num_full if num_full else float(n)
+    full_var = (
+        (float(np.sum((in_full - full_mean) ** 2)) + (num_full - in_full.size) * full_mean**2) / num_full
+        if num_full
+        else 0.0
+    )
     grid = np.asarray(SKETCH_PERCENTILES)
     reuse_ratio_se = None
     if (
@@ -213,9 +227,9 @@ def compute_profile(
             input_tokens=tuple(float(v) for v in np.percentile(columns.input_tokens, grid)),
             output_tokens=tuple(float(v) for v in np.percentile(columns.output_tokens, grid)),
             interarrival_s=tuple(float(v) for v in np.percentile(gaps_s, grid)),
-            window_count_mean=float(full.mean()) if full.size else float(n),
-            window_count_var=float(full.var()) if full.size else 0.0,
-            num_full_windows=int(full.size),
+            window_count_mean=full_mean,
+            window_count_var=full_var,
+            num_full_windows=int(num_full),
             reuse_ratio_se=reuse_ratio_se,
         ),
     )

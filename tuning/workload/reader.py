@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -101,7 +102,7 @@ class LineReader:
         problem = None
         try:
             block = self._stream.read(_BLOCK_BYTES)
-        except (OSError, EOFError, gzip.BadGzipFile):
+        except (OSError, EOFError, zlib.error):  # BadGzipFile is an OSError; a bad deflate block is not
             block = b""
             problem = "the gzip stream is corrupt or truncated"
         if problem is not None:

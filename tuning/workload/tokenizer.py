@@ -55,14 +55,14 @@ class ApproxTokenizer:
             elif first.isdigit():
                 step = _DIGITS
             elif first.isspace():
-                ids.append(crc(piece.encode()))
+                ids.append(crc(piece.encode("utf-8", "surrogatepass")))
                 continue
             else:
                 step = 1
             lead = piece[: len(piece) - len(body)]
             for start in range(0, len(body), step):
                 chunk = body[start : start + step]
-                ids.append(crc((lead + chunk if start == 0 else chunk).encode()))
+                ids.append(crc((lead + chunk if start == 0 else chunk).encode("utf-8", "surrogatepass")))
         return ids
 
     def __repr__(self) -> str:
