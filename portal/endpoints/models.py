@@ -141,7 +141,9 @@ class LoopIteration(models.Model):
     traffic_sample = models.ForeignKey(
         "traffic.TrafficSample", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    job = models.ForeignKey("jobs.TuningJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    job = models.ForeignKey(
+        "jobs.TuningJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     verdict = models.TextField(blank=True)  # the canary's reason, promotion or not
     candidate_ttft_p50_ms = models.FloatField(null=True, blank=True)  # measured in the job
     incumbent_ttft_p50_ms = models.FloatField(null=True, blank=True)
