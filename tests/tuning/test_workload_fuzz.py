@@ -638,10 +638,11 @@ def test_timestamps_centuries_apart_cost_no_more_than_minutes_apart() -> None:
     assert far.sketch.window_count_mean == pytest.approx(1 / 76_666_666)
 
 
-def test_one_hashed_block_id_does_not_grow_the_first_use_table() -> None:
-    # One id >= 2**25 used to grow the table to 2**25 entries (128 MiB, plus 256 MiB kept for
-    # synthesis) for a one-line file. The private sizes are the point of this regression test.
-    ids = [[1, 2], [1, 2**60], [2**61, 3]]
+def test_one_large_block_id_does_not_grow_the_first_use_table() -> None:
+    # One id near 2**25 used to grow the table to 2**25 entries (128 MiB, plus 256 MiB kept for
+    # synthesis; 1 GiB at the peak) for a 300-byte file: the fuzzer's out-of-memory input. The
+    # private sizes are the point of this regression test.
+    ids = [[1, 2], [1, 2**25 - 1], [2**61, 3]]
     lines = [
         json.dumps({"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": h})
         for i, h in enumerate(ids)
@@ -656,7 +657,7 @@ def test_one_hashed_block_id_does_not_grow_the_first_use_table() -> None:
     import numpy as np
 
     counts = np.array([2, 2, 2])
-    tracker.add_chunk(np.array([1, 2, 1, 2**60, 2**61, 3]), counts, counts * 512, np.arange(3))
+    tracker.add_chunk(np.array([1, 2, 1, 2**25 - 1, 2**61, 3]), counts, counts * 512, np.arange(3))
     assert tracker._first_use.nbytes < 1024 and tracker._renumber.nbytes < 1024
 
 

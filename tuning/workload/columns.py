@@ -19,6 +19,11 @@ FLUSH_ROWS = 16_384
 # Block ids below this are used directly as indices of the first-use table (4 bytes each, so at
 # most 128 MiB); larger (sparse, hashed) ids are renumbered through a dict (see _sparse_from).
 _DENSE_ID_LIMIT = 1 << 25
+# ... and below this many per id read so far (at least _MIN_DIRECT_IDS): a dense trace numbers
+# its blocks in order of first use, so its ids stay under it, while one id of 2**25 - 1 in a
+# 300-byte file does not buy a table of 2**25 entries.
+_DIRECT_IDS_PER_ID_READ = 8
+_MIN_DIRECT_IDS = 1 << 16
 _UNSEEN = np.iinfo(np.int32).max
 
 
@@ -89,10 +94,10 @@ class PrefixTracker:
         self.prompt_tokens_total = 0
         self._first_use = np.full(0, _UNSEEN, dtype=np.int32)
         self._sparse: dict[int, int] | None = None
-        # Ids from this one up go through `_sparse`: 2**25 until the first sparse id arrives,
-        # then the table's size at that moment, so that one hashed id does not grow the table
-        # to 2**25 entries (hundreds of MiB for a one-line file).
-        self._sparse_from = _DENSE_ID_LIMIT
+        # Ids from this one up go through `_sparse`: a budget that grows with the ids read until
+        # the first sparse id arrives, then the table's size at that moment, fixed.
+        self._sparse_from = _MIN_DIRECT_IDS
+        self._ids_read = 0
         self._curve_max_blocks = curve_max_blocks
         self._curve_blocks = 0
         self._curve_full = curve_max_blocks <= 0
@@ -104,6 +109,10 @@ class PrefixTracker:
         self._next_dense = 0
 
     def _densify(self, ids: np.ndarray) -> np.ndarray:
+        if self._sparse is None:
+            self._ids_read += ids.shape[0]
+            budget = max(_MIN_DIRECT_IDS, _DIRECT_IDS_PER_ID_READ * self._ids_read)
+            self._sparse_from = min(_DENSE_ID_LIMIT, budget)
         large = ids >= self._sparse_from
         if self._sparse is None and not large.any():
             return ids
