@@ -80,23 +80,23 @@ class Traffic(threading.Thread):
         self.idle = threading.Event()
         self.stop = threading.Event()
         self.chunks: list[dict[str, Any]] = []
-        self._seed = 100
+        self._next: dict[str, int] = {}
 
-    def _chunk_file(self, trace: str) -> Path:
-        from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl
-
-        self._seed += 1
-        out = WORK / "chunks" / f"{trace}-{self._seed}.jsonl"
+    def _chunk_file(self, trace: str) -> tuple[Path, int]:
+        """The next 15 s of the phase's live trace (synthesised once per phase at --rate)."""
+        phase = _PHASES[trace]
+        index = self._next.get(trace, 0)
+        self._next[trace] = index + 1
+        start, end = index * 15_000, (index + 1) * 15_000
+        rows = [r for r in phase if start <= r["timestamp"] < end]
+        out = WORK / "chunks" / f"{trace}-{index}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        sample = _SAMPLES.setdefault(
-            trace, ingest_path(self.args.traces_dir / TRACES[trace], keep_blocks=True)
-        )
-        synth = synthesize(
-            sample, target_rps=self.args.rate, duration_s=15.0, rng=np.random.default_rng(self._seed)
-        )
-        with out.open("wb") as stream:
-            write_mooncake_jsonl(synth, stream)
-        return out
+        with out.open("w") as stream:
+            for r in rows:
+                stream.write(json.dumps({**r, "timestamp": r["timestamp"] - start}) + "\n")
+        # Prompts come from (seed, prefix block): one seed per phase keeps shared blocks shared
+        # across chunks (Mooncake); a request without blocks gets its own seed per chunk.
+        return out, (7 if rows and "hash_ids" in rows[0] else 1000 + index)
 
     def run(self) -> None:
         from serving.loadgen.api import replay_trace
@@ -109,14 +109,15 @@ class Traffic(threading.Thread):
             self.idle.clear()
             trace = self.trace
             started = time.time()
+            chunk, seed = self._chunk_file(trace)
             result = replay_trace(
                 endpoint=self.url,
-                trace=self._chunk_file(trace),
+                trace=chunk,
                 api_key=self.api_key,
                 tokenizer=self.model_dir,
                 max_prompt_tokens=self.args.max_prompt_tokens,
                 max_output_tokens=self.args.max_output_tokens,
-                seed=self._seed,
+                seed=seed,
                 progress=False,
             )
             ok = [r.ttft_ms for r in result.requests if r.ok and r.ttft_ms is not None]
@@ -141,7 +142,47 @@ class Traffic(threading.Thread):
         self.running.set()
 
 
-_SAMPLES: dict[str, Any] = {}
+_PHASES: dict[str, list[dict[str, Any]]] = {}
+
+
+def scaled_trace(source: Path, scale: float, out: Path) -> Path:
+    """`source` as Mooncake JSONL with prompt lengths divided by `scale` (the same for every
+    trace, so their relative shapes stay: short conversations vs long shared-prefix prompts) and
+    each prompt's leading prefix blocks kept, so a CPU engine can serve both."""
+    from tuning.workload import ingest_path
+
+    result = ingest_path(source, keep_blocks=True)
+    cols, blocks = result.columns, result.blocks
+    arrival_ms = (cols.arrival_ns - cols.arrival_ns[0]) // 1_000_000
+    with out.open("w") as stream:
+        for i in range(cols.num_requests):
+            length = max(1, round(int(cols.input_tokens[i]) / scale))
+            row: dict[str, Any] = {
+                "timestamp": int(arrival_ms[i]),
+                "input_length": length,
+                "output_length": max(1, int(cols.output_tokens[i])),
+            }
+            if blocks is not None:
+                ids = blocks.ids[blocks.offsets[i] : blocks.offsets[i + 1]].tolist()
+                row["hash_ids"] = ids[: max(1, math.ceil(length / 512))]
+            stream.write(json.dumps(row) + "\n")
+    return out
+
+
+def live_phase(scaled: Path, rate: float, seconds: float, seed: int) -> list[dict[str, Any]]:
+    """The scaled trace's traffic synthesised at `rate` for `seconds` (one draw per phase)."""
+    from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl
+
+    synth = synthesize(
+        ingest_path(scaled, keep_blocks=True),
+        target_rps=rate,
+        duration_s=seconds,
+        rng=np.random.default_rng(seed),
+    )
+    path = scaled.with_suffix(".live.jsonl")
+    with path.open("wb") as stream:
+        write_mooncake_jsonl(synth, stream)
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _pooled(chunks: list[dict[str, Any]], start: float, end: float, trace: str) -> dict[str, Any]:
@@ -164,9 +205,12 @@ def main() -> int:
     )
     parser.add_argument("--size", default="m")
     parser.add_argument("--slo", default="ttft_p50_ms<=1000,ttft_p95_ms<=3000")
-    parser.add_argument("--rate", type=float, default=2.0, help="live request rate, both phases (req/s)")
+    parser.add_argument("--rate", type=float, default=1.0, help="live request rate, both phases (req/s)")
     parser.add_argument("--budget", type=int, default=3, help="live trials per tuning job")
     parser.add_argument("--max-prompt-tokens", type=int, default=1900)
+    parser.add_argument(
+        "--length-scale", type=float, default=8.0, help="prompt lengths of both traces divided by this"
+    )
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument(
         "--warm-s", type=float, default=90.0, help="seconds of Azure traffic before the switch"
@@ -198,7 +242,13 @@ def main() -> int:
     user = User.objects.create_user(email="bench@example.com", password="x" * 16)
     org = organization_create(actor=user, name="bench")
     assert isinstance(org, Organization)
-    azure = args.traces_dir / TRACES["azure"]
+    scaled = {
+        name: scaled_trace(args.traces_dir / TRACES[name], args.length_scale, WORK / f"{name}-scaled.jsonl")
+        for name in TRACES
+    }
+    for seed, name in enumerate(TRACES):
+        _PHASES[name] = live_phase(scaled[name], args.rate, args.timeout_s + 600, seed)
+    azure = scaled["azure"]
     sample = traffic.traffic_sample_create(
         actor=user, organization=org, name="azure", upload=SimpleUploadedFile(azure.name, azure.read_bytes())
     )
