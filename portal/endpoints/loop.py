@@ -209,12 +209,25 @@ def _running_assignment(endpoint: Endpoint) -> tuple[dict[str, Any], EndpointRev
 
 
 def _start_retune(it: LoopIteration) -> str:
-    """Synthesise live-like traffic and start a re-tuning job with the running config in it."""
+    """After one more window of the new traffic: synthesise it and start a re-tuning job.
+
+    The window that revealed the drift straddles the change (part old traffic, part new); the
+    job must tune on the new traffic alone, so it waits a full window after the detection and
+    takes the windows observed since.
+    """
     endpoint = it.endpoint
     base = endpoint.job
     if base is None:
         return _fail(it, "the endpoint has no tuning job to take the SLO and settings from")
-    windows = [LiveWindow.from_dict(w) for w in it.live_windows or []]
+    since = it.detected_at
+    if timezone.now() < since + timedelta(seconds=endpoint.detect_window_s):
+        return "confirming"
+    windows, _ = _windows(endpoint, since=since)
+    if sum(w.num_requests for w in windows) < MIN_LIVE_REQUESTS:
+        if timezone.now() > since + timedelta(seconds=10 * endpoint.detect_window_s):
+            return _fail(it, "the live traffic stopped after the detection: nothing to re-tune on")
+        return "confirming"
+    LoopIteration.objects.filter(pk=it.pk).update(live_windows=[w.to_dict() for w in windows])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "live.jsonl"
         try:

@@ -169,6 +169,15 @@ def _scrapes(endpoint: Endpoint, *, long: bool, p95: float, start: timedelta, co
         )
 
 
+def _detect_then_confirm(endpoint: Endpoint) -> str:
+    """Detection, then (a window later, the new traffic still flowing) the re-tune starts."""
+    assert loop.loop_tick(endpoint_id=str(endpoint.id)) == "confirming"
+    assert loop.loop_tick(endpoint_id=str(endpoint.id)) == "confirming"  # idempotent meanwhile
+    # A window later: the scrapes since the detection are the new traffic alone.
+    LoopIteration.objects.update(detected_at=timezone.now() - timedelta(minutes=3))
+    return loop.loop_tick(endpoint_id=str(endpoint.id))
+
+
 @pytest.mark.django_db
 def test_steady_traffic_starts_nothing(deployed: Endpoint) -> None:
     _scrapes(deployed, long=False, p95=700.0, start=timedelta(0))
@@ -182,7 +191,7 @@ def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
 ) -> None:  # type: ignore[no-untyped-def]
     _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=False):  # the job's own step tasks are not run here
-        step = loop.loop_tick(endpoint_id=str(deployed.id))
+        step = _detect_then_confirm(deployed)
     it = LoopIteration.objects.get()
     assert step == "tuning", it.error
     assert it.status == LoopIteration.Status.TUNING and it.number == 1
@@ -255,7 +264,7 @@ def test_a_candidate_that_does_not_beat_the_running_config_changes_nothing(
 ) -> None:  # type: ignore[no-untyped-def]
     _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=False):
-        loop.loop_tick(endpoint_id=str(deployed.id))
+        assert _detect_then_confirm(deployed) == "tuning"
     it = LoopIteration.objects.get()
     assert it.job is not None
     _trial(it.job, 0, {"dtype": "float32"}, ttft_p50_ms=900.0, ttft_p95_ms=2500.0)
@@ -275,7 +284,7 @@ def test_a_refused_retune_fails_the_iteration_cleanly(deployed: Endpoint, settin
     settings.TUNING_MODEL_ROOTS = []  # the model is no longer allowed: job submission refuses it
     ServedModel.objects.filter(pk=deployed.served_model_id).update(path="/nonexistent/model")
     _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
-    assert loop.loop_tick(endpoint_id=str(deployed.id)) == "failed"
+    assert _detect_then_confirm(deployed) == "failed"
     it = LoopIteration.objects.get()
     assert it.status == LoopIteration.Status.FAILED and "refused" in it.error
     assert TuningJob.objects.count() == 1  # nothing half-created
