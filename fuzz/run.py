@@ -57,6 +57,9 @@ class TargetResult:
     corpus_files: int = 0  # inputs the fuzzer kept for new coverage (seeds not counted)
     seed_files: int = 0
     fuzzer_processes: int = 0  # 1 unless a crash restarted it
+    # "timeouts" of inputs that ran well within the limit when replayed alone: the process
+    # had been stopped from outside while on them (not crashes; see run_target)
+    spurious_timeouts: list[str] = field(default_factory=list)
     completed: bool = False  # reached the asked-for executions
 
     @property
@@ -70,6 +73,13 @@ def _executed(output: bytes) -> int:
         return int(final[-1])
     progress = _PROGRESS.findall(output)
     return int(progress[-1]) if progress else 0
+
+
+def _replays_cleanly(target: str, unit: Path) -> bool:
+    """Whether one input passes when run again alone, within the unit timeout."""
+    command = [sys.executable, str(HARNESS), target, f"-timeout={UNIT_TIMEOUT_S}", str(unit)]
+    done = subprocess.run(command, capture_output=True, cwd=REPO_ROOT, check=False)
+    return done.returncode == 0
 
 
 def run_target(
@@ -122,8 +132,13 @@ def run_target(
                 f"fuzzer for {target} exited with {done.returncode} without a crash input:\n"
                 + output[-4000:].decode(errors="replace")
             )
-        result.crashes += 1
         crash = Path(written[-1].decode())
+        if crash.name.startswith("timeout-") and _replays_cleanly(target, crash):
+            # The unit timer is wall-clock: a fuzzer stopped from outside (this machine pauses
+            # background work during benchmarks) times out on an input that is not slow.
+            result.spurious_timeouts.append(crash.name)
+            continue
+        result.crashes += 1
         if regressions_dir is not None:
             keep = regressions_dir / target
             keep.mkdir(parents=True, exist_ok=True)
