@@ -162,13 +162,6 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _git_commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT, check=False
-    )
-    return done.stdout.strip() or "unknown"
-
-
 def machine() -> dict[str, object]:
     return {
         "cpu": _cpu_model(),
@@ -179,8 +172,21 @@ def machine() -> dict[str, object]:
     }
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+    return done.stdout.strip()
+
+
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version(), "commit": _git_commit()}
+    """What was fuzzed: the commit, and the parsers' own tree (others commit on top meanwhile)."""
+    found = {
+        "python": platform.python_version(),
+        "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
+        "tuning_workload_tree": _git("rev-parse", "--short", "HEAD:tuning/workload") or "unknown",
+        "tuning_workload_uncommitted_changes": str(
+            bool(_git("status", "--porcelain", "--", "tuning/workload"))
+        ),
+    }
     for package in ("atheris", "numpy"):
         try:
             found[package] = metadata.version(package)
@@ -189,21 +195,24 @@ def versions() -> dict[str, str]:
     return found
 
 
-def record(results: list[TargetResult], runs: int, path: Path = RESULTS) -> None:
-    """Merge `results` into the results file (other targets keep their last entry)."""
-    existing = json.loads(path.read_text()) if path.exists() else {}
-    targets = existing.get("targets", {})
-    stamp = {
+def stamp(runs: int) -> dict[str, object]:
+    """When, where and on what a run starts."""
+    return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": versions(),
         "runs_asked": runs,
     }
-    for result in results:
-        entry = asdict(result)
-        entry["executions_per_s"] = round(result.executions_per_s, 1)
-        entry.update(stamp)
-        targets[result.target] = entry
+
+
+def record(result: TargetResult, started: dict[str, object], path: Path = RESULTS) -> None:
+    """Merge one target's result into the results file (other targets keep their last entry)."""
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    targets = existing.get("targets", {})
+    entry = asdict(result)
+    entry["executions_per_s"] = round(result.executions_per_s, 1)
+    entry.update(started)
+    targets[result.target] = entry
     document = {
         "description": "atheris coverage-guided fuzzing of the trace parsers (fuzz/run.py); "
         "a crash is any exception other than TraceError or a broken ingest promise",
@@ -228,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown targets {', '.join(unknown)}: use {', '.join(TARGETS)}")
     total_crashes = 0
     for target in chosen:
+        started = stamp(args.runs)
         result = run_target(
             target,
             runs=args.runs,
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             max_crashes=args.max_crashes,
         )
-        record([result], args.runs, args.results)
+        record(result, started, args.results)
         total_crashes += result.crashes
         print(
             f"{target}: {result.executions:,} executions in {result.seconds:,.0f} s "
