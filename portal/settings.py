@@ -101,7 +101,11 @@ if _database_url is None:
     }
 else:
     try:
-        DATABASES = {"default": dict(dj_database_url.parse(_database_url, conn_max_age=60))}
+        # Persistent connections are checked before reuse: a database restart (or a session
+        # ended by the server) costs one reconnect, not an error on the next request.
+        DATABASES = {
+            "default": dict(dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True))
+        }
     except ValueError as exc:
         raise ImproperlyConfigured(
             f"environment variable DATABASE_URL is not a database URL: {exc}"
