@@ -49,6 +49,17 @@ _FAST_RECOVERY = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_connections_after() -> Iterator[None]:
+    """These tests end database sessions on purpose (as a server restart does). Whatever this
+    process still holds afterwards may be one of them: drop them all, so the next test (in any
+    module) opens new ones instead of inheriting a terminated session."""
+    yield
+    from django.db import connections
+
+    connections.close_all()
+
+
 @pytest.fixture(scope="module")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from serving.models.tiny import build_tiny_model
