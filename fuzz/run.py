@@ -15,6 +15,7 @@ run this time keep their previous entry, so targets can be run one after another
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -153,12 +154,10 @@ def run_target(
 
 
 def _cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):  # no /proc here: fall back to what platform knows
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or "unknown"
 
 

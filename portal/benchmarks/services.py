@@ -368,13 +368,13 @@ def _claim(report_id: str) -> bool:
         return False
     now = timezone.now()
     rows = BenchmarkReport.objects.filter(id=report_id, status=report.status)
-    if report.status == BenchmarkReport.Status.QUEUED:
-        pass
-    elif report.status == BenchmarkReport.Status.RUNNING and (
+    stale = report.status == BenchmarkReport.Status.RUNNING and (
         report.heartbeat_at is None or report.heartbeat_at < now - timedelta(seconds=report.lease_s)
-    ):
+    )
+    if stale:
+        # Only if no other worker renewed the heartbeat meanwhile.
         rows = rows.filter(heartbeat_at=report.heartbeat_at)
-    else:
+    elif report.status != BenchmarkReport.Status.QUEUED:
         return False
     return bool(
         rows.update(
