@@ -215,7 +215,7 @@ def endpoint_start(*, endpoint_id: str) -> str:
     endpoint = Endpoint.objects.get(id=endpoint_id)
     if endpoint.status == Endpoint.Status.STOPPED:
         return "stopped"
-    if endpoint.supervisor_pid and _alive(endpoint.supervisor_pid):
+    if _supervisor_alive(endpoint):
         return "running"
     folder = endpoint_dir(endpoint)
     command = [
@@ -262,6 +262,25 @@ def _alive(pid: int) -> bool:
     return fields[0] != "Z"
 
 
+def _supervisor_alive(endpoint: Endpoint) -> bool:
+    """Whether the process recorded as the endpoint's supervisor is still that supervisor.
+
+    The stored pid outlives the process it named (a crash, a reboot), and the kernel hands pids
+    out again (32768 of them on a default Linux): by then the number may belong to anything, a
+    database session included. Only a live process whose command line is this endpoint's
+    `endpoint serve` (its own state file) counts; anything else is never signalled.
+    """
+    pid = endpoint.supervisor_pid
+    if not pid or not _alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    state_file = str(endpoint_dir(endpoint) / "state.json").encode()
+    return b"serve" in argv and state_file in argv
+
+
 def read_state(endpoint: Endpoint) -> dict[str, object]:
     path = endpoint_dir(endpoint) / "state.json"
     try:
@@ -280,7 +299,7 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
         return None
     state = read_state(endpoint)
     status = str(state.get("status") or endpoint.status)
-    if endpoint.supervisor_pid and not _alive(endpoint.supervisor_pid) and status != "failed":
+    if endpoint.supervisor_pid and not _supervisor_alive(endpoint) and status != "failed":
         status = Endpoint.Status.DEGRADED
         state["last_error"] = "the endpoint's supervisor process is not running"
     if status not in Endpoint.Status.values:
@@ -361,10 +380,10 @@ def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
     require_role(actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="stop endpoints")
     if endpoint.status == Endpoint.Status.STOPPED:
         raise ValidationError("This endpoint is already stopped.")
-    if endpoint.supervisor_pid and _alive(endpoint.supervisor_pid):
+    if endpoint.supervisor_pid and _supervisor_alive(endpoint):
         os.kill(endpoint.supervisor_pid, signal.SIGTERM)
         deadline = time.monotonic() + 60
-        while _alive(endpoint.supervisor_pid) and time.monotonic() < deadline:
+        while _supervisor_alive(endpoint) and time.monotonic() < deadline:
             time.sleep(0.2)
     (endpoint_dir(endpoint) / "api_key").unlink(missing_ok=True)
     with transaction.atomic():

@@ -106,6 +106,43 @@ def test_only_a_finished_job_with_a_winner_deploys_and_tenancy_holds(
     assert (Endpoint.objects.count(), AuditEvent.objects.count()) == before
 
 
+@pytest.mark.django_db
+def test_a_stale_supervisor_pid_is_never_signalled(alice, alice_org, endpoint_settings, model_root) -> None:  # type: ignore[no-untyped-def]
+    """The recorded pid of a supervisor that is gone may name another process by now (pids are
+    handed out again): stopping or watching the endpoint must not signal it or count it as ours."""
+    import subprocess
+    import sys
+
+    job = _finished_job(alice_org, alice, model_root)
+    # A live process that is not this endpoint's supervisor stands in for the reused pid.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        endpoint = Endpoint.objects.create(
+            organization=alice_org,
+            name="stale",
+            served_model=job.served_model,
+            job=job,
+            config={},
+            port=1,
+            api_key_prefix="x",
+            api_key_hash="y",
+            status=Endpoint.Status.HEALTHY,
+            supervisor_pid=stranger.pid,
+        )
+        assert services._alive(stranger.pid) and not services._supervisor_alive(endpoint)
+        services.endpoint_refresh(endpoint_id=str(endpoint.id))
+        endpoint.refresh_from_db()
+        assert endpoint.status == Endpoint.Status.DEGRADED
+        assert "supervisor process is not running" in endpoint.status_detail
+        services.endpoint_stop(actor=alice, endpoint=endpoint)
+        endpoint.refresh_from_db()
+        assert endpoint.status == Endpoint.Status.STOPPED and endpoint.api_key_hash == ""
+        assert stranger.poll() is None, "a process that was not the supervisor got a signal"
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+
+
 @pytest.mark.engine
 @pytest.mark.django_db
 def test_deploy_call_with_openai_watch_and_stop(
