@@ -30,6 +30,7 @@ from types import TracebackType
 
 from serving._http import http_get
 from serving.engine.config import EngineConfig, validate_args, vllm_importable
+from serving.engine.watchdog import start_ticks as watchdog_start_ticks
 
 DEFAULT_ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 ENGINE_COMMAND_ENV = "TAILGUARD_ENGINE_COMMAND"
@@ -120,8 +121,17 @@ def read_log_errors(path: Path, max_errors: int = 5) -> list[str]:
     return found[:max_errors]
 
 
-def process_group_members(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group `pgid` (Linux /proc scan)."""
+def process_group_members(pgid: int, leader_ticks: int | None = None) -> list[int]:
+    """Pids of live (non-zombie) processes in process group `pgid` (Linux /proc scan).
+
+    With `leader_ticks` (the engine's start time, as the watchdog read it), a group whose leader
+    holds the number now but started at another time is someone else's (the kernel reuses pids
+    once they are free; a PostgreSQL backend leads a group of its own): no members of ours.
+    """
+    if leader_ticks is not None:
+        now = watchdog_start_ticks(pgid)
+        if now is not None and now != leader_ticks:
+            return []
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -154,6 +164,7 @@ class EngineProcess:
         *,
         watchdog: subprocess.Popen[bytes],
         engine_pid: int,
+        engine_start_ticks: int | None = None,
         host: str,
         port: int,
         model_name: str,
@@ -164,6 +175,7 @@ class EngineProcess:
     ) -> None:
         self._watchdog = watchdog
         self.engine_pid = engine_pid  # also the engine's process group id
+        self.engine_start_ticks = engine_start_ticks  # tells the engine from a later holder of its pid
         self.host = host
         self.port = port
         self.log_path = log_path
@@ -226,7 +238,7 @@ class EngineProcess:
                 self._watchdog.wait(timeout=10)
         # Belt and braces: whatever the watchdog could not reap.
         for _ in range(50):
-            if not process_group_members(self.engine_pid):
+            if not process_group_members(self.engine_pid, self.engine_start_ticks):
                 break
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.engine_pid, signal.SIGKILL)
@@ -238,7 +250,7 @@ class EngineProcess:
 
     def leftover_pids(self) -> list[int]:
         """Processes of the engine's group still alive (empty after a clean stop)."""
-        return process_group_members(self.engine_pid)
+        return process_group_members(self.engine_pid, self.engine_start_ticks)
 
     def __enter__(self) -> EngineProcess:
         return self
@@ -312,11 +324,12 @@ def spawn_engine(
             stderr=subprocess.STDOUT,
             env=child_env,
         )
-    engine_pid = _wait_for_pid_file(pid_file, watchdog, log_path)
+    engine_pid, engine_start_ticks = _wait_for_pid_file(pid_file, watchdog, log_path)
     model_name = config.served_model_name or model
     return EngineProcess(
         watchdog=watchdog,
         engine_pid=engine_pid,
+        engine_start_ticks=engine_start_ticks,
         host=host,
         port=port,
         model_name=model_name,
@@ -327,15 +340,18 @@ def spawn_engine(
     )
 
 
-def _wait_for_pid_file(pid_file: Path, watchdog: subprocess.Popen[bytes], log_path: Path) -> int:
+def _wait_for_pid_file(
+    pid_file: Path, watchdog: subprocess.Popen[bytes], log_path: Path
+) -> tuple[int, int | None]:
+    """The engine's pid and start time, as the watchdog wrote them ("PID TICKS")."""
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:
         if pid_file.exists():
-            pid = int(pid_file.read_text().strip())
+            words = pid_file.read_text().split()
             with contextlib.suppress(OSError):
                 pid_file.unlink()
                 pid_file.parent.rmdir()
-            return pid
+            return int(words[0]), (int(words[1]) if len(words) > 1 else None)
         if watchdog.poll() is not None:
             raise EngineLaunchError(
                 f"engine watchdog exited with status {watchdog.returncode} before starting the engine",

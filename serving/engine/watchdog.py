@@ -23,13 +23,37 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from types import FrameType
 
 _PREFIX = "[tailguard-watchdog]"
 
 
-def _group_alive(pgid: int) -> bool:
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if gone.
+
+    A pid and a process group id are numbers the kernel hands out again once they are free
+    (32768 of them on a default Linux, and every thread takes one), so "the group of pid P" is
+    only the engine's while its leader is the process we started: same number, same start time.
+    """
+    try:
+        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 (one read; standard library only)
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _group_alive(pgid: int, leader_ticks: int | None) -> bool:
+    """Whether the engine's process group still has members. Once the leader has been reaped,
+    its number may be reused: a process that holds it now and started at another time leads
+    a group of its own (a PostgreSQL backend does, for one), which is never ours to signal."""
+    if leader_ticks is not None:
+        now = start_ticks(pgid)
+        if now is not None and now != leader_ticks:
+            return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -39,36 +63,36 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _wait(engine: subprocess.Popen[bytes], wait_s: float, *, leader_only: bool) -> bool:
+def _wait(engine: subprocess.Popen[bytes], ticks: int | None, wait_s: float, *, leader_only: bool) -> bool:
     """Wait until the group (or just its leader) is gone; True if it went within `wait_s`."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         leader_done = engine.poll() is not None  # reaps the leader so the group can empty
-        if not _group_alive(engine.pid) or (leader_only and leader_done):
+        if not _group_alive(engine.pid, ticks) or (leader_only and leader_done):
             return True
         time.sleep(0.1)
     return False
 
 
-def _signal(send: Callable[[int, int], None], pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        send(pgid, sig)
-
-
-def _stop_group(engine: subprocess.Popen[bytes], grace_s: float) -> None:
+def _stop_group(engine: subprocess.Popen[bytes], ticks: int | None, grace_s: float) -> None:
     """SIGTERM the server alone first (vLLM then stops its own workers in order), then the
     whole group, then SIGKILL whatever is left."""
     pgid = engine.pid
-    _signal(os.kill, pgid, signal.SIGTERM)
-    if _wait(engine, grace_s, leader_only=True) and _wait(engine, 3.0, leader_only=False):
+    if engine.poll() is None:  # never a reaped leader's pid: it may be someone else's by now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pgid, signal.SIGTERM)
+    if _wait(engine, ticks, grace_s, leader_only=True) and _wait(engine, ticks, 3.0, leader_only=False):
         return
     for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        if not _group_alive(pgid, ticks):
+            return
         print(
             f"{_PREFIX} engine processes still running; sending {signal.Signals(sig).name} to the group",
             flush=True,
         )
-        _signal(os.killpg, pgid, sig)
-        if _wait(engine, wait_s, leader_only=False):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        if _wait(engine, ticks, wait_s, leader_only=False):
             return
     engine.poll()
 
@@ -93,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parent = os.getppid()
     engine = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    # Read before anything can reap it: the engine is our child, its pid cannot be reused yet.
+    ticks = start_ticks(engine.pid)
     tmp = args.pid_file + ".tmp"
     with open(tmp, "w") as fh:
-        fh.write(f"{engine.pid}\n")
+        fh.write(f"{engine.pid} {ticks if ticks is not None else ''}\n")
     os.replace(tmp, args.pid_file)
 
     stdin_open = True
@@ -103,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         status = engine.poll()
         if status is not None:
             # The engine ended by itself (crash, bad flag): clean up anything it left behind.
-            _stop_group(engine, grace_s=2.0)
+            _stop_group(engine, ticks, grace_s=2.0)
             return status
         if os.getppid() != parent:
             stop_reason.append("launcher gone")
@@ -119,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             time.sleep(0.2)
     print(f"{_PREFIX} stopping engine ({stop_reason[0]})", flush=True)
-    _stop_group(engine, grace_s=args.grace_s)
+    _stop_group(engine, ticks, grace_s=args.grace_s)
     return 0
 
 

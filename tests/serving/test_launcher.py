@@ -138,3 +138,27 @@ def test_spawn_does_not_validate_when_told_not_to(tmp_path: Path) -> None:
     with engine:
         engine.wait_healthy(30)
     assert engine.leftover_pids() == []
+
+
+def test_a_reused_group_number_is_never_taken_for_the_engine_s() -> None:
+    """The kernel hands a freed pid out again, and a process that gets it may lead a group of its
+    own (a PostgreSQL backend does). Such a group is told from the engine's by its leader's start
+    time, so neither the launcher nor the watchdog signals it."""
+    import subprocess
+
+    from serving.engine import watchdog
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        ticks = watchdog.start_ticks(stranger.pid)
+        assert ticks is not None
+        # Its own group, led by itself: ours only if it is the process we started.
+        assert process_group_members(stranger.pid, ticks) == [stranger.pid]
+        assert process_group_members(stranger.pid, ticks - 1) == []
+        assert watchdog._group_alive(stranger.pid, ticks)
+        assert not watchdog._group_alive(stranger.pid, ticks - 1)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+    assert watchdog.start_ticks(stranger.pid) is None
