@@ -224,6 +224,32 @@ def test_alices_tenant_cannot_write_another_organizations_rows(world, app_conn) 
     assert _owner_counts() == before
 
 
+def test_the_application_role_cannot_switch_the_wall_off(world, app_conn) -> None:  # type: ignore[no-untyped-def]
+    before = _owner_counts()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rolsuper, rolbypassrls, rolcanlogin,"
+            " (SELECT count(*) FROM pg_tables WHERE tableowner = rolname) FROM pg_roles WHERE rolname = %s",
+            [ROLE],
+        )
+        assert cursor.fetchone() == (False, False, True, 0)
+    for statement in (
+        "ALTER TABLE accounts_membership DISABLE ROW LEVEL SECURITY",
+        "ALTER TABLE accounts_membership NO FORCE ROW LEVEL SECURITY",
+        f"DROP POLICY {rls.POLICY_NAME} ON accounts_membership",
+    ):
+        with pytest.raises(errors.InsufficientPrivilege, match="must be owner"), app_conn.transaction():
+            app_conn.execute(statement)
+    # TRUNCATE ignores row security, so the role is never granted it.
+    with pytest.raises(errors.InsufficientPrivilege, match="permission denied"), app_conn.transaction():
+        app_conn.execute("TRUNCATE accounts_membership CASCADE")
+    # Asking PostgreSQL to skip row security makes the query fail rather than see everything.
+    with pytest.raises(errors.InsufficientPrivilege, match="row-level security"), app_conn.transaction():
+        app_conn.execute("SET LOCAL row_security = off")
+        app_conn.execute("SELECT * FROM accounts_membership")
+    assert _owner_counts() == before
+
+
 def test_the_tenant_ends_with_its_transaction_on_the_same_connection(world, app_conn) -> None:  # type: ignore[no-untyped-def]
     alice_org, _ = world
     membership = rls.TenantTable("accounts.Membership", "accounts_membership", "organization_id", "uuid")
