@@ -7,18 +7,16 @@ plotly.js of the installed `plotly` package (no CDN). Each target keeps one colo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from portal.benchmarks.measure import CDF_POINTS, ERROR_KINDS
 from portal.benchmarks.measure import level_label as measure_level_label
+from portal.plotting import figure_json
 
 _LAYOUT: dict[str, Any] = {
-    "template": "plotly_white",
     "margin": {"l": 70, "r": 20, "t": 60, "b": 60},
     "height": 360,
     "legend": {"orientation": "h", "y": -0.22},
@@ -34,8 +32,7 @@ View = Mapping[str, Any]
 
 
 def _to_json(fig: go.Figure) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(pio.to_json(fig, validate=True))
-    return result
+    return figure_json(fig)  # in the plotly_white template (attached once per process)
 
 
 def colour(position: int) -> str:

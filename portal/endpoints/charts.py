@@ -9,14 +9,13 @@ are `None` with `connectgaps` off: a gap is a break in the line, never a fall to
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
+
+from portal.plotting import figure_json
 
 _LAYOUT: dict[str, Any] = {
-    "template": "plotly_white",
     "margin": {"l": 70, "r": 70, "t": 60, "b": 50},
     "height": 340,
     "legend": {"orientation": "h", "yanchor": "top", "y": -0.15, "x": 0},
@@ -33,8 +32,7 @@ _MAX_NOTE = 60
 
 
 def _to_json(fig: go.Figure) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(pio.to_json(fig, validate=True))
-    return result
+    return figure_json(fig)  # in the plotly_white template (attached once per process)
 
 
 def _short(text: str, limit: int = _MAX_NOTE) -> str:

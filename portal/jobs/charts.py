@@ -8,15 +8,14 @@ the sentence the page shows instead. The portal page ships the figures with `jso
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.colors import qualitative
 
+from portal.plotting import figure_json
+
 _LAYOUT: dict[str, Any] = {
-    "template": "plotly_white",
     "margin": {"l": 70, "r": 20, "t": 60, "b": 50},
     "height": 420,
     "legend": {"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
@@ -28,8 +27,7 @@ _MAX_LABEL = 48
 
 
 def _to_json(fig: go.Figure) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(pio.to_json(fig, validate=True))
-    return result
+    return figure_json(fig)  # in the plotly_white template (attached once per process)
 
 
 def _color(number: int) -> str:

@@ -7,22 +7,20 @@ plotly.js that comes with the installed `plotly` package (no CDN).
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
+
+from portal.plotting import figure_json
 
 _LAYOUT: dict[str, Any] = {
-    "template": "plotly_white",
     "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
     "height": 320,
 }
 
 
 def _to_json(fig: go.Figure) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(pio.to_json(fig, validate=True))
-    return result
+    return figure_json(fig)  # in the plotly_white template (attached once per process)
 
 
 def _centers(edges: list[float]) -> list[float]:
