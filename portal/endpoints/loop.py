@@ -10,6 +10,14 @@ delivered twice, or re-run after a worker died mid-step, does the step at most o
 the re-tuning job and the promotion are each guarded by the row's status in the same
 transaction. The re-tuning job is an ordinary tuning job (its trials survive killed workers on
 their own); the loop only waits for it.
+
+A worker killed in the middle of a step leaves nothing of it: the step's writes and audit events
+commit together or not at all, and the next tick, on any worker, does the step again. A tick
+that finds the row locked (a step under way elsewhere, or the session of a killed worker that
+the database has not ended yet) skips it rather than waiting, so the watch of every endpoint
+goes on meanwhile. What a step hands on after its commit is re-derived from the database: the
+supervisor's config file by every watch round (`endpoint_config_sync`), the job's step by
+`jobs_redispatch`.
 """
 
 from __future__ import annotations
@@ -172,10 +180,13 @@ def loop_advance(*, iteration_id: int) -> str:
     """Take the iteration one step further, if its state allows it now."""
     with transaction.atomic():
         it = (
-            LoopIteration.objects.select_for_update(of=("self",))
+            LoopIteration.objects.select_for_update(of=("self",), skip_locked=True)
             .select_related("endpoint", "job")
-            .get(pk=iteration_id)
+            .filter(pk=iteration_id)
+            .first()
         )
+        if it is None:
+            return "busy"  # another tick holds it (see the module docstring)
         if it.status == LoopIteration.Status.DETECTED:
             return _start_retune(it)
         if it.status == LoopIteration.Status.TUNING:
@@ -353,6 +364,13 @@ def _confirm_or_roll_back(it: LoopIteration) -> str:
     if not regressed([it.before_p95_ms], after):
         LoopIteration.objects.filter(pk=it.pk).update(
             status=LoopIteration.Status.CONFIRMED, after_p95_ms=after_p95, finished_at=timezone.now()
+        )
+        audit_record(
+            actor=None,
+            organization=endpoint.organization,
+            action="endpoint.loop.confirmed",
+            target=endpoint,
+            data={"iteration": it.number, "after_p95_ms": after_p95},
         )
         return "confirmed"
     previous = (

@@ -5,6 +5,11 @@ serve`), detached from the Celery worker that started it: the router keeps the a
 supervisor restarts crashed engines and re-deploys without failing requests when its config
 file changes. The portal talks to it through files (config in, state out) and the engine's
 metrics.
+
+The database holds the configuration the endpoint should serve; `config.json` follows it. A
+switch writes the file once its transaction commits, and every watch round writes it again if
+it differs, so a worker killed between the commit and the write (or a write that failed) delays
+the hand-over by one round instead of losing it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -161,9 +167,30 @@ def endpoint_switch(
             target=endpoint,
             data={"job": str(job.id) if job else None, "trial": trial_number, "generation": generation},
         )
-        folder = endpoint_dir(endpoint)
-        transaction.on_commit(lambda: _atomic_write(folder / "config.json", json.dumps(config)))
+        endpoint_id = str(endpoint.pk)
+        transaction.on_commit(lambda: endpoint_config_sync(endpoint_id=endpoint_id))
     return revision
+
+
+def endpoint_config_sync(*, endpoint_id: str) -> bool:
+    """Make the supervisor's config file say what the database says the endpoint serves.
+    Returns whether it had to write (the supervisor then switches engines)."""
+    endpoint = Endpoint.objects.filter(id=endpoint_id).only("id", "config", "status").first()
+    if endpoint is None or not endpoint.is_active:
+        return False
+    folder = endpoint_dir(endpoint)
+    if not folder.is_dir():
+        return False  # served from another host, or not deployed here yet
+    path = folder / "config.json"
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = None
+    if current == endpoint.config:
+        return False
+    _atomic_write(path, json.dumps(endpoint.config))
+    logger.info("endpoint %s: config file brought in line with the database", endpoint_id)
+    return True
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -290,33 +317,72 @@ def read_state(endpoint: Endpoint) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+# The supervisor's states and what the endpoint shows for them. While its engine is down and
+# being restarted the endpoint is not serving: degraded, with the cause in `status_detail`.
+_STATUS_FROM_SUPERVISOR = {
+    "starting": Endpoint.Status.STARTING,
+    "healthy": Endpoint.Status.HEALTHY,
+    "restarting": Endpoint.Status.DEGRADED,
+    "degraded": Endpoint.Status.DEGRADED,
+    "failed": Endpoint.Status.FAILED,
+    "stopped": Endpoint.Status.STOPPED,
+}
+
+
+def _counters_went_back(earlier: Any, later: Any) -> bool:
+    """Whether `later` comes from another engine than `earlier` (its totals started again)."""
+    pairs = [
+        (earlier.requests_finished_total, later.requests_finished_total),
+        (earlier.prompt_tokens_total, later.prompt_tokens_total),
+        (earlier.generation_tokens_total, later.generation_tokens_total),
+        (earlier.ttft_s.count, later.ttft_s.count),
+    ]
+    return any(b < a for a, b in pairs)
+
+
 def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnapshot | None:
-    """Update the status from the supervisor's state and store one metrics snapshot."""
+    """Update the status from the supervisor's state and store one metrics snapshot.
+
+    A snapshot measures the interval since the previous one, so a measured interval never
+    spans a gap: a gap drops the stored baseline, the next answer from the engine is a new
+    baseline (itself a gap: nothing is known about the time before it), and so is the first
+    answer from a restarted engine (its counters start again from zero).
+    """
     import httpx
 
     endpoint = Endpoint.objects.get(id=endpoint_id)
     if not endpoint.is_active:
         return None
+    endpoint_config_sync(endpoint_id=endpoint_id)
     state = read_state(endpoint)
-    status = str(state.get("status") or endpoint.status)
+    reported = str(state.get("status") or endpoint.status)
+    status = _STATUS_FROM_SUPERVISOR.get(reported, reported)
+    detail = str(state.get("last_error") or "")
     if endpoint.supervisor_pid and not _supervisor_alive(endpoint) and status != "failed":
         status = Endpoint.Status.DEGRADED
-        state["last_error"] = "the endpoint's supervisor process is not running"
+        detail = "the endpoint's supervisor process is not running"
     if status not in Endpoint.Status.values:
         status = Endpoint.Status.DEGRADED
-    Endpoint.objects.filter(id=endpoint_id).update(
-        status=status, status_detail=str(state.get("last_error") or "")[-2000:]
-    )
+    Endpoint.objects.filter(id=endpoint_id).update(status=status, status_detail=detail[-2000:])
     engine_url = state.get("engine_url")
     now = timezone.now()
-    if status != Endpoint.Status.HEALTHY or not engine_url:
-        return MetricSnapshot.objects.create(
-            organization_id=endpoint.organization_id,
-            endpoint=endpoint,
-            taken_at=now,
-            gap=True,
-            gap_reason=f"endpoint {status}",
-        )
+
+    def gap(reason: str) -> MetricSnapshot:
+        with transaction.atomic():
+            Endpoint.objects.filter(id=endpoint_id).update(last_metrics_text="", last_metrics_at=None)
+            return MetricSnapshot.objects.create(
+                organization_id=endpoint.organization_id,
+                endpoint=endpoint,
+                taken_at=now,
+                gap=True,
+                gap_reason=reason[:300],
+            )
+
+    if status != Endpoint.Status.HEALTHY:
+        cause = detail.split("\n", 1)[0]
+        return gap(f"endpoint {status}" + (f": {cause}" if cause else ""))
+    if not engine_url:
+        return gap("the supervisor has not reported an engine address")
     try:
         response = httpx.get(f"{engine_url}/metrics", timeout=timeout_s)
         response.raise_for_status()
@@ -324,20 +390,17 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
         current = snapshot_from_text(text, taken_at_s=time.time())
     except (httpx.HTTPError, MetricsFormatError) as exc:
         # Garbage or silence is a gap, never zeros.
-        return MetricSnapshot.objects.create(
-            organization_id=endpoint.organization_id,
-            endpoint=endpoint,
-            taken_at=now,
-            gap=True,
-            gap_reason=f"metrics unavailable: {type(exc).__name__}",
-        )
+        return gap(f"metrics unavailable: {type(exc).__name__}")
     values: dict[str, float | None] = {}
     window: dict[str, object] | None = None
+    reason = "no earlier scrape to measure from (the first, or the first after a gap)"
     if endpoint.last_metrics_text and endpoint.last_metrics_at:
         try:
             previous = snapshot_from_text(
                 endpoint.last_metrics_text, taken_at_s=endpoint.last_metrics_at.timestamp()
             )
+            if _counters_went_back(previous, current):
+                raise _EngineRestarted
             delta = snapshot_delta(previous, current)
             values = {
                 "ttft_p50_ms": delta.ttft_p50_ms,
@@ -357,8 +420,11 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
                 prefix_hits_tokens=delta.prefix_cache_hits_tokens,
                 ttft_p95_ms=p95 if p95 == p95 else None,
             ).to_dict()
+        except _EngineRestarted:
+            reason = "the engine restarted since the last scrape (its counters started again)"
         except (MetricsFormatError, ValueError):
             values, window = {}, None
+            reason = "the previous scrape could not be compared with this one"
     clean = {k: (None if v is None or v != v else float(v)) for k, v in values.items()}
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint_id).update(
@@ -369,10 +435,14 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
             endpoint=endpoint,
             taken_at=now,
             gap=not values,
-            gap_reason="" if values else "first scrape: no interval yet",
+            gap_reason="" if values else reason,
             window=window,
             **clean,
         )
+
+
+class _EngineRestarted(Exception):
+    pass
 
 
 def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:

@@ -60,6 +60,8 @@ def _write_state(path: Path | None, endpoint: LocalEndpoint, **extra: object) ->
         "status": endpoint.state.status,
         "base_url": endpoint.base_url,
         "engine_url": endpoint.engine.base_url if endpoint.engine else None,
+        # The engine's process (and process group) id, for operators and fault tests.
+        "engine_pid": endpoint.engine.engine_pid if endpoint.engine else None,
         "generation": endpoint.state.generation,
         "restarts": len(endpoint.state.restarts),
         "last_error": endpoint.state.last_error[-2000:],
@@ -83,6 +85,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"tailguard endpoint serve: {exc}", file=sys.stderr)
         return 1
     endpoint = LocalEndpoint(model=args.model, config=config, port=args.port, work_dir=args.work_dir)
+    # A crash is reported as it is found, not once the replacement engine is up a minute later.
+    endpoint.on_change = lambda: _write_state(args.state_file, endpoint)
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -4,7 +4,9 @@ The router (an existing proxy, not ours) owns the stable port. Engines come and 
 
 - `start()` starts the router and the first engine and registers the engine as a worker;
 - `check()` restarts a dead engine with exponential back-off, and after `max_restarts` crashes
-  inside `restart_window_s` marks the endpoint degraded instead of restart-looping;
+  inside `restart_window_s` marks the endpoint degraded instead of restart-looping. It reports
+  "restarting" through `on_change` *before* the back-off and the new engine's start-up (a
+  minute or more here), so whoever watches the state sees the outage while it lasts;
 - `deploy(config)` swaps configurations without failing a request: the new engine starts and
   must be healthy, then it joins the router, then the old one leaves the router, drains its
   in-flight requests, and only then stops.
@@ -16,10 +18,12 @@ that started it.
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,11 +177,15 @@ class LocalEndpoint:
         restart_window_s: float = 600.0,
         backoff_s: float = 2.0,
         engine_command: list[str] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.model, self.config, self.port, self.work_dir = model, config, port, work_dir
         self.startup_timeout_s, self.drain_timeout_s = startup_timeout_s, drain_timeout_s
         self.max_restarts, self.restart_window_s, self.backoff_s = max_restarts, restart_window_s, backoff_s
         self.engine_command = engine_command
+        # Called when `state` changes ahead of a long wait (the CLI writes its state file from
+        # it): `check()` returns only once the replacement engine is up.
+        self.on_change = on_change
         self.router = RouterProcess(port=port, log_path=work_dir / "router.log")
         self.engine: EngineProcess | None = None
         self.state = EndpointState()
@@ -245,15 +253,27 @@ class LocalEndpoint:
             return self.state.status
         now = time.monotonic()
         self.state.restarts = [t for t in self.state.restarts if now - t < self.restart_window_s]
-        self.state.last_error = "\n".join(self.engine.log_tail(20))
         dead = self.engine
+        # The cause comes first (pages show the start); the log tail is kept short enough that
+        # the state file's 2,000 characters still hold the cause.
+        tail = "\n".join(dead.log_tail(20))[-1500:]
         with contextlib.suppress(RouterError, httpx.HTTPError):
             self.router.remove_worker(dead.base_url)
-        dead.stop()
+        why = _exit_description(dead.stop())
         if len(self.state.restarts) >= self.max_restarts:
             self.state.status = "degraded"
+            self.state.last_error = (
+                f"the engine {why}; not restarted: {len(self.state.restarts)} restarts within "
+                f"{self.restart_window_s:.0f} s already\n{tail}"
+            )
             return self.state.status
         self.state.status = "restarting"
+        self.state.last_error = (
+            f"the engine {why}; restarting it (restart {len(self.state.restarts) + 1} of at most "
+            f"{self.max_restarts} within {self.restart_window_s:.0f} s)\n{tail}"
+        )
+        if self.on_change is not None:
+            self.on_change()
         time.sleep(self.backoff_s * (2 ** len(self.state.restarts)))
         self.state.restarts.append(time.monotonic())
         try:
@@ -264,6 +284,7 @@ class LocalEndpoint:
             self.state.status = "restarting"
             return self.state.status
         self.state.status = "healthy"
+        self.state.last_error = ""
         return self.state.status
 
     def stop(self) -> None:
@@ -278,3 +299,14 @@ class LocalEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _exit_description(status: int | None) -> str:
+    """How an engine ended, from its watchdog's exit status. The watchdog passes the engine's
+    own status on through `sys.exit`, so a death by signal N (-N from Popen) arrives as 256 - N."""
+    if not status:
+        return "stopped answering its health check"
+    if status > 128:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(256 - status).name}"
+    return f"exited with status {status}"
