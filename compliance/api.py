@@ -9,21 +9,23 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from compliance import selectors, services
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, SLATerms
 from portal.accounts.models import Organization, Role
+from portal.api import fields as api_fields
 from portal.api.base import TenantScopedMixin
+from portal.api.parsers import LimitedMultiPartParser, StrictJSONParser
 
 
 class ResidencySerializer(serializers.Serializer):
-    allowed_regions = serializers.ListField(child=serializers.CharField(max_length=32), allow_empty=False)
+    allowed_regions = serializers.ListField(child=api_fields.CharField(max_length=32), allow_empty=False)
     is_default = serializers.BooleanField(read_only=True)
 
 
@@ -35,10 +37,10 @@ class RetentionSerializer(serializers.Serializer):
     retain_prompt_text = serializers.BooleanField(default=False)
 
 
-class BAASerializer(serializers.ModelSerializer):
-    recorded_by = serializers.EmailField(source="recorded_by.email", read_only=True, allow_null=True)
-    document_sha256 = serializers.CharField(source="document.sha256", read_only=True, allow_null=True)
-    document_region = serializers.CharField(source="document.region", read_only=True, allow_null=True)
+class BAASerializer(api_fields.ModelSerializer):
+    recorded_by = api_fields.EmailField(source="recorded_by.email", read_only=True, allow_null=True)
+    document_sha256 = api_fields.CharField(source="document.sha256", read_only=True, allow_null=True)
+    document_region = api_fields.CharField(source="document.region", read_only=True, allow_null=True)
 
     class Meta:
         model = BAARecord
@@ -64,7 +66,7 @@ class BAACreateSerializer(BAASerializer):
         fields = [*BAASerializer.Meta.fields, "document"]
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(api_fields.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = [
@@ -86,7 +88,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 
 class OrganizationDeleteSerializer(serializers.Serializer):
-    confirm = serializers.CharField(max_length=64, help_text="The organization's slug.")
+    confirm = api_fields.CharField(max_length=64, help_text="The organization's slug.")
 
 
 class _OrganizationView(TenantScopedMixin, generics.GenericAPIView):
@@ -140,17 +142,18 @@ class RetentionView(_OrganizationView):
         return Response(selectors.retention_settings(organization=self.organization))
 
 
+# The schema is generated from `post`; a decorator on `create` was ignored there.
+@extend_schema_view(post=extend_schema(request=BAACreateSerializer, responses={201: BAASerializer}))
 class BAAListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
     """Record a signed BAA (multipart, with the signed document) or list them."""
 
     serializer_class = BAASerializer
-    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    parser_classes = [LimitedMultiPartParser, FormParser, StrictJSONParser]
     write_role = Role.ADMIN
 
     def tenant_queryset(self) -> QuerySet[BAARecord]:
         return BAARecord.objects.select_related("document", "recorded_by")
 
-    @extend_schema(request=BAACreateSerializer, responses={201: BAASerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = BAACreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

@@ -89,5 +89,25 @@ def event_hash(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
+# Spreadsheet formula injection (OWASP, "CSV Injection"): Excel, LibreOffice and Sheets run a
+# cell that starts with = + - @ tab or carriage return as a formula (`=HYPERLINK(...)` in a
+# user's name). The CSV export prefixes such a cell with an apostrophe, which spreadsheets show
+# as text and hide; a cell that already starts with an apostrophe gets one too, so a reader
+# recovers every value exactly by dropping one leading apostrophe (the hashes still verify).
+CSV_ESCAPED_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as the CSV export writes it (text that a spreadsheet would run is escaped)."""
+    if isinstance(value, str) and value.startswith(CSV_ESCAPED_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_value(cell: str) -> str:
+    """The value a CSV export's cell holds (the inverse of `csv_cell`)."""
+    return cell[1:] if cell.startswith("'") else cell
+
+
 def chain_key(organization_id: object | None) -> str:
     return PLATFORM_CHAIN if organization_id is None else str(organization_id)

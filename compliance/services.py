@@ -254,7 +254,8 @@ def audit_export(*, actor: Any, organization: Any, fmt: str, region: str | None 
         writer = csv.DictWriter(buffer, fieldnames=list(_EXPORT_FIELDS))
         writer.writeheader()
         for row in rows:
-            writer.writerow({**row, "data": chain.canonical_json(row["data"])})
+            cells = {**row, "data": chain.canonical_json(row["data"])}
+            writer.writerow({name: chain.csv_cell(value) for name, value in cells.items()})
         body = buffer.getvalue().encode()
     return name, body
 

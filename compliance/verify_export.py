@@ -25,7 +25,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".json":
         return list(json.loads(text)["events"])
     rows = []
-    for row in csv.DictReader(io.StringIO(text)):
+    for cells in csv.DictReader(io.StringIO(text)):
+        row = {name: chain.csv_value(cell) for name, cell in cells.items()}
         rows.append({**row, "seq": int(row["seq"]), "data": json.loads(row["data"] or "{}")})
     return rows
 

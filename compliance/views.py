@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -102,6 +103,13 @@ def retention(request: HttpRequest) -> HttpResponse:
 @require_POST
 def baa_create(request: HttpRequest) -> HttpResponse:
     form = BAAForm(request.POST, request.FILES)
+    # The upload handler drops a file over the limit while it streams in; the document is
+    # optional, so without this the BAA was recorded without the document that was sent.
+    too_large = getattr(request, "upload_too_large", False)
+    if too_large:
+        form.add_error(
+            "document", f"The file is larger than the limit of {settings.TRAFFIC_UPLOAD_MAX_BYTES:,} bytes."
+        )
     if form.is_valid():
         try:
             services.baa_record_create(
@@ -114,7 +122,7 @@ def baa_create(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, "BAA recorded.")
             return redirect("compliance:overview")
-    return _page(request, status=400, baa_form=form)
+    return _page(request, status=413 if too_large else 400, baa_form=form)
 
 
 @member_required
@@ -128,7 +136,14 @@ def baa_document(request: HttpRequest, baa_id: str) -> HttpResponse:
     spool = tempfile.TemporaryFile()  # noqa: SIM115 - FileResponse closes it
     services.sensitive_object_read(obj=baa.document, target=spool)
     spool.seek(0)
-    return FileResponse(spool, as_attachment=True, filename=f"baa-{baa.version}.pdf")
+    return FileResponse(spool, as_attachment=True, filename=_download_name("baa", baa.version, "pdf"))
+
+
+def _download_name(prefix: str, label: str, extension: str) -> str:
+    """A file name built from what a user typed: letters, digits, - and _ only (no path, no quote,
+    no control character that would break the header), at most 60 of them."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in label).strip("-")[:60]
+    return f"{prefix}-{safe or 'document'}.{extension}"
 
 
 @member_required

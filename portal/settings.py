@@ -193,8 +193,15 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # Deeply nested JSON is a 400 (DRF's parser let a RecursionError through: a 500); a file
+    # over TRAFFIC_UPLOAD_MAX_BYTES is a 400 naming its field, never silently dropped.
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "portal.api.parsers.LimitedMultiPartParser",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "portal.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
 }

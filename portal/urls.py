@@ -38,3 +38,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
 ]
+
+# The API answers an unmatched path in JSON; pages get the HTML 404 page.
+handler404 = "portal.api.errors.page_not_found"

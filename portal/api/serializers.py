@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
+from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 
+# A free-form object that may be absent (null), e.g. a job's selection before it has one.
+NULLABLE_OBJECT = {"type": "object", "additionalProperties": {}, "nullable": True}
+
 
 class SignupSerializer(serializers.Serializer):
-    email = serializers.EmailField(max_length=254)
-    password = serializers.CharField(max_length=128, write_only=True, style={"input_type": "password"})
-    full_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    email = api_fields.EmailField(max_length=254)
+    password = api_fields.CharField(max_length=128, write_only=True, style={"input_type": "password"})
+    full_name = api_fields.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
-class UserSerializer(serializers.ModelSerializer):
+class UserSerializer(api_fields.ModelSerializer):
     class Meta:
         model = User
         fields = ["id", "email", "full_name", "staff_role"]
         read_only_fields = fields
 
 
-class OrganizationSerializer(serializers.ModelSerializer):
+class OrganizationSerializer(api_fields.ModelSerializer):
     role = serializers.SerializerMethodField()
 
     class Meta:
@@ -37,9 +40,9 @@ class OrganizationSerializer(serializers.ModelSerializer):
         return roles.get(obj.id)
 
 
-class MembershipSerializer(serializers.ModelSerializer):
-    email = serializers.EmailField(source="user.email", read_only=True)
-    full_name = serializers.CharField(source="user.full_name", read_only=True)
+class MembershipSerializer(api_fields.ModelSerializer):
+    email = api_fields.EmailField(source="user.email", read_only=True)
+    full_name = api_fields.CharField(source="user.full_name", read_only=True)
 
     class Meta:
         model = Membership
@@ -57,7 +60,7 @@ class ActiveOrganizationSerializer(serializers.Serializer):
     organization = serializers.UUIDField()
 
 
-class InvitationSerializer(serializers.ModelSerializer):
+class InvitationSerializer(api_fields.ModelSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
     class Meta:
@@ -69,11 +72,11 @@ class InvitationSerializer(serializers.ModelSerializer):
 
 
 class InvitationAcceptSerializer(serializers.Serializer):
-    token = serializers.CharField(max_length=200, help_text="The secret at the end of the emailed link.")
+    token = api_fields.CharField(max_length=200, help_text="The secret at the end of the emailed link.")
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
-    created_by = serializers.EmailField(source="created_by.email", read_only=True)
+class ApiTokenSerializer(api_fields.ModelSerializer):
+    created_by = api_fields.EmailField(source="created_by.email", read_only=True)
 
     class Meta:
         model = ApiToken
@@ -82,14 +85,14 @@ class ApiTokenSerializer(serializers.ModelSerializer):
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
-    token = serializers.CharField(read_only=True, help_text="The secret. Shown only in this response.")
+    token = api_fields.CharField(read_only=True, help_text="The secret. Shown only in this response.")
 
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
         read_only_fields = [*ApiTokenSerializer.Meta.read_only_fields, "token"]
 
 
-class TrafficSampleSerializer(serializers.ModelSerializer):
+class TrafficSampleSerializer(api_fields.ModelSerializer):
     class Meta:
         model = TrafficSample
         fields = [
@@ -109,7 +112,7 @@ class TrafficSampleSerializer(serializers.ModelSerializer):
 
 
 class TrafficSampleUploadSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=120)
+    name = api_fields.CharField(max_length=120)
     trace_format = serializers.ChoiceField(
         choices=TrafficSample.Format.choices, default=TrafficSample.Format.AUTO
     )
@@ -119,7 +122,7 @@ class TrafficSampleUploadSerializer(serializers.Serializer):
     )
 
 
-class ServedModelSerializer(serializers.ModelSerializer):
+class ServedModelSerializer(api_fields.ModelSerializer):
     class Meta:
         model = ServedModel
         fields = ["id", "name", "path", "architecture", "num_params", "created_at"]
@@ -127,7 +130,7 @@ class ServedModelSerializer(serializers.ModelSerializer):
         validators: list[object] = []
 
 
-class TrialSerializer(serializers.ModelSerializer):
+class TrialSerializer(api_fields.ModelSerializer):
     result = serializers.SerializerMethodField()
 
     class Meta:
@@ -144,13 +147,13 @@ class TrialSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(NULLABLE_OBJECT)
     def get_result(self, obj: Trial) -> dict[str, object] | None:
         # The golden-set answers are bulky and of no use to a client.
         return {k: v for k, v in (obj.result or {}).items() if k != "capture"} or None
 
 
-class TuningJobSerializer(serializers.ModelSerializer):
+class TuningJobSerializer(api_fields.ModelSerializer):
     trials = TrialSerializer(many=True, read_only=True)
     selection = serializers.SerializerMethodField()
 
@@ -174,19 +177,19 @@ class TuningJobSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(NULLABLE_OBJECT)
     def get_selection(self, obj: TuningJob) -> dict[str, object] | None:
         return (obj.report or {}).get("selection")
 
 
 class TuningJobCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=120, required=False, allow_blank=True, default="")
+    name = api_fields.CharField(max_length=120, required=False, allow_blank=True, default="")
     traffic_sample = serializers.UUIDField()
     served_model = serializers.UUIDField()
-    slo = serializers.CharField(max_length=300, help_text='e.g. "ttft_p50_ms<=600,ttft_p95_ms<=1500"')
+    slo = api_fields.CharField(max_length=300, help_text='e.g. "ttft_p50_ms<=600,ttft_p95_ms<=1500"')
     peak_rps = serializers.FloatField()
     headroom = serializers.FloatField(default=1.25)
-    hardware = serializers.CharField(default="local-cpu")
+    hardware = api_fields.CharField(default="local-cpu")
     budget_trials = serializers.IntegerField(default=6)
     strategy = serializers.ChoiceField(choices=["tpe", "grid"], default="tpe")
     duration_s = serializers.FloatField(default=20.0)
@@ -199,17 +202,17 @@ from portal.billing.models import UsageReport  # noqa: E402
 
 class BillingAccountSerializer(serializers.Serializer):
     enabled = serializers.BooleanField()
-    how_to_enable = serializers.CharField(allow_blank=True)
-    status = serializers.CharField()
-    plan = serializers.CharField(allow_blank=True)
+    how_to_enable = api_fields.CharField(allow_blank=True)
+    status = api_fields.CharField()
+    plan = api_fields.CharField(allow_blank=True)
     current_period_end = serializers.DateTimeField(allow_null=True)
     usage_billed_from = serializers.DateTimeField(allow_null=True)
-    plans = serializers.ListField(child=serializers.CharField())
+    plans = serializers.ListField(child=api_fields.CharField())
 
 
 class BillingUsageLineSerializer(serializers.Serializer):
-    meter = serializers.CharField()
-    dimension = serializers.CharField(allow_blank=True, help_text="Hardware type of endpoint hours.")
+    meter = api_fields.CharField()
+    dimension = api_fields.CharField(allow_blank=True, help_text="Hardware type of endpoint hours.")
     duration_ms = serializers.IntegerField()
     billable_minutes = serializers.IntegerField(help_text="Rounded per UTC hour; billed or to be billed.")
     reported_minutes = serializers.IntegerField(help_text="Already accepted by Stripe.")
@@ -218,11 +221,11 @@ class BillingUsageLineSerializer(serializers.Serializer):
 
 
 class BillingUsageSerializer(serializers.Serializer):
-    month = serializers.CharField(help_text="YYYY-MM (UTC)")
+    month = api_fields.CharField(help_text="YYYY-MM (UTC)")
     lines = BillingUsageLineSerializer(many=True)
 
 
-class UsageReportSerializer(serializers.ModelSerializer):
+class UsageReportSerializer(api_fields.ModelSerializer):
     class Meta:
         model = UsageReport
         fields = [
@@ -244,8 +247,8 @@ class UsageReportSerializer(serializers.ModelSerializer):
 
 
 class BillingCheckoutSerializer(serializers.Serializer):
-    plan = serializers.CharField(max_length=64)
+    plan = api_fields.CharField(max_length=64)
 
 
 class BillingRedirectSerializer(serializers.Serializer):
-    url = serializers.URLField(help_text="Send the person here (Stripe Checkout or the customer portal).")
+    url = api_fields.URLField(help_text="Send the person here (Stripe Checkout or the customer portal).")

@@ -12,7 +12,8 @@ class LimitedTemporaryFileUploadHandler(TemporaryFileUploadHandler):
     """Streams uploads to a temporary file and stops at `TRAFFIC_UPLOAD_MAX_BYTES`.
 
     When the limit is crossed the rest of the body is read and discarded, the file is dropped
-    and `request.upload_too_large` is set, so the form can name the field and the limit.
+    and `request.upload_too_large` (and `upload_too_large_field`, the form field) is set, so the
+    form can name the field and the limit.
     """
 
     def __init__(self, request: Any = None) -> None:
@@ -24,6 +25,7 @@ class LimitedTemporaryFileUploadHandler(TemporaryFileUploadHandler):
         if self.received > settings.TRAFFIC_UPLOAD_MAX_BYTES:
             if self.request is not None:
                 self.request.upload_too_large = True
+                self.request.upload_too_large_field = self.field_name
             self.file.close()
             raise StopUpload(connection_reset=False)
         return super().receive_data_chunk(raw_data, start)
