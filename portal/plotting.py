@@ -6,13 +6,26 @@ most of a figure's build time (measured with benchmarks/portal_load.py: ~80% of 
 the profile, report and endpoint pages draw four to six each on every request). The template
 is serialised once per process instead and attached to each figure's JSON: the output is
 the same.
+
+The figures are pure functions of their inputs, and the inputs mostly repeat: a traffic
+profile or a finished job's report never changes, an endpoint's SLA and history charts change
+when a window closes or a configuration is promoted, and its live charts change once per scrape
+(15 s) while everyone watching it polls. `memoized` keeps each process's recent figures by the
+content of their arguments, so a repeated request serialises instead of rebuilding.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
-from typing import Any
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, ParamSpec, TypeVar
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -32,3 +45,58 @@ def figure_json(fig: go.Figure, *, template: str = TEMPLATE) -> dict[str, Any]:
     # A fresh copy per figure: callers may adjust a figure's layout after building it.
     result.setdefault("layout", {})["template"] = json.loads(_template_json(template))
     return result
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CACHE_FIGURES = 256  # per process; a figure's JSON is 5-40 kB
+_figures: OrderedDict[str, str] = OrderedDict()
+_figures_lock = threading.Lock()  # gunicorn's threaded workers share the cache
+
+
+def _plain(value: Any) -> str:
+    # Values whose text is their identity; anything else (a model instance, say) is not keyed.
+    if isinstance(value, datetime | date | Decimal | uuid.UUID):
+        return f"{type(value).__name__}:{value.isoformat() if isinstance(value, datetime | date) else value}"
+    raise TypeError(type(value).__name__)
+
+
+def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    try:
+        text = json.dumps([name, args, kwargs], sort_keys=True, default=_plain)
+    except (TypeError, ValueError):
+        return None  # arguments that do not serialise as data: build, do not keep
+    return hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
+
+
+def memoized(builder: Callable[P, R]) -> Callable[P, R]:
+    """`builder`, a pure function from JSON-like data to figure JSON (or None), with its
+    results kept by the content of its arguments. Each call returns a fresh copy."""
+    name = f"{builder.__module__}.{builder.__qualname__}"
+
+    @functools.wraps(builder)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        key = _key(name, args, kwargs)
+        if key is None:
+            return builder(*args, **kwargs)
+        with _figures_lock:
+            text = _figures.get(key)
+            if text is not None:
+                _figures.move_to_end(key)
+        if text is None:
+            text = json.dumps(builder(*args, **kwargs))
+            with _figures_lock:
+                _figures[key] = text
+                while len(_figures) > CACHE_FIGURES:
+                    _figures.popitem(last=False)
+        result: R = json.loads(text)
+        return result
+
+    return wrapper
+
+
+def memoized_clear() -> None:
+    """Forget every kept figure (tests that count builds start from nothing)."""
+    with _figures_lock:
+        _figures.clear()

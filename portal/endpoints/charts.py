@@ -13,7 +13,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from portal.plotting import figure_json
+from portal.plotting import figure_json, memoized
 
 _LAYOUT: dict[str, Any] = {
     "margin": {"l": 70, "r": 70, "t": 60, "b": 50},
@@ -101,6 +101,7 @@ def _shade_gaps(fig: go.Figure, series: dict[str, Any]) -> None:
         fig.update_layout(shapes=[*fig.layout.shapes, *shading])
 
 
+@memoized
 def ttft_figure(series: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
     """Live p50 and p95 TTFT over time with the SLO's targets as horizontal lines."""
     fig = go.Figure()
@@ -131,6 +132,7 @@ def ttft_figure(series: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def rates_figure(series: dict[str, Any]) -> dict[str, Any]:
     """Finished requests per second (left axis) and prompt/generation tokens per second (right)."""
     fig = go.Figure()
@@ -168,6 +170,7 @@ def rates_figure(series: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def prefix_cache_figure(series: dict[str, Any]) -> dict[str, Any]:
     """The share of prompt tokens the engine found in its prefix cache, over time."""
     fig = go.Figure(
@@ -187,6 +190,7 @@ def prefix_cache_figure(series: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def sla_figure(compliance: dict[str, Any]) -> dict[str, Any]:
     """Compliance per window as bars (met in green, breached in orange), with the commitment
     (the compliance below which credits are owed) as a horizontal line where there is one."""
@@ -250,6 +254,7 @@ def _why(row: dict[str, Any]) -> str:
     return str(row["reason"])
 
 
+@memoized
 def history_figure(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Each generation's measured tokens per second at the target load (bars, left axis) and p50
     TTFT (line, right axis), each annotated with what triggered it; the title is the sequence."""

@@ -47,6 +47,20 @@ SLA_WINDOWS_SHOWN = 6  # closed monthly windows on the chart, besides the curren
 _MAX_CELL = 120  # characters of a configuration value shown in a table cell
 
 
+# The page's moment moves in scrape steps (endpoints-watch runs every 15 s): every request
+# within one step draws the same range, so they share their charts (`portal.plotting.memoized`;
+# rebuilding five Plotly figures per poll was most of the page's time under load).
+DASHBOARD_STEP_S = 15
+
+
+def dashboard_now(now: datetime | None = None) -> datetime:
+    """`now` rounded up to the next scrape step: no snapshot is newer than now, so none is left
+    out; the range ends at most one step ahead."""
+    moment = now or timezone.now()
+    step = DASHBOARD_STEP_S
+    return datetime.fromtimestamp(math.ceil(moment.timestamp() / step) * step, tz=UTC)
+
+
 def range_key(value: str | None) -> str:
     """The range asked for, or the default when it is missing or unknown."""
     return value if value in RANGES else DEFAULT_RANGE

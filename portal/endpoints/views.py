@@ -47,7 +47,9 @@ def _detail_context(
 ) -> dict[str, Any]:
     asked = request.GET.get("range")
     range_name = selectors.range_key(asked)
-    data = selectors.endpoint_dashboard(endpoint=endpoint, range_name=range_name)
+    data = selectors.endpoint_dashboard(
+        endpoint=endpoint, range_name=range_name, now=selectors.dashboard_now()
+    )
     can_change = request.membership.has_role(Role.MEMBER)  # type: ignore[attr-defined]
     candidates = TuningJob.objects.filter(
         organization=endpoint.organization,

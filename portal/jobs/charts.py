@@ -13,7 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from portal.plotting import figure_json
+from portal.plotting import figure_json, memoized
 
 _LAYOUT: dict[str, Any] = {
     "margin": {"l": 70, "r": 20, "t": 60, "b": 50},
@@ -70,6 +70,7 @@ def _slo_hlines(fig: go.Figure, slo: dict[str, float | None]) -> None:
             )
 
 
+@memoized
 def ttft_cdf_figure(trials: list[dict[str, Any]], slo: dict[str, float | None]) -> dict[str, Any] | None:
     """Cumulative share of requests by TTFT at the target rate, one line per successful trial.
 
@@ -121,6 +122,7 @@ def ttft_cdf_figure(trials: list[dict[str, Any]], slo: dict[str, float | None]) 
     return _to_json(fig)
 
 
+@memoized
 def latency_vs_load_figure(
     curves: list[dict[str, Any]], slo: dict[str, float | None], target_rps: float
 ) -> dict[str, Any] | None:
@@ -173,6 +175,7 @@ def _gates_passed(trial: dict[str, Any]) -> bool:
     return bool(verdicts.get("correctness_passed") and verdicts.get("reliability_passed"))
 
 
+@memoized
 def cost_vs_ttft_figure(trials: list[dict[str, Any]], slo: dict[str, float | None]) -> dict[str, Any] | None:
     """Cost per million tokens against p95 TTFT for every trial with a cost, the Pareto frontier
     (trials that passed the gates and no other such trial beats on both) joined by a line, trials
@@ -258,6 +261,7 @@ def cost_vs_ttft_figure(trials: list[dict[str, Any]], slo: dict[str, float | Non
     return _to_json(fig)
 
 
+@memoized
 def predicted_vs_measured_figure(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The simulator's predicted p50/p95 TTFT against what the live trial measured, for trials
     that carry a prediction; on the diagonal the prediction was exact."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from portal.plotting import figure_json
+from portal.plotting import figure_json, memoized
 
 _LAYOUT: dict[str, Any] = {
     "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
@@ -27,6 +27,7 @@ def _centers(edges: list[float]) -> list[float]:
     return [(a + b) / 2 for a, b in itertools.pairwise(edges)]
 
 
+@memoized
 def arrival_rate_figure(series: dict[str, Any]) -> dict[str, Any]:
     fig = go.Figure(
         go.Scatter(
@@ -51,6 +52,7 @@ def arrival_rate_figure(series: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def length_figure(histogram: dict[str, Any], what: str) -> dict[str, Any]:
     edges = list(histogram["bin_edges"])
     widths = [b - a for a, b in itertools.pairwise(edges)]
@@ -61,6 +63,7 @@ def length_figure(histogram: dict[str, Any], what: str) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def interarrival_figure(dist: dict[str, Any]) -> dict[str, Any]:
     hist = dist["positive_gaps_s"]
     edges = list(hist["bin_edges"])
@@ -82,6 +85,7 @@ def interarrival_figure(dist: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def reuse_curve_figure(curve: dict[str, Any]) -> dict[str, Any]:
     block = curve["block_size_tokens"]
     x = [n * block for n in curve["cache_size_blocks"]]
@@ -102,6 +106,7 @@ def reuse_curve_figure(curve: dict[str, Any]) -> dict[str, Any]:
     return _to_json(fig)
 
 
+@memoized
 def concurrency_figure(series: dict[str, Any]) -> dict[str, Any]:
     fig = go.Figure(
         go.Scatter(
