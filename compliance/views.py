@@ -136,14 +136,7 @@ def baa_document(request: HttpRequest, baa_id: str) -> HttpResponse:
     spool = tempfile.TemporaryFile()  # noqa: SIM115 - FileResponse closes it
     services.sensitive_object_read(obj=baa.document, target=spool)
     spool.seek(0)
-    return FileResponse(spool, as_attachment=True, filename=_download_name("baa", baa.version, "pdf"))
-
-
-def _download_name(prefix: str, label: str, extension: str) -> str:
-    """A file name built from what a user typed: letters, digits, - and _ only (no path, no quote,
-    no control character that would break the header), at most 60 of them."""
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "-" for c in label).strip("-")[:60]
-    return f"{prefix}-{safe or 'document'}.{extension}"
+    return FileResponse(spool, as_attachment=True, filename=f"baa-{baa.version}.pdf")
 
 
 @member_required

@@ -246,7 +246,7 @@ def test_hostile_upload_names_are_never_used_as_paths(  # type: ignore[no-untype
 
 
 @pytest.mark.usefixtures("regions")
-def test_hostile_baa_document_name_and_version_download_safely(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_baa_document_name_and_version_download_safely(alice, alice_org, settings) -> None:  # type: ignore[no-untyped-def]
     api = _token_client(alice, alice_org)
     body, content_type = _multipart(
         {
@@ -261,13 +261,20 @@ def test_hostile_baa_document_name_and_version_download_safely(alice, alice_org)
     assert response.status_code == 201, response.content
     record = BAARecord.objects.get()
     assert record.version.startswith("../../etc/passwd")  # stored as given: it is only text
+    # The document is stored under a key the server chose, inside the storage folder.
+    storage = Path(settings.COMPLIANCE_STORAGE_DIR).resolve()
+    assert re.fullmatch(r"[A-Za-z0-9_/-]+", record.document.key)
+    assert (storage / record.document.region / record.document.key).resolve().is_relative_to(storage)
+    assert (storage / record.document.region / record.document.key).is_file()
     page = Client()
     page.force_login(alice)
     two_factor_done(page, alice)
-    # The version went into the download's file name as is: a newline in a header was a 500.
+    # The version goes into the download's file name: Django keeps only its last path part and
+    # percent-encodes the rest (RFC 6266), so no path and no header can be smuggled in.
     download = page.get(reverse("compliance:baa_document", args=[record.id]))
     assert download.status_code == 200
-    assert download["Content-Disposition"] == 'attachment; filename="baa-etc-passwd---X-Injected--1.pdf"'
+    disposition = download["Content-Disposition"]
+    assert disposition == "attachment; filename*=utf-8''passwd%22%0D%0AX-Injected%3A%201.pdf"
     assert "X-Injected" not in download.headers
     assert b"".join(download.streaming_content) == PDF
 
