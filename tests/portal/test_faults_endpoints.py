@@ -245,11 +245,12 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
                 )
                 candidate = {"dtype": "float32", "max_num_batched_tokens": 512, "enable_prefix_caching": True}
                 winner = _trial(job, 2, candidate, ttft_p50_ms=600.0, ttft_p95_ms=1500.0)
+                # In place before the job ends: the promotion follows at the next tick.
+                handover = endpoint_dir(endpoint) / "config.tmp"
+                os.mkfifo(handover)
                 TuningJob.objects.filter(pk=job.pk).update(
                     status=TuningJob.Status.SUCCEEDED, winner_trial=2, finished_at=timezone.now()
                 )
-                handover = endpoint_dir(endpoint) / "config.tmp"
-                os.mkfifo(handover)
                 _tick_until(
                     lambda: LoopIteration.objects.get(pk=it.pk).status == LoopIteration.Status.PROMOTED,
                     log2,
@@ -267,15 +268,17 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
                 _tick_until(
                     lambda: _config_file(endpoint) == winner.result["config"], log3, "the config hand-over"
                 )
-                # A window of live traffic on the new configuration, as good as it measured.
-                LoopIteration.objects.filter(pk=it.pk).update(
-                    promoted_at=timezone.now() - timedelta(minutes=10)
-                )
+                # A window of live traffic on the new configuration, as good as it measured, ten
+                # minutes after the promotion (the earlier scrapes moved before it). The promotion
+                # time moves last: a tick in between must not judge on the old scrapes.
                 for snap in MetricSnapshot.objects.all():
                     MetricSnapshot.objects.filter(pk=snap.pk).update(
                         taken_at=snap.taken_at - timedelta(minutes=11)
                     )
                 _scrapes(endpoint, long=True, p95=1500.0, start=timedelta(0))
+                LoopIteration.objects.filter(pk=it.pk).update(
+                    promoted_at=timezone.now() - timedelta(minutes=10)
+                )
                 _tick_until(
                     lambda: LoopIteration.objects.get(pk=it.pk).status == LoopIteration.Status.CONFIRMED,
                     log3,
