@@ -28,11 +28,28 @@ class TuningJobForm(forms.Form):
     strategy = forms.ChoiceField(
         choices=[("tpe", "Bayesian search (TPE)"), ("grid", "auto_tune grid")], initial="tpe"
     )
+    # The trial length, as the API takes it; blank keeps the service's defaults.
+    duration_s = forms.FloatField(
+        required=False,
+        min_value=5,
+        max_value=3600,
+        label="Load per level (s, optional)",
+        help_text="How long each trial replays the traffic at each rate (default 20).",
+    )
+    repeats = forms.IntegerField(
+        required=False, min_value=1, max_value=10, label="Repeats at the target rate (optional; default 2)"
+    )
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["traffic_sample"].queryset = selectors.ready_samples(organization=organization)  # type: ignore[attr-defined]
         self.fields["served_model"].queryset = selectors.served_model_list(organization=organization)  # type: ignore[attr-defined]
+
+    def trial_length(self) -> dict[str, Any]:
+        """The trial-length settings the user gave (the service defaults the rest)."""
+        return {
+            k: self.cleaned_data[k] for k in ("duration_s", "repeats") if self.cleaned_data.get(k) is not None
+        }
 
     def slo(self) -> str:
         data = self.cleaned_data

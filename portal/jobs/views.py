@@ -54,6 +54,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
                 hardware=data["hardware"],
                 budget_trials=data["budget_trials"],
                 strategy=data["strategy"],
+                **form.trial_length(),
             )
         except ValidationError as exc:
             form.add_error(None, exc)
