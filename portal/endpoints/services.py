@@ -188,7 +188,12 @@ def endpoint_config_sync(*, endpoint_id: str) -> bool:
         current = None
     if current == endpoint.config:
         return False
-    _atomic_write(path, json.dumps(endpoint.config))
+    try:
+        _atomic_write(path, json.dumps(endpoint.config))
+    except OSError as exc:
+        # The next watch round tries again; one endpoint's folder must not stop the watch.
+        logger.warning("endpoint %s: could not write its config file (%s)", endpoint_id, exc)
+        return False
     logger.info("endpoint %s: config file brought in line with the database", endpoint_id)
     return True
 
