@@ -245,6 +245,9 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
 
     serializer_class = EndpointSLASerializer
     write_role = Role.ADMIN
+    # `credit_tiers` is a list of objects, which a form body cannot carry as the schema says:
+    # DRF read a multipart `credit_tiers` part as absent and saved the terms without the tiers.
+    parser_classes = [StrictJSONParser]
 
     def tenant_queryset(self) -> QuerySet[Any]:
         from portal.endpoints.models import Endpoint

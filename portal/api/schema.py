@@ -8,7 +8,8 @@ operation gets the error responses its shape implies, with their bodies:
   wherever a request body, a query parameter or a write can be refused;
 - 401/403 `{"detail": "..."}` wherever authentication is required;
 - 404 `{"detail": "..."}` wherever the path names an object (another tenant's is a 404 too);
-- 413 `{"detail": "..."}` wherever a request body is read (bodies above the limit);
+- 413 `{"detail": "..."}` wherever a request body is read (bodies above the limit), and 415
+  there too (a media type the operation does not read);
 - and any a view names in `extra_error_statuses` (e.g. 502 when Stripe cannot be reached).
 """
 
@@ -38,6 +39,7 @@ DESCRIPTIONS = {
     403: "Authenticated, but not allowed this (role, two-factor, or no organization).",
     404: "No such object in your organization (another organization's answers the same).",
     413: "The request body is larger than the limit.",
+    415: "The request body's media type is not one this operation reads.",
     502: "An upstream service could not be reached.",
 }
 
@@ -63,7 +65,7 @@ class PortalAutoSchema(AutoSchema):
         if any(p["in"] == "path" for p in parameters):
             statuses.add(404)
         if has_body:
-            statuses.add(413)
+            statuses |= {413, 415}
         detail = self.resolve_serializer(ErrorDetailSerializer, "response").ref
         responses = operation.setdefault("responses", {})
         for status in sorted(statuses):

@@ -367,3 +367,39 @@ def test_csv_cell_encoding_round_trips() -> None:
             assert cell[:1] not in {"=", "+", "-", "@", "\t", "\r"}
         else:
             assert cell == value
+
+
+# --- Nested bodies -------------------------------------------------------------------------------
+
+
+def test_sla_terms_with_nested_tiers_take_json_only(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    """Found by the API fuzz: a multipart `credit_tiers` part was read as absent, and the terms
+    were saved without the tiers the client sent (even invalid ones). JSON only now."""
+    from compliance.models import SLATerms
+    from portal.endpoints.models import Endpoint
+
+    endpoint = Endpoint.objects.create(
+        organization=alice_org,
+        name="hardening-endpoint",
+        served_model=alice_org.served_models.create(name="m", path="/models/m"),
+        config={},
+        port=59873,
+        api_key_prefix="hardkey1",
+        api_key_hash="2" * 64,
+        status=Endpoint.Status.HEALTHY,
+        created_by=alice,
+    )
+    api = _token_client(alice, alice_org)
+    url = f"/api/v1/compliance/endpoints/{endpoint.pk}/sla/"
+    tiers = json.dumps([{"below_pct": -1, "credit_pct": 10}])
+    response = api.put(url, {"target_ms": 800, "credit_tiers": tiers}, format="multipart")
+    assert response.status_code == 415
+    assert not SLATerms.objects.exists()
+    response = api.put(url, {"target_ms": 800, "credit_tiers": json.loads(tiers)}, format="json")
+    assert response.status_code == 400 and "below_pct" in json.dumps(response.json())
+    assert not SLATerms.objects.exists()
+    response = api.put(
+        url, {"target_ms": 800, "credit_tiers": [{"below_pct": 99, "credit_pct": 10}]}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["terms"]["credit_tiers"] == [{"below_pct": 99.0, "credit_pct": 10.0}]
