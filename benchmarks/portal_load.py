@@ -86,6 +86,15 @@ def versions() -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[dist] = metadata.version(dist)
     with contextlib.suppress(OSError, subprocess.SubprocessError):
+        # Others commit to this checkout meanwhile: the portal measured is this commit's (plus
+        # whatever is uncommitted in the working tree then).
+        out["tailguard_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         out["postgresql"] = subprocess.run(
             ["psql", "-h", "127.0.0.1", "-U", "postgres", "-Atc", "show server_version"],
             capture_output=True,
