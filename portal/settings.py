@@ -214,6 +214,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The upload's `trace_format` and the sample's `requested_format` share one set of choices:
+    # one schema component, one name.
+    "ENUM_NAME_OVERRIDES": {"TraceFormatEnum": "portal.traffic.models.TrafficSample.Format"},
 }
 
 # Security: on by default whenever DEBUG is off; each can be relaxed explicitly (for example
