@@ -17,8 +17,11 @@ all requests in the window, sign-in included), `rps`. Target: p95 <= 300 ms, 0 e
 Also recorded: how busy the machine was (load average; CPU cores used by gunicorn, locust, our
 PostgreSQL backends and everybody else) because it is shared.
 
-    .venv/bin/python benchmarks/portal_load.py                 # about 4 minutes on 2 cores
-    .venv/bin/python benchmarks/portal_load.py --duration-s 30 --no-write   # a quick look
+    .venv/bin/python benchmarks/portal_load.py   # ~7 min on 2 cores: ~3 seeding (collectstatic
+                                                 # compressing included), ~2.5 load, the rest start-up
+    .venv/bin/python benchmarks/portal_load.py --keep-db --no-write   # then, without seeding again:
+    .venv/bin/python benchmarks/portal_load.py --reuse-db --keep-db --no-write
+        # (a reused seed's snapshots end when it was seeded: fine for profiling, not for the record)
 
 writes benchmarks/results/portal_load.json. Everything it starts (gunicorn, locust, its
 database connections) is stopped on the way out, failure or not; the database is dropped
