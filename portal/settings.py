@@ -7,6 +7,7 @@ README ("Production settings"); with them `manage.py check --deploy` is clean (a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -323,6 +324,14 @@ COMPLIANCE_REGIONS = env.list("COMPLIANCE_REGIONS", ["local"])
 COMPLIANCE_DEFAULT_REGIONS = env.list("COMPLIANCE_DEFAULT_REGIONS", COMPLIANCE_REGIONS[:1])
 if not set(COMPLIANCE_DEFAULT_REGIONS) <= set(COMPLIANCE_REGIONS):
     raise ImproperlyConfigured("COMPLIANCE_DEFAULT_REGIONS must be a subset of COMPLIANCE_REGIONS")
+# The residency code of the machine the portal and its local engine run on ("us" for a US data
+# centre): the local CPU hardware's region in the catalog, which reads the same variable.
+LOCAL_HARDWARE_REGION = env.str("LOCAL_HARDWARE_REGION", "local").strip().lower() or "local"
+if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", LOCAL_HARDWARE_REGION):
+    raise ImproperlyConfigured(
+        f"environment variable LOCAL_HARDWARE_REGION must be a residency code such as 'us' or 'local', "
+        f"not {LOCAL_HARDWARE_REGION!r}"
+    )
 # Sensitive objects (raw uploads, signed BAAs, exports): "local" keeps one encrypted folder per
 # region; "s3" keeps one bucket per region (COMPLIANCE_S3_BUCKETS=us=bucket-a,eu=bucket-b).
 COMPLIANCE_STORAGE_BACKEND = env.choice("COMPLIANCE_STORAGE_BACKEND", "local", ["local", "s3"])

@@ -14,11 +14,21 @@ The local CPU's figures are measured on this machine by `serving.perf.calibrate`
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 RETRIEVED = "2026-11-30"  # when the pages below were read through the reference search
 _CPU_DATA = Path(__file__).resolve().parent.parent / "perf" / "data" / "cpu_local.json"
+# Where the machine Tailguard runs on is, as a residency code. "local" (the default) is allowed
+# only by organizations that allow "local"; a deployment in a US data centre sets
+# LOCAL_HARDWARE_REGION=us, and then a US-only organization can tune and serve on this machine.
+LOCAL_REGION_ENV = "LOCAL_HARDWARE_REGION"
+
+
+def local_region_code() -> str:
+    """The residency code of this machine (environment variable LOCAL_HARDWARE_REGION)."""
+    return os.environ.get(LOCAL_REGION_ENV, "").strip().lower() or "local"
 
 
 @dataclass(frozen=True)
@@ -381,7 +391,15 @@ def _local_cpu() -> Hardware:
         interconnect="none",
         interconnect_gbps=Figure(0.0, "GB/s", "single CPU socket: no scale-up link", RETRIEVED, True),
         engines=("vllm-cpu",),
-        regions=(Region("local", "this machine", "local", "the machine Tailguard runs on", True),),
+        regions=(
+            Region(
+                "local",
+                "this machine",
+                local_region_code(),
+                f"the machine Tailguard runs on (its residency code: {LOCAL_REGION_ENV})",
+                True,
+            ),
+        ),
         price_per_hour_usd=Figure(
             0.0, "USD/h", "own machine: no rental price (admins may set one)", RETRIEVED, True
         ),

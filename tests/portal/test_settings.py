@@ -69,6 +69,7 @@ def test_production_without_secret_key_refuses_to_start() -> None:
         ("DATABASE_URL", "not a url", "DATABASE_URL is not a database URL"),
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL='LOUD' must be one of"),
         ("ALLOWED_HOSTS", "a,,b", "ALLOWED_HOSTS='a,,b' has an empty item"),
+        ("LOCAL_HARDWARE_REGION", "us east", "LOCAL_HARDWARE_REGION must be a residency code"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str, message: str) -> None:

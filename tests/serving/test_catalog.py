@@ -144,3 +144,26 @@ def test_the_cpu_kv_space_fixes_the_cache_size() -> None:
         spec, get_hardware("cpu-local"), weight_format="fp32", kv_cache_format="fp32", kv_cache_bytes=2**30
     )
     assert fit.kv_capacity_tokens == 2**30 // spec.kv_bytes_per_token("fp32")
+
+
+def test_the_local_machine_s_region_is_the_deployment_s_to_declare() -> None:
+    """A self-hosted portal in a US data centre says so (LOCAL_HARDWARE_REGION=us): the local CPU
+    is then US hardware for residency rules, in the catalog and in tuning jobs alike."""
+    import os
+    import subprocess
+    import sys
+
+    assert get_hardware("cpu-local").region_codes() == {"local"}
+    probe = (
+        "from serving.catalog import get_hardware; from tuning.search.space import LOCAL_CPU; "
+        "print(sorted(get_hardware('cpu-local').region_codes()), LOCAL_CPU.region)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "LOCAL_HARDWARE_REGION": " US "},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert result.stdout.split("\n")[-2] == "['us'] us", result.stdout

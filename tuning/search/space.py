@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from serving.catalog.hardware import local_region_code
 from serving.engine.config import EngineConfig
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
@@ -96,7 +97,7 @@ class HardwareTarget:
 
 
 LOCAL_CPU = HardwareTarget(
-    name="local-cpu", region="local", num_devices=1, kv_cache_gib=2.0, price_per_hour_usd=0.10
+    name="local-cpu", region=local_region_code(), num_devices=1, kv_cache_gib=2.0, price_per_hour_usd=0.10
 )
 
 
