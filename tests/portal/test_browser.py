@@ -42,14 +42,21 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
     # around it are still synchronous.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from django.db import connections
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
+        # Entering Playwright's sync API leaves this thread in another contextvars context, and
+        # Django keeps its connections per context: the ORM calls of a browser test use
+        # connections of their own, which outlive the test unless closed here (a session the
+        # server ended meanwhile, as the fault tests do on purpose, would come back broken).
+        connections.close_all()
         instance = pw.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
         try:
             yield instance
         finally:
             instance.close()
+            connections.close_all()
 
 
 @pytest.fixture
