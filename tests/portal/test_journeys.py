@@ -303,7 +303,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
     if endpoint is not None:
         endpoint.refresh_from_db()
         assert endpoint.status == Endpoint.Status.STOPPED
-        assert not endpoint_services._alive(endpoint.supervisor_pid)
+        assert not endpoint_services._supervisor_alive(endpoint)
 
 
 # --- Journey 2: the sales engineer ------------------------------------------------------------
