@@ -27,19 +27,19 @@ class _TextAsSent:
 
 
 class CharField(_TextAsSent, serializers.CharField):
-    pass
+    """DRF's CharField, taking text only and checking its length as sent."""
 
 
 class EmailField(_TextAsSent, serializers.EmailField):
-    pass
+    """DRF's EmailField, taking text only and checking its length as sent."""
 
 
 class URLField(_TextAsSent, serializers.URLField):
-    pass
+    """DRF's URLField, taking text only and checking its length as sent."""
 
 
 class SlugField(_TextAsSent, serializers.SlugField):
-    pass
+    """DRF's SlugField, taking text only and checking its length as sent."""
 
 
 class ModelSerializer(serializers.ModelSerializer):

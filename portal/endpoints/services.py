@@ -405,28 +405,27 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
                 endpoint.last_metrics_text, taken_at_s=endpoint.last_metrics_at.timestamp()
             )
             if _counters_went_back(previous, current):
-                raise _EngineRestarted
-            delta = snapshot_delta(previous, current)
-            values = {
-                "ttft_p50_ms": delta.ttft_p50_ms,
-                "ttft_p95_ms": delta.ttft_p95_ms,
-                "requests_per_s": delta.requests_finished_per_s,
-                "prompt_tokens_per_s": delta.prompt_tokens_per_s,
-                "generation_tokens_per_s": delta.generation_tokens_per_s,
-                "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
-            }
-            p95 = delta.ttft_p95_ms
-            window = LiveWindow(
-                interval_s=delta.interval_s,
-                num_requests=delta.requests_finished,
-                prompt_tokens=delta.prompt_tokens,
-                output_tokens=delta.output_tokens,
-                prefix_queries_tokens=delta.prefix_cache_queries_tokens,
-                prefix_hits_tokens=delta.prefix_cache_hits_tokens,
-                ttft_p95_ms=p95 if p95 == p95 else None,
-            ).to_dict()
-        except _EngineRestarted:
-            reason = "the engine restarted since the last scrape (its counters started again)"
+                reason = "the engine restarted since the last scrape (its counters started again)"
+            else:
+                delta = snapshot_delta(previous, current)
+                values = {
+                    "ttft_p50_ms": delta.ttft_p50_ms,
+                    "ttft_p95_ms": delta.ttft_p95_ms,
+                    "requests_per_s": delta.requests_finished_per_s,
+                    "prompt_tokens_per_s": delta.prompt_tokens_per_s,
+                    "generation_tokens_per_s": delta.generation_tokens_per_s,
+                    "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+                }
+                p95 = delta.ttft_p95_ms
+                window = LiveWindow(
+                    interval_s=delta.interval_s,
+                    num_requests=delta.requests_finished,
+                    prompt_tokens=delta.prompt_tokens,
+                    output_tokens=delta.output_tokens,
+                    prefix_queries_tokens=delta.prefix_cache_queries_tokens,
+                    prefix_hits_tokens=delta.prefix_cache_hits_tokens,
+                    ttft_p95_ms=p95 if p95 == p95 else None,
+                ).to_dict()
         except (MetricsFormatError, ValueError):
             values, window = {}, None
             reason = "the previous scrape could not be compared with this one"
@@ -444,10 +443,6 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
             window=window,
             **clean,
         )
-
-
-class _EngineRestarted(Exception):
-    pass
 
 
 def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
