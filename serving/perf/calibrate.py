@@ -217,8 +217,12 @@ def _cpu_name() -> str:
 # -- measuring the engine ----------------------------------------------------------------------
 
 
+PREFILL_LENGTHS = (32, 128, 256, 512, 1024, 1536, 2000, 2500, 3000, 3500)
+PREFILL_REPEATS = 5  # the median of these is the observation
+
+
 def measure_engine(
-    base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int = 0
+    base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int = 0, max_model_len: int = 4096
 ) -> list[Observation]:
     """Timed single requests and decode batches against a running engine (fresh prompts each)."""
     from serving.loadgen.client import PreparedRequest, build_body
@@ -249,10 +253,13 @@ def measure_engine(
 
     batch(4, 64, 8)  # warm-up
     observations: list[Observation] = []
-    for prompt in (32, 256, 512, 1024, 1536, 2000):
-        ttfts = sorted(float(batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(3))
+    # Prompt lengths up to the served context: attention grows with the square of the prompt, and
+    # a fit that stops at 2,000 tokens over-extrapolates the long prompts of real traces.
+    lengths = [n for n in PREFILL_LENGTHS if n + 8 <= max_model_len]
+    for prompt in lengths:
+        ttfts = sorted(float(batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(PREFILL_REPEATS))
         observations.append(
-            Observation("ttft", f"single prefill {prompt}", ttfts[1], (prefill_shape(prompt),))
+            Observation("ttft", f"single prefill {prompt}", ttfts[len(ttfts) // 2], (prefill_shape(prompt),))
         )
     for num, prompt, output in (
         (1, 64, 48),
@@ -262,6 +269,7 @@ def measure_engine(
         (16, 64, 48),
         (32, 64, 48),
         (1, 1500, 48),
+        (1, 3000, 48),
         (4, 1000, 48),
         (8, 512, 48),
     ):
@@ -311,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC)
     engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
     try:
-        observations = measure_engine(engine.base_url, engine.endpoint.model_name, args.model_dir)
+        observations = measure_engine(
+            engine.base_url, engine.endpoint.model_name, args.model_dir, max_model_len=args.max_model_len
+        )
     finally:
         engine.stop()
     model = get_model(args.catalog_model)
@@ -363,7 +373,9 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     started = datetime.now(UTC)
     engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
     try:
-        observations = measure_engine(engine.base_url, engine.endpoint.model_name, args.model_dir)
+        observations = measure_engine(
+            engine.base_url, engine.endpoint.model_name, args.model_dir, max_model_len=args.max_model_len
+        )
     finally:
         engine.stop()
     model = get_model(args.catalog_model)
