@@ -137,6 +137,30 @@ def timeline(
     return _merge(filled)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """The judged spans of a window's beginning, [window start, until), kept to be reused."""
+
+    until: datetime
+    spans: tuple[Span, ...]
+
+
+def settle(
+    measurements: Sequence[Measurement],
+    *,
+    target_ms: float,
+    window_start: datetime,
+    until: datetime,
+    max_interval_s: float,
+) -> Settled:
+    """Judge [window_start, until) once. Only measurements taken before `until` plus
+    `lookaround` can change it, so once those are all stored it stays true."""
+    spans = timeline(
+        measurements, target_ms=target_ms, start=window_start, end=until, max_interval_s=max_interval_s
+    )
+    return Settled(until=until, spans=tuple(spans))
+
+
 def credit_for(compliance_pct: float | None, tiers: Sequence[CreditTier]) -> float:
     """The largest credit whose threshold the compliance falls under."""
     if compliance_pct is None:
@@ -155,16 +179,36 @@ def evaluate(
     tiers: Sequence[CreditTier] = (),
     max_interval_s: float = 300.0,
     min_coverage_pct: float = 90.0,
+    settled: Settled | None = None,
 ) -> WindowReport:
+    """The window judged from `measurements` (those within `lookaround` of it). With `settled`,
+    the spans of [window_start, settled.until) are taken from it, and `measurements` need only
+    cover the rest (from `lookaround` before `settled.until`): the same report, for the cost of
+    the part of the window that can still change."""
     judged_until = min(window_end, max(now, window_start))
     if now < window_end and measurements:
         # The interval still running is not judged yet (its snapshot has not been taken).
         last = max(m.taken_at for m in measurements)
         if last <= judged_until and (judged_until - last).total_seconds() <= max_interval_s:
             judged_until = max(last, window_start)
-    spans = timeline(
-        measurements, target_ms=target_ms, start=window_start, end=judged_until, max_interval_s=max_interval_s
-    )
+    if settled is not None and window_start < settled.until <= judged_until:
+        # The window's beginning was judged earlier: judge only what follows it.
+        tail = timeline(
+            measurements,
+            target_ms=target_ms,
+            start=settled.until,
+            end=judged_until,
+            max_interval_s=max_interval_s,
+        )
+        spans = _merge([*settled.spans, *tail])
+    else:
+        spans = timeline(
+            measurements,
+            target_ms=target_ms,
+            start=window_start,
+            end=judged_until,
+            max_interval_s=max_interval_s,
+        )
     totals = {kind: 0.0 for kind in (COMPLIANT, BREACHED, IDLE, GAP)}
     for span in spans:
         totals[span.kind] += span.duration_s

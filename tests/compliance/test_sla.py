@@ -119,6 +119,45 @@ def test_no_data_is_no_data_and_credit_thresholds_are_strict() -> None:
     assert sla.credit_for(None, TIERS) == 0
 
 
+def _random_series(seed: int, count: int) -> list[sla.Measurement]:
+    """Irregular snapshots (5 s to 4 min apart), some gaps, some idle, values around the target."""
+    import random
+
+    rng = random.Random(seed)
+    moment = T0 - timedelta(seconds=rng.randint(0, 200))
+    out = []
+    for _ in range(count):
+        moment += timedelta(seconds=rng.choice([5, 15, 15, 15, 60, 130, 240]))
+        kind = rng.random()
+        value = None if kind < 0.1 else rng.uniform(600, 1000)
+        out.append(sla.Measurement(moment, value, kind > 0.95))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_settled_beginning_gives_the_same_report(seed: int) -> None:
+    """Judging [start, cut) once and then only what follows is the one-pass report exactly,
+    for any cut, given only the snapshots each part can see (the selector reads them so)."""
+    import random
+
+    rng = random.Random(1000 + seed)
+    series = _random_series(seed, rng.randint(2, 400))
+    max_interval_s = 120.0
+    margin = sla.lookaround(max_interval_s)
+    end = T0 + timedelta(days=1)
+    now = series[-1].taken_at + timedelta(seconds=rng.choice([0, 10, 100, 500]))
+    common = {"target_ms": 800.0, "window_start": T0, "window_end": end, "max_interval_s": max_interval_s}
+    whole = sla.evaluate(series, now=now, tiers=TIERS, **common)  # type: ignore[arg-type]
+    for _ in range(5):
+        cut = T0 + (now - 2 * margin - T0) * rng.random()
+        if cut <= T0:
+            continue
+        head = [m for m in series if T0 - margin <= m.taken_at < cut + margin]
+        tail = [m for m in series if cut - margin <= m.taken_at < end + margin]
+        settled = sla.settle(head, target_ms=800.0, window_start=T0, until=cut, max_interval_s=max_interval_s)
+        assert sla.evaluate(tail, now=now, tiers=TIERS, settled=settled, **common) == whole  # type: ignore[arg-type]
+
+
 # --- Terms, stored snapshots, API, closing windows, the console -------------------------------
 
 
@@ -270,3 +309,49 @@ def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_clie
         .last()
     )
     assert event.data == {"what": "compliance console", "baa": "yes"}
+
+
+@pytest.mark.django_db
+def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_change(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    from django.conf import settings as django_settings
+
+    from compliance import selectors, services
+    from portal.endpoints.models import MetricSnapshot
+
+    selectors.settled_clear()
+    endpoint = _endpoint(alice_org)
+    # Three hours of November at one snapshot a minute: 500 ms except a breach in hour two.
+    _snapshots(endpoint, T0, [500.0] * 70 + [1000.0] * 20 + [500.0] * 90)
+    terms = services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    now = T0 + timedelta(hours=3)
+
+    def one_pass():  # type: ignore[no-untyped-def]
+        start, end = sla.month_window(now)
+        return sla.evaluate(
+            selectors._measurements(terms, start, end),
+            target_ms=terms.target_ms,
+            window_start=start,
+            window_end=end,
+            now=now,
+            tiers=[sla.CreditTier(float(t["below_pct"]), float(t["credit_pct"])) for t in terms.credit_tiers],
+            max_interval_s=django_settings.COMPLIANCE_SLA_MAX_INTERVAL_S,
+            min_coverage_pct=terms.min_coverage_pct,
+        )
+
+    first = selectors.sla_report(terms=terms, now=now)
+    assert first == one_pass()
+    assert len(selectors._settled) == 1  # the beginning was judged and kept
+    assert first.breached_s == 20 * 60 and first.compliant_s == 160 * 60
+    assert selectors.sla_report(terms=terms, now=now) == first
+    assert len(selectors._settled) == 1  # ... and reused
+
+    # A snapshot written into the settled hours (a backfill) is seen: the beginning is judged again.
+    MetricSnapshot.objects.create(
+        organization=alice_org,
+        endpoint=endpoint,
+        taken_at=T0 + timedelta(minutes=10, seconds=30),
+        ttft_p50_ms=5000.0,
+    )
+    backfilled = selectors.sla_report(terms=terms, now=now)
+    assert backfilled == one_pass() and backfilled.breached_s > first.breached_s
+    assert len(selectors._settled) == 2
