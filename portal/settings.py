@@ -186,6 +186,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.accounts.tasks.invitations_expire",
         "schedule": 3600.0,
     },
+    # Workload files a killed worker wrote for a sample whose row never committed.
+    "workloads-sweep": {"task": "portal.traffic.tasks.workloads_sweep", "schedule": 3600.0},
 }
 
 REST_FRAMEWORK = {

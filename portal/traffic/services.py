@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,37 @@ def _write_workload(sample: TrafficSample, result: IngestResult) -> None:
     with open(tmp, "wb") as out:
         write_mooncake_jsonl(trace, out)
     tmp.replace(target)
+
+
+def workloads_sweep(*, older_than: timedelta = timedelta(hours=1), now: datetime | None = None) -> list[str]:
+    """Remove workload files that no sample owns, once older than `older_than` (a write still in
+    flight is younger). A worker killed between writing a sample's workload and committing its
+    row leaves such a file; nothing refers to it. Returns the names removed."""
+    root = Path(settings.TRAFFIC_WORKLOAD_DIR)
+    if not root.is_dir():
+        return []
+    cutoff = (now or timezone.now()).timestamp() - older_than.total_seconds()
+    by_sample: dict[str, list[Path]] = {}
+    for path in root.iterdir():
+        if not path.is_file() or path.suffix not in (".jsonl", ".tmp") or path.stat().st_mtime >= cutoff:
+            continue
+        try:
+            sample_id = str(uuid.UUID(path.name.split(".", 1)[0]))
+        except ValueError:
+            continue  # not named like a workload: not ours to remove
+        by_sample.setdefault(sample_id, []).append(path)
+    owned = {
+        str(i) for i in TrafficSample.objects.filter(id__in=list(by_sample)).values_list("id", flat=True)
+    }
+    removed = []
+    for sample_id, paths in sorted(by_sample.items()):
+        if sample_id not in owned:
+            for path in paths:
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    if removed:
+        logger.warning("removed %d workload files no sample owns: %s", len(removed), ", ".join(removed[:10]))
+    return removed
 
 
 def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:

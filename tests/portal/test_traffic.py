@@ -230,3 +230,42 @@ def test_charlie_404_and_bob_403_on_samples(
     assert alice_client.post(reverse("traffic:delete", args=[sample.id])).status_code == 302
     assert not TrafficSample.objects.exists()
     assert not workload.exists()
+
+
+@pytest.mark.django_db
+def test_workloads_no_sample_owns_are_swept_once_old(alice_org, settings, shared_traces: Path) -> None:  # type: ignore[no-untyped-def]
+    """A worker killed between writing a synthesized sample's workload and committing its row
+    leaves a file nothing refers to; the hourly sweep removes it, and only such files."""
+    import os
+    import time
+    import uuid
+
+    from django.db import transaction
+
+    from portal.traffic import services
+
+    trace = shared_traces / "mooncake_synthetic.jsonl"
+    kept = services.traffic_sample_from_workload(organization=alice_org, name="kept", path=trace)
+
+    class Killed(Exception):
+        pass
+
+    # The row rolls back after the file was written: what a SIGKILL before the commit leaves.
+    with pytest.raises(Killed), transaction.atomic():
+        lost = services.traffic_sample_from_workload(organization=alice_org, name="lost", path=trace)
+        raise Killed
+    assert not TrafficSample.objects.filter(id=lost.id).exists()
+    root = Path(settings.TRAFFIC_WORKLOAD_DIR)
+    stray_tmp = root / f"{uuid.uuid4()}.tmp"
+    stray_tmp.write_text("half")
+    unrelated = root / "README.txt"
+    unrelated.write_text("not a workload")
+    assert services.workloads_sweep() == []  # all too young: a write may still be in flight
+
+    hour_ago = time.time() - 2 * 3600
+    for path in root.iterdir():
+        os.utime(path, (hour_ago, hour_ago))
+    removed = services.workloads_sweep()
+    assert sorted(removed) == sorted([f"{lost.id}.jsonl", stray_tmp.name])
+    assert services.workload_path(kept).exists() and unrelated.exists()
+    assert not services.workload_path(lost).exists()
