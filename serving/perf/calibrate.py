@@ -4,8 +4,10 @@ What it measures (one engine, a couple of minutes, always stopped):
 - the CPU itself: fp32/bf16 matmul throughput (torch) and memory copy bandwidth (numpy), which
   become the local CPU's "datasheet" figures in the hardware catalog;
 - the engine: time to first token of single requests of several prompt lengths (one prefill
-  step plus the request's fixed cost outside the engine loop), and time per output token of
-  batches of 1..32 concurrent requests at short and long context (decode steps of known shape).
+  step plus the request's fixed cost outside the engine loop), of short requests sent while 1, 2
+  or 4 others stream from the same client (the API server and the streams share the CPU: a cost
+  per open stream), and time per output token of batches of 1..32 concurrent requests at short
+  and long context (decode steps of known shape).
 
 Every observation is a sum of step shapes with a measured duration; `fit_efficiency` solves for
 the factors of `Efficiency` by non-negative least squares on relative error. The result is
@@ -44,6 +46,8 @@ class Observation:
     label: str
     measured_s: float
     steps: tuple[StepShape, ...]  # summed; for "tpot" one representative step
+    # Other requests streaming tokens from the same client when this one was sent ("ttft" only).
+    open_streams: int = 0
 
     def to_mapping(self) -> dict[str, object]:
         return {
@@ -51,6 +55,7 @@ class Observation:
             "label": self.label,
             "measured_s": self.measured_s,
             "steps": [asdict(s) for s in self.steps],
+            "open_streams": self.open_streams,
         }
 
     @classmethod
@@ -62,6 +67,7 @@ class Observation:
             label=str(data["label"]),
             measured_s=float(data["measured_s"]),  # type: ignore[arg-type]
             steps=tuple(StepShape(**s) for s in steps),
+            open_streams=int(data.get("open_streams", 0)),  # type: ignore[call-overload]
         )
 
 
@@ -127,13 +133,15 @@ def fit_efficiency(
     rows = []
     targets = []
     for obs in observations:
-        row = np.zeros(6)  # request, step, per-seq, s/gemm-flop, s/attn-flop, s/byte
+        # request, step, per-seq, s/gemm-flop, s/attn-flop, s/byte, per open stream at send
+        row = np.zeros(7)
         for shape in obs.steps:
             gemm, attn, seqs, tokens = probe.work_terms(shape)
             kv_bytes = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * probe._kv_bytes
-            row += [0.0, 1.0, seqs, gemm, attn, probe._weight_bytes(int(tokens)) + kv_bytes]
+            row += [0.0, 1.0, seqs, gemm, attn, probe._weight_bytes(int(tokens)) + kv_bytes, 0.0]
         if obs.kind == "ttft":
             row[0] = 1.0
+            row[6] = float(obs.open_streams)
         weight = 1.0 / obs.measured_s  # relative error
         rows.append(row * weight)
         targets.append(obs.measured_s * weight)
@@ -157,13 +165,14 @@ def fit_efficiency(
         request_overhead_ms=float(x[0] * 1000.0),
         measured=True,
         how=how,
+        stream_overhead_ms=float(x[6] * 1000.0),
     )
 
 
 def predict_observation(obs: Observation, step_model: StepTimeModel) -> float:
     total = sum(step_model.step_time(s).total_s for s in obs.steps)
     if obs.kind == "ttft":
-        total += step_model.request_overhead_s
+        total += step_model.request_overhead_s + obs.open_streams * step_model.stream_overhead_s
     return total
 
 
@@ -219,6 +228,9 @@ def _cpu_name() -> str:
 
 PREFILL_LENGTHS = (32, 128, 256, 512, 1024, 1536, 2000, 2500, 3000, 3500)
 PREFILL_REPEATS = 5  # the median of these is the observation
+STREAM_COUNTS = (1, 2, 4)  # other requests streaming while short probes are sent
+STREAM_PROBES, STREAM_PROBE_START_S, STREAM_PROBE_GAP_S = 9, 0.2, 0.15
+BACKGROUND_PROMPT, BACKGROUND_OUTPUT = 64, 1000  # each streams for ~1.5 s, longer than the probes
 
 
 def measure_engine(
@@ -227,7 +239,7 @@ def measure_engine(
     """Timed single requests and decode batches against a running engine (fresh prompts each)."""
     from serving.loadgen.client import PreparedRequest, build_body
     from serving.loadgen.prompts import PromptSynthesizer
-    from serving.loadgen.runner import Target, run_prepared
+    from serving.loadgen.runner import Target, run_event_loop, run_prepared
     from serving.loadgen.tokenizer import PromptTokenizer
     from serving.loadgen.traces import TraceRequest
 
@@ -251,6 +263,24 @@ def measure_engine(
             raise RuntimeError(f"calibration request failed: {bad[0]}")
         return results
 
+    def timed(schedule: list[tuple[float, int, int]]) -> list:
+        """Requests sent at their offsets (seconds), results in the given order."""
+        prepared = []
+        for i, (at, prompt, output) in enumerate(schedule):
+            counter[0] += 1
+            req = TraceRequest(arrival_s=0.0, num_prompt_tokens=prompt, num_output_tokens=output)
+            p = synth.synthesize(req, request_index=counter[0])
+            body = build_body(
+                api="completions", model=model_name, prompt=p.text, max_output_tokens=output, ignore_eos=True
+            )
+            prepared.append(PreparedRequest(i, at, target.url, body, p.num_prompt_tokens, output))
+        results, _, _ = run_event_loop(run_prepared(prepared, headers=target.headers()))
+        bad = [r.error for r in results if r.error]
+        if bad:
+            raise RuntimeError(f"calibration request failed: {bad[0]}")
+        by_index = {r.index: r for r in results}
+        return [by_index[i] for i in range(len(prepared))]
+
     batch(4, 64, 8)  # warm-up
     observations: list[Observation] = []
     # Prompt lengths up to the served context: attention grows with the square of the prompt, and
@@ -260,6 +290,31 @@ def measure_engine(
         ttfts = sorted(float(batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(PREFILL_REPEATS))
         observations.append(
             Observation("ttft", f"single prefill {prompt}", ttfts[len(ttfts) // 2], (prefill_shape(prompt),))
+        )
+    # Short requests sent while others stream from the same client (as a replay sends them): the
+    # API server and the streams share the CPU, so each open stream delays the new request.
+    for streams in STREAM_COUNTS:
+        background = [(0.0, BACKGROUND_PROMPT, BACKGROUND_OUTPUT) for _ in range(streams)]
+        probes = [(STREAM_PROBE_START_S + STREAM_PROBE_GAP_S * j, 32, 2) for j in range(STREAM_PROBES)]
+        results = timed([*probes, *background])
+        ttfts = sorted(float(r.ttft_ms or 0) / 1000 for r in results[:STREAM_PROBES])
+        mixed = StepShape(
+            num_prefill_tokens=32,
+            num_decode_tokens=streams,
+            num_seqs=streams + 1,
+            num_sampled=streams + 1,
+            prefill_attn_pairs=32 * 33 / 2.0,
+            prefill_cached_tokens=0,
+            decode_ctx_tokens=streams * (BACKGROUND_PROMPT + BACKGROUND_OUTPUT // 2),
+        )
+        observations.append(
+            Observation(
+                "ttft",
+                f"prefill 32 while {streams} stream",
+                ttfts[len(ttfts) // 2],
+                (mixed,),
+                open_streams=streams,
+            )
         )
     for num, prompt, output in (
         (1, 64, 48),
@@ -386,10 +441,11 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
         compute_format=compute_format,
         efficiency=dataclasses.replace(base, format_factors={}),
     )
-    overhead = probe.request_overhead_s
     ratios = []
     for o in observations:
-        fixed = overhead if o.kind == "ttft" else 0.0
+        fixed = (
+            probe.request_overhead_s + o.open_streams * probe.stream_overhead_s if o.kind == "ttft" else 0.0
+        )
         predicted = predict_observation(o, probe) - fixed
         if predicted > 0 and o.measured_s > fixed:
             ratios.append((o.measured_s - fixed) / predicted)

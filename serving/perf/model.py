@@ -46,10 +46,16 @@ class Efficiency:
     # Step-time multipliers for other compute formats than the one fitted (e.g. the CPU engine's
     # bf16 path, emulated on AVX2 and slower than its matmul peak suggests), measured the same way.
     format_factors: dict[str, float] = field(default_factory=dict)
+    # Client-visible delay added to a request's arrival per other request streaming when it is
+    # sent (the API server and the streams share CPU); 0 where not measured.
+    stream_overhead_ms: float = 0.0
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "format_factors"}
+        optional = {"format_factors", "stream_overhead_ms"}
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
+        if "stream_overhead_ms" in data:
+            fields["stream_overhead_ms"] = data["stream_overhead_ms"]
         factors = data.get("format_factors")
         return cls(
             **fields,  # type: ignore[arg-type]
@@ -187,6 +193,7 @@ class StepTimeModel:
         self._overhead_seq = factor * eff.seq_overhead_ms / 1000.0
         self._overhead_token = factor * eff.token_overhead_ms / 1000.0
         self.request_overhead_s = eff.request_overhead_ms / 1000.0
+        self.stream_overhead_s = eff.stream_overhead_ms / 1000.0
         if self.tp > 1:
             link = hardware.interconnect_gbps.value * 1e9 * eff.comm_efficiency
             if link <= 0:

@@ -14,6 +14,8 @@ are `RequestResult`s and a `ReplaySummary`, so predicted and measured compare fi
 
 from __future__ import annotations
 
+import bisect
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -205,7 +207,8 @@ KNOBS = {
     "or max_num_seqs (fewer decodes sharing each step)",
     "preemption": "KV capacity: gpu_memory_utilization / cpu_kv_cache_space_gib, kv_cache_dtype=fp8, "
     "or a lower max_num_seqs",
-    "overhead": "per-request overhead outside the engine (client, HTTP, tokenizer): not an engine knob",
+    "overhead": "per-request overhead outside the engine (client, HTTP, tokenizer, other requests' streams "
+    "sharing the API server's CPU): not an engine knob",
 }
 
 
@@ -289,6 +292,7 @@ def simulate(
         )
     if sched_cfg.num_speculative_tokens and rng is None:
         rng = np.random.default_rng(0)
+    replay_rng = copy.deepcopy(rng)  # the second pass (below) draws the same acceptances
     scheduler = Scheduler(sched_cfg, rng=rng)
     offsets = (
         list(offsets_s)
@@ -336,6 +340,39 @@ def simulate(
 
     loop = _Loop(scheduler, step_model, record_itl=record_itl)
     loop.run(order)
+    if step_model.stream_overhead_s > 0 and order:
+        # The frontend (HTTP, tokenizer, detokenizer, the streams' writes) shares its CPU with
+        # the other requests' streams: a request sent while others stream reaches the engine
+        # later. Their streaming intervals come from the pass above; the second pass replays
+        # with each request's arrival delayed by the streams open when it was sent.
+        streams = sorted((s.first_token_s, s.finish_s) for s in order if s.first_token_s is not None)
+        starts = [a for a, _ in streams]
+        ends = sorted(b for _, b in streams if b is not None)
+        delays = {}
+        for sim, offset in zip(sims, offsets, strict=True):
+            if sim.index in errors:
+                continue
+            open_streams = bisect.bisect_right(starts, offset) - bisect.bisect_right(ends, offset)
+            delays[sim.index] = overhead_s + step_model.stream_overhead_s * max(0, open_streams)
+        sims = [
+            SimRequest(
+                s.index,
+                engine_arrival_s=offsets[s.index] + delays.get(s.index, overhead_s),
+                num_prompt_tokens=s.num_prompt_tokens,
+                max_output_tokens=s.max_output_tokens,
+                block_hashes=s.block_hashes,
+            )
+            for s in sims
+        ]
+        if record_itl:
+            for s in sims:
+                s.itl_s = []
+        scheduler = Scheduler(sched_cfg, rng=replay_rng)
+        order = sorted(
+            (s for s in sims if s.index not in errors), key=lambda s: (s.engine_arrival_s, s.index)
+        )
+        loop = _Loop(scheduler, step_model, record_itl=record_itl)
+        loop.run(order)
 
     results = []
     for sim, offset in zip(sims, offsets, strict=True):
@@ -344,7 +381,7 @@ def simulate(
     first = min(offsets) if offsets else 0.0
     duration_s = (max(ok_finish) - first) if ok_finish else 0.0
     summary = summarize(results, duration_s=duration_s, slo=slo or SLO())
-    attribution = _attribute(sims, results, overhead_s, loop)
+    attribution = _attribute(sims, results, loop)
     admitted = scheduler.num_prompt_tokens_admitted
     return SimResult(
         requests=tuple(results),
@@ -567,9 +604,7 @@ def _decode_shape(num_seqs: int, ctx: int) -> StepShape:
     )
 
 
-def _attribute(
-    sims: list[SimRequest], results: list[RequestResult], overhead_s: float, loop: _Loop
-) -> Attribution:
+def _attribute(sims: list[SimRequest], results: list[RequestResult], loop: _Loop) -> Attribution:
     rows = []
     for sim, res in zip(sims, results, strict=True):
         if res.ttft_ms is None:
@@ -578,7 +613,8 @@ def _attribute(
             RequestAttribution(
                 index=sim.index,
                 ttft_ms=res.ttft_ms,
-                overhead_ms=overhead_s * 1000.0,
+                # Outside the engine: the fixed cost and any wait behind other streams.
+                overhead_ms=(sim.engine_arrival_s - res.scheduled_s) * 1000.0,
                 queueing_ms=sim.queue_s * 1000.0,
                 prefill_compute_ms=sim.prefill_s * 1000.0,
                 chunking_delay_ms=sim.chunk_wait_s * 1000.0,

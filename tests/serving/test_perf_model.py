@@ -87,12 +87,17 @@ def test_every_prediction_says_whether_it_was_measured() -> None:
 
 
 def test_calibration_recovers_known_factors_from_synthetic_observations() -> None:
-    truth = Efficiency("cpu-local", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic")
+    truth = Efficiency(
+        "cpu-local", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic", stream_overhead_ms=6.0
+    )
     spec = get_model("tiny-llama-s")
     model = StepTimeModel(
         spec, get_hardware("cpu-local"), weight_format="fp32", compute_format="fp32", efficiency=truth
     )
     obs = [Observation("ttft", f"p{p}", 0.0, (prefill_shape(p),)) for p in (32, 256, 1024, 2000)]
+    obs += [
+        Observation("ttft", f"p32 with {k}", 0.0, (prefill_shape(32),), open_streams=k) for k in (1, 2, 4)
+    ]
     obs += [
         Observation("tpot", f"d{n}x{c}", 0.0, (decode_shape(n, c),))
         for n, c in ((1, 64), (8, 64), (32, 64), (1, 1500), (4, 1000))
@@ -100,6 +105,7 @@ def test_calibration_recovers_known_factors_from_synthetic_observations() -> Non
     obs = [dataclasses.replace(o, measured_s=predict_observation(o, model)) for o in obs]
     fitted = fit_efficiency(obs, spec, hardware_name="cpu-local", compute_format="fp32", how="test")
     assert fitted.request_overhead_ms == pytest.approx(15.0, rel=0.02)
+    assert fitted.stream_overhead_ms == pytest.approx(6.0, rel=0.02)
     assert fitted.step_overhead_ms == pytest.approx(2.0, rel=0.05)
     assert fitted.gemm_efficiency == pytest.approx(0.5, rel=0.05)
     refit = StepTimeModel(

@@ -221,3 +221,26 @@ def test_a_configuration_vllm_would_refuse_is_refused_with_the_flag() -> None:
     with pytest.raises(InvalidEngineConfig, match="smaller than max_model_len") as info:
         resolve_config(bad, get_model("tiny-llama-s"), get_hardware("cpu-local"))
     assert info.value.flag == "--max-num-batched-tokens"
+
+
+def test_a_request_sent_while_others_stream_reaches_the_engine_later_by_the_calibrated_cost() -> None:
+    """Two long streams start at 0; a short request sent at 0.5 s (both streaming) waits the
+    fixed overhead plus twice the per-stream cost; one sent after they end waits the fixed one."""
+    import dataclasses
+
+    from serving.perf.model import load_efficiency
+
+    base = load_efficiency("cpu-local")
+    assert base is not None
+    eff = dataclasses.replace(base, request_overhead_ms=5.0, stream_overhead_ms=7.0)
+    trace = [TraceRequest(0.0, 64, 400), TraceRequest(0.0, 64, 400), TraceRequest(0.5, 32, 2)]
+    trace.append(TraceRequest(30.0, 32, 2))
+    kwargs = {"model": get_model("tiny-llama-s"), "hardware": get_hardware("cpu-local"), "config": CPU_CONFIG}
+    result = simulate(trace, efficiency=eff, **kwargs)  # type: ignore[arg-type]
+    overhead = {r.index: r.overhead_ms for r in result.attribution.requests}
+    assert overhead[0] == pytest.approx(5.0) and overhead[1] == pytest.approx(5.0)
+    assert overhead[2] == pytest.approx(5.0 + 2 * 7.0)
+    assert overhead[3] == pytest.approx(5.0)
+    plain = simulate(trace, efficiency=dataclasses.replace(eff, stream_overhead_ms=0.0), **kwargs)  # type: ignore[arg-type]
+    delayed, undelayed = result.requests[2].ttft_ms, plain.requests[2].ttft_ms
+    assert delayed is not None and undelayed is not None and delayed > undelayed + 10.0
