@@ -248,7 +248,7 @@ def test_workloads_no_sample_owns_are_swept_once_old(alice_org, settings, shared
     kept = services.traffic_sample_from_workload(organization=alice_org, name="kept", path=trace)
 
     class Killed(Exception):
-        pass
+        """Stands for the worker dying before the sample's transaction commits."""
 
     # The row rolls back after the file was written: what a SIGKILL before the commit leaves.
     with pytest.raises(Killed), transaction.atomic():
