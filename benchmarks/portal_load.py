@@ -96,6 +96,12 @@ def versions() -> dict[str, str]:
     return out
 
 
+def app_database_url(role: str) -> str:
+    """The benchmark database as `role` (the server trusts loopback connections here)."""
+    scheme, rest = SERVER_URL.split("://", 1)
+    return f"{scheme}://{role}@{rest.split('@', 1)[-1]}/{DB_NAME}"
+
+
 def environment(var_dir: Path, secret_key: str) -> dict[str, str]:
     """Production settings as the README lists them; TLS would end at a proxy in front, so the
     benchmark speaks plain HTTP on loopback with the HTTPS redirect and secure cookies off."""
@@ -639,12 +645,17 @@ def main() -> int:
             data["seed_s"] = round(time.monotonic() - t0, 1)
             (tmp / "seed.json").write_text(json.dumps(data))
         counts = seed_counts()
+        # The web processes connect as production's: the application role, which row-level
+        # security binds (every request sets its tenant in its own transaction).
+        from portal.accounts import rls
+
+        call_command("db_app_role", verbosity=0)
         connections.close_all()
         print(f"seeded in {data['seed_s']:.0f} s{' (reused)' if reuse else ''}: {counts}", flush=True)
 
         port = free_port()
         host = f"http://127.0.0.1:{port}"
-        server_env = {**os.environ, **env}
+        server_env = {**os.environ, **env, "DATABASE_URL": app_database_url(rls.DEFAULT_APP_ROLE)}
         server_env.pop("CELERY_TASK_ALWAYS_EAGER", None)
         gunicorn_cmd = [
             str(Path(sys.executable).with_name("gunicorn")),
@@ -738,6 +749,9 @@ def main() -> int:
                 "requests_in_window": len(kept),
                 "gunicorn": " ".join(gunicorn_cmd[1:2] + gunicorn_cmd[4:10]),
                 "settings": {k: v for k, v in env.items() if k not in {"SECRET_KEY", "TAILGUARD_VAR_DIR"}},
+                # What gunicorn connected as (the seed and migrations ran as the owner above).
+                "web_database_url": server_env["DATABASE_URL"],
+                "row_level_security": "binding (the web role owns nothing and has no BYPASSRLS)",
                 "seed": counts,
                 "seed_s": data["seed_s"],
                 "seed_reused": bool(reuse),

@@ -271,14 +271,19 @@ def totp_confirmed(*, user: Any) -> bool:
 def two_factor_required(*, user: Any) -> bool:
     """Owners of an organization with an effective BAA must use two-factor; anyone who enrolled
     an authenticator uses it too."""
+    from portal.accounts import rls
     from portal.accounts.models import Membership, Role
 
     if totp_confirmed(user=user):
         return True
     day = timezone.now().date()
-    owned = Membership.objects.filter(user=user, role=Role.OWNER).values_list("organization_id", flat=True)
-    return (
-        BAARecord.objects.filter(organization_id__in=list(owned), effective_on__lte=day)
-        .exclude(ends_on__lt=day)
-        .exists()
-    )
+    # Across every organization the user owns, whichever one the request acts in.
+    with rls.platform_transaction():
+        owned = Membership.objects.filter(user=user, role=Role.OWNER).values_list(
+            "organization_id", flat=True
+        )
+        return (
+            BAARecord.objects.filter(organization_id__in=list(owned), effective_on__lte=day)
+            .exclude(ends_on__lt=day)
+            .exists()
+        )

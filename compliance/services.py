@@ -35,6 +35,7 @@ from compliance.models import (
     StoredObject,
 )
 from compliance.storage import ObjectTooLarge, StorageError, get_store
+from portal.accounts import rls
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,10 @@ def audit_record(
     organization_id = getattr(organization, "pk", organization)
     actor_id = getattr(actor, "pk", None)
     key = chain.chain_key(organization_id)
-    with transaction.atomic():
+    # An event about the platform (no organization) is written whatever tenant the caller acts
+    # in; an organization's event goes to that organization's rows (row-level security).
+    scope = rls.platform_transaction() if organization_id is None else rls.tenant_transaction(organization_id)
+    with scope:
         head = _lock_head(key)
         event = AuditEvent(
             organization_id=organization_id,

@@ -23,6 +23,7 @@ from compliance.forms import (
     TwoFactorForm,
 )
 from compliance.models import BAARecord
+from portal.accounts import rls
 from portal.accounts.tenancy import get_object_for_member, member_required
 
 
@@ -207,6 +208,7 @@ def console(request: HttpRequest) -> HttpResponse:
     """Every tenant's endpoints with SLA status, BAA status and residency (platform admins)."""
     if not _is_platform_admin(request.user):
         raise Http404
+    rls.scope_transaction(platform=True)  # every tenant's endpoints: the console's whole point
     form = ConsoleFilterForm(request.GET or None)
     filters = form.cleaned_data if form.is_valid() else {}
     rows = selectors.console_rows(

@@ -69,6 +69,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # One transaction per request, its row-level security scope set before the view.
+    "portal.accounts.middleware.RequestScopeMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"

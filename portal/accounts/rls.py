@@ -9,11 +9,18 @@ platform work: the admin SLA console, beat tasks). With neither set, nothing is 
 insert is refused, so a query that forgot its `organization` filter returns nothing instead of
 another tenant's rows.
 
-Both settings are only ever set transaction-locally (`set_config(name, value, true)`, i.e.
-`SET LOCAL`, with the value as a bound parameter), by `tenant_transaction()` and
-`platform_transaction()`: they end with the transaction, so a pooled or persistent connection
-never carries one request's tenant into the next. After such a transaction PostgreSQL keeps the
-custom setting defined but empty, hence the `NULLIF(..., '')` in the policy.
+The settings are only ever set transaction-locally (`set_config(name, value, true)`, i.e.
+`SET LOCAL`, with the value as a bound parameter), by `tenant_transaction()`,
+`platform_transaction()` and `scope_transaction()`: they end with the transaction, so a pooled
+or persistent connection never carries one request's tenant into the next. After such a
+transaction PostgreSQL keeps the custom setting defined but empty, hence the `NULLIF(..., '')`
+in the policy. A third setting, `tailguard.user_id`, names the signed-in user: a second policy,
+read-only, on the membership table shows that user's own memberships, so a request can choose
+its organization among them before it has a tenant.
+
+Every web request runs in one transaction scoped this way (`RequestScopeMiddleware`): the
+tenant is the session's current organization, or the API token's; staff tools and the admin
+declare the platform scope; a request with neither sees no tenant rows at all.
 
 The wall binds only a role that is neither a superuser, nor has BYPASSRLS, nor owns the tables
 (FORCE makes the owner subject too, but production should not connect as the owner anyway):
@@ -41,11 +48,20 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 TENANT_SETTING = "tailguard.organization_id"
 SCOPE_SETTING = "tailguard.scope"
+# The signed-in user, so that a request can find its own memberships before it knows its tenant.
+USER_SETTING = "tailguard.user_id"
 PLATFORM_SCOPE = "platform"
 POLICY_NAME = "tailguard_tenant_isolation"
+# A second, read-only policy on the membership table: a user's own memberships are visible to a
+# transaction that declared that user (which organization a request acts in is chosen from them).
+OWN_MEMBERSHIPS_POLICY = "tailguard_own_memberships"
+OWN_MEMBERSHIPS_MODEL = "accounts.Membership"
 # The migration that turns the wall on; after it, every `migrate` re-checks new tenant tables.
 MIGRATION = ("accounts", "0002_row_level_security")
 DEFAULT_APP_ROLE = "tailguard_app"
+# Celery workers and beat do platform work across tenants (a job's rows, every endpoint's
+# scrapes): their role bypasses row-level security but, like the web role, owns nothing.
+DEFAULT_WORKER_ROLE = "tailguard_worker"
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"  # never TRUNCATE: it ignores row security
 
@@ -104,7 +120,36 @@ def rls_missing(*, registry: Apps, connection: BaseDatabaseWrapper) -> list[str]
             [[t.table for t in tables], POLICY_NAME],
         )
         covered = {row[0] for row in cursor.fetchall()}
+        own = _own_memberships(connection)
+        if own is not None:
+            cursor.execute(
+                "SELECT 1 FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()"
+                " WHERE c.relname = %s AND p.polname = %s AND p.polcmd = 'r'",
+                [own[0], OWN_MEMBERSHIPS_POLICY],
+            )
+            if cursor.fetchone() is None:
+                covered.discard(own[0])
     return sorted(t.table for t in tables if t.table not in covered)
+
+
+def _own_memberships(
+    connection: BaseDatabaseWrapper, registry: Apps | None = None
+) -> tuple[str, str, str] | None:
+    """The membership table, its user column and that column's type (None without the model)."""
+    if registry is None:
+        from django.apps import apps as live_apps
+
+        registry = live_apps
+    try:
+        model = registry.get_model(OWN_MEMBERSHIPS_MODEL)
+    except LookupError:
+        return None
+    field = model._meta.get_field("user")
+    column_type = field.db_type(connection)
+    if column_type is None:
+        raise ImproperlyConfigured(f"{OWN_MEMBERSHIPS_MODEL}.user has no database column type")
+    return model._meta.db_table, field.column, column_type  # type: ignore[union-attr]
 
 
 def rls_enable(*, registry: Apps, connection: BaseDatabaseWrapper, only_missing: bool = False) -> list[str]:
@@ -131,6 +176,15 @@ def rls_enable(*, registry: Apps, connection: BaseDatabaseWrapper, only_missing:
                 f"CREATE POLICY {POLICY_NAME} ON {name} AS PERMISSIVE FOR ALL TO PUBLIC"
                 f" USING {predicate} WITH CHECK {predicate}"
             )
+        own = _own_memberships(connection, registry)
+        if own is not None and own[0] in {t.table for t in tables}:
+            table, column, column_type = own
+            cursor.execute(f"DROP POLICY IF EXISTS {OWN_MEMBERSHIPS_POLICY} ON {_quote(table)}")
+            # SELECT only: what a user may see of their own memberships, never write.
+            cursor.execute(
+                f"CREATE POLICY {OWN_MEMBERSHIPS_POLICY} ON {_quote(table)} AS PERMISSIVE FOR SELECT TO PUBLIC"
+                f" USING ({_quote(column)} = NULLIF(current_setting('{USER_SETTING}', true), '')::{column_type})"
+            )
     return [t.table for t in tables]
 
 
@@ -141,9 +195,18 @@ def rls_disable(*, registry: Apps, connection: BaseDatabaseWrapper) -> None:
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
         for table in tenant_tables(registry, connection):
             name = _quote(table.table)
+            cursor.execute(f"DROP POLICY IF EXISTS {OWN_MEMBERSHIPS_POLICY} ON {name}")
             cursor.execute(f"DROP POLICY IF EXISTS {POLICY_NAME} ON {name}")
             cursor.execute(f"ALTER TABLE {name} NO FORCE ROW LEVEL SECURITY")
             cursor.execute(f"ALTER TABLE {name} DISABLE ROW LEVEL SECURITY")
+
+
+def own_memberships_disable(*, registry: Apps, connection: BaseDatabaseWrapper) -> None:
+    """Drop the membership table's own-memberships policy (its migration's reverse)."""
+    own = _own_memberships(connection, registry) if connection.vendor == "postgresql" else None
+    if own is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP POLICY IF EXISTS {OWN_MEMBERSHIPS_POLICY} ON {_quote(own[0])}")
 
 
 # --- Transaction-scoped tenant -------------------------------------------------------------
@@ -192,6 +255,33 @@ def _set_local(cursor: object, organization_id: str, scope: str) -> None:
     )
 
 
+def scope_transaction(
+    *,
+    organization_id: object = None,
+    platform: bool = False,
+    user_id: object = None,
+    using: str | None = None,
+) -> None:
+    """Set the tenant (or the platform scope) of the transaction already open, for the rest of it.
+
+    For code that learns its tenant part-way through a transaction: a web request, opened by
+    `RequestScopeMiddleware` before anything is known, learns it from the session's membership or
+    from an API token. `user_id`, when given, also declares the signed-in user (its own
+    memberships become visible). Outside a transaction it refuses: a SET LOCAL there would end
+    with the very statement that set it.
+    """
+    connection = transaction.get_connection(using)
+    if connection.vendor != "postgresql":
+        return
+    if not connection.in_atomic_block:
+        raise RuntimeError("scope_transaction needs an open transaction (transaction.atomic())")
+    tenant = "" if organization_id is None else str(_as_uuid(organization_id))
+    with connection.cursor() as cursor:
+        _set_local(cursor, tenant, PLATFORM_SCOPE if platform else "")
+        if user_id is not None:
+            cursor.execute("SELECT set_config(%s, %s, true)", [USER_SETTING, str(int(str(user_id)))])
+
+
 @contextmanager
 def tenant_transaction(organization_id: object, *, using: str | None = None) -> Iterator[None]:
     """A transaction that sees and writes only this organization's rows of tenant tables."""
@@ -214,11 +304,16 @@ class AppRoleError(Exception):
 
 
 def app_role_ensure(
-    *, connection: BaseDatabaseWrapper, role: str = DEFAULT_APP_ROLE, password: str | None = None
+    *,
+    connection: BaseDatabaseWrapper,
+    role: str = DEFAULT_APP_ROLE,
+    password: str | None = None,
+    bypass_rls: bool = False,
 ) -> list[str]:
     """Create (or bring into line) the non-owner role the application connects as. Idempotent.
 
-    The role may log in, is not a superuser, has no BYPASSRLS, owns nothing, and gets SELECT,
+    The role may log in, is not a superuser, has no BYPASSRLS (unless `bypass_rls`, for the
+    workers' role), owns nothing, and gets SELECT,
     INSERT, UPDATE and DELETE on this schema's tables and USAGE on its sequences, now and (through
     default privileges of the role running this, the tables' owner) for tables migrations add
     later. Returns what it did, one line each.
@@ -253,12 +348,12 @@ def app_role_ensure(
             .format(name=sql.Literal(role), role=ident)
             .as_string(raw)
         )
-        cursor.execute(
-            sql.SQL("ALTER ROLE {} WITH LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE")
-            .format(ident)
-            .as_string(raw)
+        attributes = (
+            f"LOGIN NOSUPERUSER {'BYPASSRLS' if bypass_rls else 'NOBYPASSRLS'} NOCREATEDB NOCREATEROLE"
         )
-        done.append(f"role {role}: LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE")
+        # The attributes are fixed keywords chosen above, never input.
+        cursor.execute(sql.SQL("ALTER ROLE {} WITH " + attributes).format(ident).as_string(raw))
+        done.append(f"role {role}: {attributes}")
         if password is not None:
             # ALTER ROLE takes no bound parameters; the literal is quoted by psycopg.
             cursor.execute(

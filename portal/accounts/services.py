@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from compliance.services import audit_record
-from portal.accounts import tokens
+from portal.accounts import rls, tokens
 from portal.accounts.models import ROLE_RANK, ApiToken, Invitation, Membership, Organization, Role, User
 
 
@@ -97,10 +97,12 @@ def organization_create(*, actor: User, name: str) -> Organization:
         raise ValidationError({"name": "Use at most 120 characters."})
     with transaction.atomic():
         organization = Organization.objects.create(name=name, slug=_unique_slug(name), created_by=actor)
-        Membership.objects.create(organization=organization, user=actor, role=Role.OWNER)
-        audit_record(
-            actor=actor, organization=organization, action="organization.create", target=organization
-        )
+        # Its first rows are written in its own tenant (row-level security).
+        with rls.tenant_transaction(organization.id):
+            Membership.objects.create(organization=organization, user=actor, role=Role.OWNER)
+            audit_record(
+                actor=actor, organization=organization, action="organization.create", target=organization
+            )
     return organization
 
 
@@ -199,12 +201,15 @@ def invitation_revoke(*, actor: User, invitation: Invitation) -> None:
 
 def invitation_accept(*, user: User, secret: str) -> Membership:
     with transaction.atomic():
-        invitation = (
-            Invitation.objects.select_for_update()
-            .select_related("organization")
-            .filter(token_hash=tokens.digest(secret or ""))
-            .first()
-        )
+        # Found by its secret before its organization is known: a platform-wide lookup, then
+        # everything else in the invitation's organization.
+        with rls.platform_transaction():
+            invitation = (
+                Invitation.objects.select_for_update()
+                .select_related("organization")
+                .filter(token_hash=tokens.digest(secret or ""))
+                .first()
+            )
         if invitation is None:
             raise InvitationError("This invitation link is not valid. Check that you copied all of it.")
         if invitation.accepted_at is not None:
@@ -219,19 +224,20 @@ def invitation_accept(*, user: User, secret: str) -> Membership:
             raise InvitationError(
                 "This invitation was sent to another email address. Sign in with that address to accept it."
             )
-        membership, created = Membership.objects.get_or_create(
-            organization=invitation.organization, user=user, defaults={"role": invitation.role}
-        )
-        invitation.accepted_at = timezone.now()
-        invitation.accepted_by = user
-        invitation.save(update_fields=["accepted_at", "accepted_by"])
-        audit_record(
-            actor=user,
-            organization=invitation.organization,
-            action="invitation.accept",
-            target=invitation,
-            data={"role": membership.role, "already_member": not created},
-        )
+        with rls.tenant_transaction(invitation.organization_id):
+            membership, created = Membership.objects.get_or_create(
+                organization=invitation.organization, user=user, defaults={"role": invitation.role}
+            )
+            invitation.accepted_at = timezone.now()
+            invitation.accepted_by = user
+            invitation.save(update_fields=["accepted_at", "accepted_by"])
+            audit_record(
+                actor=user,
+                organization=invitation.organization,
+                action="invitation.accept",
+                target=invitation,
+                data={"role": membership.role, "already_member": not created},
+            )
     return membership
 
 
@@ -301,6 +307,16 @@ def api_token_revoke(*, actor: User, token: ApiToken) -> None:
 
 
 def api_token_authenticate(*, secret: str) -> ApiToken:
+    """The live token this secret signs, with its organization and creator, or TokenError.
+
+    The token is found before its organization is known, so the lookup is platform-wide (by the
+    secret's prefix, then checked against its hash) whatever the caller's tenant.
+    """
+    with rls.platform_transaction():
+        return _api_token_authenticate(secret)
+
+
+def _api_token_authenticate(secret: str) -> ApiToken:
     prefix = tokens.split_api_token(secret)
     token = (
         ApiToken.objects.select_related("organization", "created_by").filter(prefix=prefix).first()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from portal.accounts import services
+from portal.accounts import rls, services
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -28,6 +29,9 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             token = services.api_token_authenticate(secret=secret)
         except services.TokenError as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from None
+        # From here on the request acts in the token's organization (row-level security).
+        if transaction.get_connection().in_atomic_block:
+            rls.scope_transaction(organization_id=token.organization_id, user_id=token.created_by_id)
         return token.created_by, token
 
     def authenticate_header(self, request: Request) -> str:

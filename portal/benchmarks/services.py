@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from compliance.services import audit_record
 from compliance.storage import StorageError, seal, unseal
-from portal.accounts import tokens
+from portal.accounts import rls, tokens
 from portal.accounts.models import User
 from portal.benchmarks import measure
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
@@ -631,22 +631,25 @@ def benchmark_share_open(*, secret: str, now: datetime | None = None) -> Benchma
     link is unknown, expired or revoked."""
     now = now or timezone.now()
     with transaction.atomic():
-        link = (
-            BenchmarkShareLink.objects.select_for_update()
-            .select_related("report")
-            .filter(token_hash=tokens.digest(secret or ""), revoked_at__isnull=True, expires_at__gt=now)
-            .first()
-        )
+        # Found by its secret, before its organization is known: a platform-wide lookup.
+        with rls.platform_transaction():
+            link = (
+                BenchmarkShareLink.objects.select_for_update()
+                .select_related("report")
+                .filter(token_hash=tokens.digest(secret or ""), revoked_at__isnull=True, expires_at__gt=now)
+                .first()
+            )
         if link is None:
             return None
-        BenchmarkShareLink.objects.filter(id=link.id).update(
-            view_count=F("view_count") + 1, last_viewed_at=now
-        )
-        audit_record(
-            actor=None,
-            organization=link.organization_id,
-            action="benchmark_share.view",
-            target=link,
-            data={"report": str(link.report_id)},
-        )
+        with rls.tenant_transaction(link.organization_id):
+            BenchmarkShareLink.objects.filter(id=link.id).update(
+                view_count=F("view_count") + 1, last_viewed_at=now
+            )
+            audit_record(
+                actor=None,
+                organization=link.organization_id,
+                action="benchmark_share.view",
+                target=link,
+                data={"report": str(link.report_id)},
+            )
     return link.report

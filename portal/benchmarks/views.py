@@ -22,6 +22,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from compliance.services import staff_access_record
+from portal.accounts import rls
 from portal.benchmarks import selectors, services
 from portal.benchmarks.charts import report_figures
 from portal.benchmarks.forms import BenchmarkReportForm, BenchmarkTargetFormSet, ShareLinkForm
@@ -34,6 +35,8 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not selectors.user_is_benchmark_staff(request.user):
             raise Http404
+        # Benchmark reports are the staff's own work across prospects' organizations.
+        rls.scope_transaction(platform=True)
         return view(request, *args, **kwargs)
 
     return wrapper
@@ -172,6 +175,8 @@ def shared_report(request: HttpRequest, token: str) -> HttpResponse:
     report = services.benchmark_share_open(secret=token)
     if report is None:
         raise Http404
+    # The page shows this report only: the rest of the request acts in its organization.
+    rls.scope_transaction(organization_id=report.organization_id)
     response = render(request, "benchmarks/shared.html", _detail_context(report, shared=True))
     response["X-Robots-Tag"] = "noindex, nofollow"
     response["Referrer-Policy"] = "no-referrer"

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from portal.accounts import rls
 from portal.accounts.models import Role
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.billing import selectors, services
@@ -134,5 +135,7 @@ def webhook(request: HttpRequest) -> HttpResponse:
         )
     except services.WebhookRejected as exc:
         return HttpResponseBadRequest(str(exc))
-    outcome = services.webhook_event_process(event=event)
+    # A verified platform call about whichever organization the event names.
+    with rls.platform_transaction():
+        outcome = services.webhook_event_process(event=event)
     return JsonResponse({"received": True, "outcome": outcome})

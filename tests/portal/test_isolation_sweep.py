@@ -41,6 +41,7 @@ from django.contrib import admin
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from django.db.models import Model
+from django.shortcuts import get_object_or_404
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
@@ -49,6 +50,7 @@ from drf_spectacular.generators import SchemaGenerator
 from compliance import services as compliance_services
 from compliance.middleware import TWO_FACTOR_KEY
 from compliance.models import SLAWindowReport
+from portal.accounts import rls
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership, Organization, User
 from portal.accounts.tenancy import SESSION_KEY
@@ -58,6 +60,7 @@ from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, M
 from portal.jobs.models import TuningJob
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
+from tests.db_roles import application_role
 from tests.portal.test_benchmark_reports import _finished_report
 from tests.portal.test_billing import _alice_report, billing, stripe_fake  # noqa: F401 (fixtures)
 from tests.portal.test_job_report import TRIALS
@@ -646,14 +649,16 @@ def _tenant_models() -> list[type[Model]]:
 
 def alice_state(org: Organization) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of Alice's organization, every field (status, updated_at and the rest)."""
-    state = {
-        model._meta.label: list(model.objects.filter(organization=org).order_by("pk").values_list())
-        for model in _tenant_models()
-    }
-    state["accounts.Organization"] = list(Organization.objects.filter(pk=org.pk).values_list())
-    state["accounts.User"] = list(
-        User.objects.filter(memberships__organization=org).order_by("pk").values_list()
-    )
+    # Platform-wide: through the application role too, the sweep sees what is really stored.
+    with rls.platform_transaction():
+        state = {
+            model._meta.label: list(model.objects.filter(organization=org).order_by("pk").values_list())
+            for model in _tenant_models()
+        }
+        state["accounts.Organization"] = list(Organization.objects.filter(pk=org.pk).values_list())
+        state["accounts.User"] = list(
+            User.objects.filter(memberships__organization=org).order_by("pk").values_list()
+        )
     return state
 
 
@@ -704,7 +709,7 @@ def alice_digest(org: Organization) -> dict[str, str]:
             + (f" WHERE t.{where}" if where else "")
         )
         params += [label, org.pk] if where else [label]
-    with connection.cursor() as cursor:
+    with rls.platform_transaction(), connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         return dict(cursor.fetchall())
 
@@ -964,7 +969,8 @@ def _sweep_admin(s: Sweep) -> None:
     urls = [reverse("admin:index")]
     for model, _model_admin in admin.site._registry.items():
         if model in _tenant_models():
-            row = model.objects.filter(organization=w.org).first()
+            with rls.platform_transaction():
+                row = model.objects.filter(organization=w.org).first()
             if row is not None:
                 info = (model._meta.app_label, model._meta.model_name)
                 urls.append(reverse("admin:{}_{}_changelist".format(*info)))
@@ -1063,19 +1069,26 @@ def test_isolation_sweep(world: World, capsys: pytest.CaptureFixture[str]) -> No
 TRAFFIC_ROUTES = {"traffic:list", "traffic:detail", "api:traffic_samples", "api:traffic_sample_detail"}
 
 
-def test_the_sweep_reports_planted_leaks(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sweep against traffic pages with their tenant checks taken out: it must say so."""
+def _plant_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traffic pages with their tenant checks taken out: an HTML view that looks objects up by
+    id alone, an API base class that forgets the organization, and a list that shows every
+    tenant's samples."""
     from portal.api.base import TenantScopedMixin
     from portal.traffic import selectors as traffic_selectors
     from portal.traffic import views as traffic_views
 
-    # An HTML view that looks objects up by id alone, an API base class that forgets the
-    # organization, and a list that shows every tenant's samples.
-    monkeypatch.setattr(traffic_views, "get_object_for_member", lambda request, qs, pk: qs.get(pk=pk))
+    monkeypatch.setattr(
+        traffic_views, "get_object_for_member", lambda request, qs, pk: get_object_or_404(qs, pk=pk)
+    )
     monkeypatch.setattr(TenantScopedMixin, "get_queryset", lambda self: self.tenant_queryset())
     monkeypatch.setattr(
         traffic_selectors, "traffic_sample_list", lambda *, organization: TrafficSample.objects.all()
     )
+
+
+def test_the_sweep_reports_planted_leaks(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep against traffic pages with their tenant checks taken out: it must say so."""
+    _plant_leaks(monkeypatch)
     sweep, _routes = run_sweep(world, only=TRAFFIC_ROUTES)
     sample = world.sample.pk
     report = "\n".join(sweep.failures)
@@ -1087,3 +1100,41 @@ def test_the_sweep_reports_planted_leaks(world: World, monkeypatch: pytest.Monke
     assert f"charlie_token GET /api/v1/traffic-samples/{sample}/ [api:traffic_sample_detail]: 200" in report
     assert "charlie GET /traffic/ [traffic:list]: shows Alice's" in report
     assert "charlie GET /api/v1/traffic-samples/ [api:traffic_samples]: shows Alice's" in report
+
+
+# --- Through the application role: the second wall ------------------------------------------------
+
+
+@pytest.fixture
+def as_app_role(world: World) -> Iterator[None]:
+    """After the world is built (as the suite's superuser), every request, and every read the
+    sweep makes, connects as the role production's web processes use."""
+    with application_role():
+        yield
+
+
+@pytest.mark.django_db(transaction=True)
+def test_isolation_sweep_through_the_application_role(
+    world: World, as_app_role: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole sweep again, with row-level security binding every query: every owner's
+    control and write still works (the requests set their tenant), and nothing leaks."""
+    sweep, routes = run_sweep(world)
+    with capsys.disabled():
+        print(f"\nisolation sweep as {rls.DEFAULT_APP_ROLE}: {sweep.checks} checks over {routes} routes")
+    if sweep.failures:
+        pytest.fail(f"{len(sweep.failures)} failures:\n" + "\n".join(sweep.failures), pytrace=False)
+    assert sweep.checks >= MIN_CHECKS and routes >= MIN_ROUTES, (sweep.checks, routes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_row_level_security_stops_the_planted_leaks(
+    world: World, as_app_role: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same forgotten filters as above, through the application role: the database returns
+    nothing of Alice's to Charlie, so the sweep finds no leak at all."""
+    _plant_leaks(monkeypatch)
+    sweep, _routes = run_sweep(world, only=TRAFFIC_ROUTES)
+    assert sweep.failures == []
+    # Alice's own requests (the controls) still found her sample: the wall hid only Charlie's view.
+    assert sweep.outcomes["alice", 200] >= 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from portal.accounts.models import User
 from tests.conftest import PASSWORD
+from tests.db_roles import application_role, database_url
 from tests.portal.test_benchmark_reports import (  # noqa: F401 (fixtures)
     FakeOpenAI,
     _watched,
@@ -116,6 +117,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
 
     from compliance import totp
     from compliance.models import AuditEvent
+    from portal.accounts import rls
     from portal.endpoints import services as endpoint_services
     from portal.endpoints.models import Endpoint
     from portal.traffic.models import TrafficSample
@@ -130,7 +132,16 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
     errors: list[str] = []
     _watched(page, errors)
 
-    with _real_worker(settings, redis_url, model_root, tmp_path) as log:
+    # As in production: the portal connects as the application role, which row-level security
+    # binds (each request declares its tenant), the worker as the workers' role. The test's own
+    # reads of stored state are platform work.
+    platform = rls.platform_transaction
+    with (
+        application_role(),
+        _real_worker(
+            settings, redis_url, model_root, tmp_path, DATABASE_URL=database_url(rls.DEFAULT_WORKER_ROLE)
+        ) as log,
+    ):
         endpoint = None
         try:
             # Sign up and create the organization.
@@ -183,10 +194,13 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             assert page.text_content("#num-requests") == "3993"
             for chart in ("arrival", "input", "output", "interarrival", "reuse", "concurrency"):
                 page.wait_for_selector(f"#chart-{chart}[data-rendered='true'] .main-svg")
-            sample = TrafficSample.objects.get(name="clinic calls")
-            # The upload (PHI) was stored in the only allowed region (and, prompt text not being
-            # kept, deleted once read).
-            stored = AuditEvent.objects.filter(organization=sample.organization, action="object.store")
+            with platform():
+                sample = TrafficSample.objects.select_related("organization").get(name="clinic calls")
+                # The upload (PHI) was stored in the only allowed region (and, prompt text not
+                # being kept, deleted once read).
+                stored = list(
+                    AuditEvent.objects.filter(organization=sample.organization, action="object.store")
+                )
             assert [e.data["region"] for e in stored] == ["us"] and stored[0].data["contains_phi"] is True
 
             # Register the model, then state the SLO and start a job.
@@ -221,7 +235,8 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             fill_job_form()
             refusal = page.text_content("#job-form") or ""
             assert "region 'local', outside the organization's allowed regions (us)" in refusal
-            assert not sample.organization.tuning_jobs.exists()
+            with platform():
+                assert not sample.organization.tuning_jobs.exists()
             # Chromium logs each refused form's 400 answer; nothing else may have failed so far.
             assert len(errors) == 2 and all("status of 400" in e and e.endswith("/jobs/") for e in errors), (
                 errors
@@ -240,7 +255,8 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             _wait_for(page, "#trials-panel [data-trial='0']", ENGINE_WAIT_MS, log)
             # When the job ends the panel stops polling and the page reloads with the outcome.
             _wait_for(page, "#deploy-form, #trials-panel[data-status='failed']", ENGINE_WAIT_MS, log)
-            job = sample.organization.tuning_jobs.get()
+            with platform():
+                job = sample.organization.tuning_jobs.get()
             assert page.text_content("#job-status") == "Finished", (job.error, _tail(log))
             assert (page.text_content("#selection-summary") or "").startswith("Trial 0 (dtype=float32) wins")
             row = page.text_content("#trials [data-trial='0']") or ""
@@ -262,7 +278,10 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             api_key = (page.text_content("#endpoint-key") or "").strip()
             base_url = (page.text_content("#endpoint-url") or "").strip()
             assert api_key.startswith("tgk_") and base_url.endswith("/v1")
-            endpoint = Endpoint.objects.get(organization=sample.organization)
+            with platform():
+                endpoint = Endpoint.objects.select_related("served_model", "created_by").get(
+                    organization=sample.organization
+                )
             page.click("text=Watch the endpoint")
             _wait_for(
                 page,
@@ -297,13 +316,15 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             assert errors == []
         finally:
             if endpoint is not None:
+                with platform():
+                    endpoint.refresh_from_db()
+                    if endpoint.is_active:
+                        endpoint_services.endpoint_stop(actor=endpoint.created_by, endpoint=endpoint)
+        if endpoint is not None:
+            with platform():
                 endpoint.refresh_from_db()
-                if endpoint.is_active:
-                    endpoint_services.endpoint_stop(actor=endpoint.created_by, endpoint=endpoint)
-    if endpoint is not None:
-        endpoint.refresh_from_db()
-        assert endpoint.status == Endpoint.Status.STOPPED
-        assert not endpoint_services._supervisor_alive(endpoint)
+            assert endpoint.status == Endpoint.Status.STOPPED
+            assert not endpoint_services._supervisor_alive(endpoint)
 
 
 # --- Journey 2: the sales engineer ------------------------------------------------------------
@@ -460,12 +481,17 @@ def _tenant_with_endpoint(name: str, email: str, values_ms: list[float], *, baa:
     return org
 
 
+@pytest.mark.parametrize("through", ["superuser", "application role"])
 def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  # type: ignore[no-untyped-def]
     live_server,
     page_factory,  # noqa: F811
     settings,
+    through: str,
 ) -> None:
+    """Also run with the portal connected as the application role (row-level security binding
+    every query): the console and the admin's audit trail declare the platform scope."""
     from compliance.models import AuditEvent
+    from portal.accounts import rls
 
     settings.COMPLIANCE_REGIONS = ["us", "eu"]
     settings.COMPLIANCE_DEFAULT_REGIONS = ["us"]
@@ -476,35 +502,38 @@ def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  #
     admin = User.objects.create_superuser(email="pat@tailguard.test", password=PASSWORD)
     assert admin.staff_role == User.StaffRole.PLATFORM_ADMIN
 
-    page = page_factory()
-    problems: list[str] = []
-    _watched(page, problems)
-    _sign_in(page, live_server.url, admin.email)
-    page.goto(live_server.url + reverse("compliance:console"))
-    rows = page.locator("tbody tr")
-    assert rows.count() == 2
-    page.select_option("#id_sla", "breached")
-    page.click("button:has-text('Filter')")
-    page.wait_for_url(re.compile(r"sla=breached"))
-    assert rows.count() == 1
-    row = rows.first
-    text = row.text_content() or ""
-    assert "Northwind Health" in text and "Acme Voice" not in text
-    assert "BAA-7" in text and "Northwind Health agent" in text
-    assert row.locator("strong.sla-breached").text_content() == "breached"
-    assert "breaches 1" in text
+    role = application_role() if through == "application role" else nullcontext()
+    with role:
+        page = page_factory()
+        problems: list[str] = []
+        _watched(page, problems)
+        _sign_in(page, live_server.url, admin.email)
+        page.goto(live_server.url + reverse("compliance:console"))
+        rows = page.locator("tbody tr")
+        assert rows.count() == 2
+        page.select_option("#id_sla", "breached")
+        page.click("button:has-text('Filter')")
+        page.wait_for_url(re.compile(r"sla=breached"))
+        assert rows.count() == 1
+        row = rows.first
+        text = row.text_content() or ""
+        assert "Northwind Health" in text and "Acme Voice" not in text
+        assert "BAA-7" in text and "Northwind Health agent" in text
+        assert row.locator("strong.sla-breached").text_content() == "breached"
+        assert "breaches 1" in text
 
-    # From the row to the tenant's audit trail (the read-only admin list of its chain).
-    row.locator("a:has-text('Audit trail')").click()
-    page.wait_for_url(re.compile(r"/admin/compliance/auditevent/\?chain="))
-    trail = page.text_content("#result_list") or ""
-    for action in ("organization.create", "baa.record", "sla.terms_set"):
-        assert action in trail, trail[:2000]
-    assert "nora@northwind.test" in trail and "alice@acme.test" not in trail
-    shown = page.locator("#result_list tbody tr").count()
-    assert shown == AuditEvent.objects.filter(organization=breached).count()
-    # Reading tenants' records is itself in the platform's audit trail.
-    staff = AuditEvent.objects.filter(action="staff.access", actor_label=admin.email)
-    assert staff.filter(data__what="compliance console", data__sla="breached").exists()
-    assert any("/admin/compliance/auditevent/" in str(e.data) for e in staff)
-    assert problems == []
+        # From the row to the tenant's audit trail (the read-only admin list of its chain).
+        row.locator("a:has-text('Audit trail')").click()
+        page.wait_for_url(re.compile(r"/admin/compliance/auditevent/\?chain="))
+        trail = page.text_content("#result_list") or ""
+        for action in ("organization.create", "baa.record", "sla.terms_set"):
+            assert action in trail, trail[:2000]
+        assert "nora@northwind.test" in trail and "alice@acme.test" not in trail
+        shown = page.locator("#result_list tbody tr").count()
+        with rls.platform_transaction():
+            assert shown == AuditEvent.objects.filter(organization=breached).count()
+            # Reading tenants' records is itself in the platform's audit trail.
+            staff = AuditEvent.objects.filter(action="staff.access", actor_label=admin.email)
+            assert staff.filter(data__what="compliance console", data__sla="breached").exists()
+            assert any("/admin/compliance/auditevent/" in str(e.data) for e in staff)
+        assert problems == []

@@ -331,3 +331,81 @@ def test_db_app_role_refuses_the_owner_and_bad_names(postgres: None) -> None:
     with pytest.raises(CommandError, match="TG_RLS_TEST_UNSET"):
         call_command("db_app_role", "--password-env", "TG_RLS_TEST_UNSET", stdout=io.StringIO())
     assert connection.introspection.table_names().count("accounts_membership") == 1
+
+
+# --- A user's own memberships, and the request's scope -------------------------------------------
+
+
+def test_a_declared_user_sees_only_their_own_memberships_and_writes_none(world, app_conn) -> None:  # type: ignore[no-untyped-def]
+    alice_org, charlie_org = world
+    before = _owner_counts()
+    charlie_id = Membership.objects.get(organization=charlie_org).user_id
+    with app_conn.transaction():
+        _set_local(app_conn, rls.USER_SETTING, str(charlie_id))
+        rows = app_conn.execute("SELECT organization_id, user_id FROM accounts_membership").fetchall()
+        assert rows == [(charlie_org.id, charlie_id)]
+        # Read-only: the user's own row cannot be changed or removed through this policy.
+        assert app_conn.execute("UPDATE accounts_membership SET role = %s", [Role.OWNER]).rowcount == 0
+        assert app_conn.execute("DELETE FROM accounts_membership").rowcount == 0
+        # Nothing else of any tenant's becomes visible with it.
+        assert (
+            _select_all(app_conn, rls.TenantTable("", "compliance_auditevent", "organization_id", "uuid"))
+            == []
+        )
+    with pytest.raises(errors.InsufficientPrivilege, match="row-level security"), app_conn.transaction():
+        _set_local(app_conn, rls.USER_SETTING, str(charlie_id))
+        app_conn.execute(
+            "INSERT INTO accounts_membership (organization_id, user_id, role, created_at) VALUES (%s, %s, %s, now())",
+            [alice_org.id, charlie_id, Role.OWNER],
+        )
+    assert _owner_counts() == before
+
+
+@pytest.mark.django_db
+def test_a_membership_table_without_the_own_memberships_policy_is_reported(postgres: None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP POLICY {rls.OWN_MEMBERSHIPS_POLICY} ON accounts_membership")
+    assert rls.rls_missing(registry=apps, connection=connection) == ["accounts_membership"]
+    emit_post_migrate_signal(verbosity=0, interactive=False, db=DEFAULT_DB_ALIAS)
+    assert rls.rls_missing(registry=apps, connection=connection) == []
+
+
+def test_scope_transaction_sets_the_tenant_of_the_open_transaction_only(world, app_alias) -> None:  # type: ignore[no-untyped-def]
+    alice_org, charlie_org = world
+    memberships = Membership.objects.using(app_alias)
+    with pytest.raises(RuntimeError, match="open transaction"):
+        rls.scope_transaction(organization_id=alice_org.id, using=app_alias)
+    with transaction.atomic(using=app_alias):
+        assert memberships.count() == 0
+        rls.scope_transaction(organization_id=alice_org.id, using=app_alias)
+        assert memberships.count() == 2
+        # Later in the same transaction (a request that learns its tenant from an API token).
+        rls.scope_transaction(organization_id=charlie_org.id, using=app_alias)
+        assert memberships.count() == 1
+        rls.scope_transaction(platform=True, using=app_alias)
+        assert memberships.count() == 3
+    assert memberships.count() == 0
+    with pytest.raises(ValueError, match="organization_id"), transaction.atomic(using=app_alias):
+        rls.scope_transaction(organization_id="1 OR true", using=app_alias)
+
+
+def test_the_request_middleware_rolls_back_a_server_errors_writes(world) -> None:  # type: ignore[no-untyped-def]
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from compliance.models import AuditEvent
+    from compliance.services import audit_record
+    from portal.accounts.middleware import RequestScopeMiddleware
+
+    alice_org, _ = world
+    before = AuditEvent.objects.filter(organization=alice_org).count()
+
+    def view(status: int) -> HttpResponse:
+        audit_record(actor=None, organization=alice_org, action="test.write")
+        return HttpResponse(status=status)
+
+    request = RequestFactory().get("/")
+    assert RequestScopeMiddleware(lambda r: view(500))(request).status_code == 500
+    assert AuditEvent.objects.filter(organization=alice_org).count() == before
+    assert RequestScopeMiddleware(lambda r: view(200))(request).status_code == 200
+    assert AuditEvent.objects.filter(organization=alice_org).count() == before + 1
