@@ -611,6 +611,16 @@ def main() -> int:
         "--reuse-db", action="store_true", help="use the database a --keep-db run left (no seeding)"
     )
     parser.add_argument("--no-write", action="store_true", help="print, do not write the result file")
+    parser.add_argument(
+        "--web-role",
+        choices=("app", "owner"),
+        default="app",
+        help=(
+            "what gunicorn connects as: the application role, which row-level security binds "
+            "(production), or the tables' owner, which it does not (the baseline for its cost; "
+            "written to portal_load_as_owner.json)"
+        ),
+    )
     args = parser.parse_args()
 
     # State that outlives one run when --keep-db is given, so --reuse-db can skip the seeding.
@@ -655,7 +665,8 @@ def main() -> int:
 
         port = free_port()
         host = f"http://127.0.0.1:{port}"
-        server_env = {**os.environ, **env, "DATABASE_URL": app_database_url(rls.DEFAULT_APP_ROLE)}
+        web_url = app_database_url(rls.DEFAULT_APP_ROLE) if args.web_role == "app" else env["DATABASE_URL"]
+        server_env = {**os.environ, **env, "DATABASE_URL": web_url}
         server_env.pop("CELERY_TASK_ALWAYS_EAGER", None)
         gunicorn_cmd = [
             str(Path(sys.executable).with_name("gunicorn")),
@@ -751,7 +762,11 @@ def main() -> int:
                 "settings": {k: v for k, v in env.items() if k not in {"SECRET_KEY", "TAILGUARD_VAR_DIR"}},
                 # What gunicorn connected as (the seed and migrations ran as the owner above).
                 "web_database_url": server_env["DATABASE_URL"],
-                "row_level_security": "binding (the web role owns nothing and has no BYPASSRLS)",
+                "row_level_security": (
+                    "binding (the web role owns nothing and has no BYPASSRLS)"
+                    if args.web_role == "app"
+                    else "not binding (the baseline: the web processes connect as the superuser)"
+                ),
                 "seed": counts,
                 "seed_s": data["seed_s"],
                 "seed_reused": bool(reuse),
@@ -772,9 +787,10 @@ def main() -> int:
                 f"p50={c['p50_ms']:>7} p95={c['p95_ms']:>7} p99={c['p99_ms']:>7}"
             )
         if not args.no_write:
-            RESULT.parent.mkdir(parents=True, exist_ok=True)
-            RESULT.write_text(json.dumps(out, indent=1) + "\n")
-            print(f"wrote {RESULT}")
+            result_file = RESULT if args.web_role == "app" else RESULT.with_name("portal_load_as_owner.json")
+            result_file.parent.mkdir(parents=True, exist_ok=True)
+            result_file.write_text(json.dumps(out, indent=1) + "\n")
+            print(f"wrote {result_file}")
         return 0
     finally:
         stop(locust)

@@ -91,9 +91,12 @@ def tenant_tables(registry: Apps, connection: BaseDatabaseWrapper) -> list[Tenan
 
 
 def _policy_predicate(table: TenantTable) -> str:
+    # Each setting is read in a scalar subquery: PostgreSQL evaluates it once per statement (an
+    # InitPlan) rather than once per row, and can match the tenant against the column's index.
     return (
-        f"(current_setting('{SCOPE_SETTING}', true) = '{PLATFORM_SCOPE}'"
-        f" OR {_quote(table.column)} = NULLIF(current_setting('{TENANT_SETTING}', true), '')::{table.column_type})"
+        f"((SELECT current_setting('{SCOPE_SETTING}', true)) = '{PLATFORM_SCOPE}'"
+        f" OR {_quote(table.column)} = "
+        f"(SELECT NULLIF(current_setting('{TENANT_SETTING}', true), '')::{table.column_type}))"
     )
 
 
@@ -183,7 +186,8 @@ def rls_enable(*, registry: Apps, connection: BaseDatabaseWrapper, only_missing:
             # SELECT only: what a user may see of their own memberships, never write.
             cursor.execute(
                 f"CREATE POLICY {OWN_MEMBERSHIPS_POLICY} ON {_quote(table)} AS PERMISSIVE FOR SELECT TO PUBLIC"
-                f" USING ({_quote(column)} = NULLIF(current_setting('{USER_SETTING}', true), '')::{column_type})"
+                f" USING ({_quote(column)} ="
+                f" (SELECT NULLIF(current_setting('{USER_SETTING}', true), '')::{column_type}))"
             )
     return [t.table for t in tables]
 
