@@ -9,6 +9,20 @@ What it measures (one engine, a couple of minutes, always stopped):
   per open stream), and time per output token of batches of 1..32 concurrent requests at short
   and long context (decode steps of known shape).
 
+Which clock each figure is read from. On this 2-core machine the API server, the engine and the
+client share the CPU, and now and then (about one request in ten to thirty, more under load) a
+request's tokens reach the client all at once at its end: its TTFT is then its whole duration and
+its client-side token gaps are near zero, whichever client reads it (a raw socket does the same
+as aiohttp), while the engine's own timestamps are unaffected. So:
+- decode steps come from the engine's inter-token latency (vLLM's
+  `inter_token_latency_seconds`, engine-core timestamps: its sum and count over the batch), not
+  from the client's token gaps, which such a request would pull towards zero;
+- a single prefill's TTFT is the median of several runs (a stalled run is an outlier);
+- the per-stream cost comes from the TTFT of many probes (3 rounds of 9) averaged with the
+  fastest and slowest fifth left out: moderate stalls are part of what an open stream costs a
+  new request on this machine, but now and then a probe waits for the whole background stream
+  (over a second), and one such probe would decide a plain mean.
+
 Every observation is a sum of step shapes with a measured duration; `fit_efficiency` solves for
 the factors of `Efficiency` by non-negative least squares on relative error. The result is
 written to `serving/perf/data/cpu_local.json` with the raw observations, machine and date.
@@ -22,6 +36,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -226,10 +241,24 @@ def _cpu_name() -> str:
 # -- measuring the engine ----------------------------------------------------------------------
 
 
+def trimmed_mean(values: Sequence[float], trim: float) -> float:
+    """The mean of `values` without the lowest and highest `trim` share (at least one value kept)."""
+    if not values:
+        raise ValueError("trimmed_mean of no values")
+    if not 0.0 <= trim < 0.5:
+        raise ValueError("trim must be in [0, 0.5)")
+    ordered = sorted(values)
+    cut = int(len(ordered) * trim)
+    kept = ordered[cut : len(ordered) - cut] or ordered
+    return float(np.mean(kept))
+
+
 PREFILL_LENGTHS = (32, 128, 256, 512, 1024, 1536, 2000, 2500, 3000, 3500)
 PREFILL_REPEATS = 5  # the median of these is the observation
 STREAM_COUNTS = (1, 2, 4)  # other requests streaming while short probes are sent
 STREAM_PROBES, STREAM_PROBE_START_S, STREAM_PROBE_GAP_S = 9, 0.2, 0.15
+STREAM_ROUNDS = 3  # the observation is the trimmed mean TTFT of STREAM_ROUNDS x STREAM_PROBES probes
+STREAM_TRIM = 0.2  # the share of probes left out at each end
 BACKGROUND_PROMPT, BACKGROUND_OUTPUT = 64, 1000  # each streams for ~1.5 s, longer than the probes
 
 
@@ -242,6 +271,7 @@ def measure_engine(
     from serving.loadgen.runner import Target, run_event_loop, run_prepared
     from serving.loadgen.tokenizer import PromptTokenizer
     from serving.loadgen.traces import TraceRequest
+    from serving.metrics import scrape
 
     target = Target(base_url=base_url, model=model_name)
     synth = PromptSynthesizer(PromptTokenizer(tokenizer_dir), seed=seed)
@@ -296,8 +326,10 @@ def measure_engine(
     for streams in STREAM_COUNTS:
         background = [(0.0, BACKGROUND_PROMPT, BACKGROUND_OUTPUT) for _ in range(streams)]
         probes = [(STREAM_PROBE_START_S + STREAM_PROBE_GAP_S * j, 32, 2) for j in range(STREAM_PROBES)]
-        results = timed([*probes, *background])
-        ttfts = sorted(float(r.ttft_ms or 0) / 1000 for r in results[:STREAM_PROBES])
+        ttfts = []
+        for _ in range(STREAM_ROUNDS):
+            results = timed([*probes, *background])
+            ttfts += [float(r.ttft_ms or 0) / 1000 for r in results[:STREAM_PROBES]]
         mixed = StepShape(
             num_prefill_tokens=32,
             num_decode_tokens=streams,
@@ -311,7 +343,7 @@ def measure_engine(
             Observation(
                 "ttft",
                 f"prefill 32 while {streams} stream",
-                ttfts[len(ttfts) // 2],
+                trimmed_mean(ttfts, STREAM_TRIM),
                 (mixed,),
                 open_streams=streams,
             )
@@ -328,8 +360,15 @@ def measure_engine(
         (4, 1000, 48),
         (8, 512, 48),
     ):
+        before = scrape(base_url)
         results = batch(num, prompt, output)
-        tpot = float(np.mean([r.tpot_ms for r in results if r.tpot_ms is not None])) / 1000
+        itl = scrape(base_url).itl_s.minus(before.itl_s)
+        # The engine's own step gaps; the client's only where the engine recorded none.
+        tpot = (
+            itl.mean
+            if itl.count > 0
+            else float(np.mean([r.tpot_ms for r in results if r.tpot_ms is not None])) / 1000
+        )
         observations.append(
             Observation(
                 "tpot", f"decode x{num} ctx {prompt}", tpot, (decode_shape(num, prompt + output // 2),)
@@ -414,6 +453,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def fit_format_factors(
+    observations: Sequence[Observation], model: ModelSpec, base: Efficiency, compute_format: str
+) -> tuple[float, float, float]:
+    """The multipliers of the compute time and of the memory time in `compute_format` that best
+    explain `observations` (taken in that format) with the float32 fit's other factors, and the
+    median relative error they leave.
+
+    A grid search (log-spaced, 1/8x to 8x each): the step time is not linear in the factors (each
+    operator takes the larger of its compute and its memory time), and the median keeps a stalled
+    observation from deciding them. The fixed costs per step and per sequence are the scheduler's,
+    the same in every format, so they are not scaled.
+    """
+    hardware = get_hardware(base.hardware)
+    grid = np.geomspace(0.125, 8.0, 49)
+    best = (1.0, 1.0, math.inf)
+    for compute in grid:
+        for memory in grid:
+            probe = StepTimeModel(
+                model,
+                hardware,
+                weight_format=compute_format,
+                compute_format=compute_format,
+                efficiency=dataclasses.replace(
+                    base,
+                    format_factors={compute_format: float(compute)},
+                    format_memory_factors={compute_format: float(memory)},
+                ),
+            )
+            errors = [abs(predict_observation(o, probe) - o.measured_s) / o.measured_s for o in observations]
+            error = float(np.median(errors))
+            if error < best[2]:
+                best = (float(compute), float(memory), error)
+    return best
+
+
 def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     """Measure the engine in another dtype and store its step-time factor beside the fit."""
     from serving.engine import EngineConfig, start_engine
@@ -434,35 +508,29 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     finally:
         engine.stop()
     model = get_model(args.catalog_model)
-    probe = StepTimeModel(
-        model,
-        get_hardware("cpu-local"),
-        weight_format=compute_format,
-        compute_format=compute_format,
-        efficiency=dataclasses.replace(base, format_factors={}),
+    factor, memory_factor, error = fit_format_factors(observations, model, base, compute_format)
+    efficiency = dataclasses.replace(
+        base,
+        format_factors={**base.format_factors, compute_format: factor},
+        format_memory_factors={**base.format_memory_factors, compute_format: memory_factor},
     )
-    ratios = []
-    for o in observations:
-        fixed = (
-            probe.request_overhead_s + o.open_streams * probe.stream_overhead_s if o.kind == "ttft" else 0.0
-        )
-        predicted = predict_observation(o, probe) - fixed
-        if predicted > 0 and o.measured_s > fixed:
-            ratios.append((o.measured_s - fixed) / predicted)
-    factor = float(np.median(ratios))
-    efficiency = dataclasses.replace(base, format_factors={**base.format_factors, compute_format: factor})
     data["efficiency"] = efficiency.to_mapping()
     data.setdefault("formats", {})[compute_format] = {
         "measured_at": started.isoformat(timespec="seconds"),
-        "how": f"python -m serving.perf.calibrate --dtype {args.dtype}: median ratio of {len(ratios)} "
-        f"measured step times to the float32 fit's prediction in {compute_format}",
+        "how": f"python -m serving.perf.calibrate --dtype {args.dtype}: the multipliers of the compute and "
+        f"the memory time in {compute_format} that minimise the median relative error of the float32 "
+        f"fit's predictions of {len(observations)} observations",
         "factor": factor,
+        "memory_factor": memory_factor,
+        "median_relative_error": error,
         "engine": {"config": config.to_mapping(), "model": args.catalog_model},
         "observations": [o.to_mapping() for o in observations],
     }
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(
-        f"{compute_format} step-time factor {factor:.3f} (from {len(ratios)} observations); wrote {args.out}"
+        f"{compute_format} compute-time factor {factor:.3f}, memory-time factor {memory_factor:.3f} "
+        f"(median relative error {error:.3f} over "
+        f"{len(observations)} observations); wrote {args.out}"
     )
     return 0
 

@@ -43,25 +43,31 @@ class Efficiency:
     request_overhead_ms: float  # client-visible per request outside the engine loop (HTTP, tokenizing)
     measured: bool  # False: a documented prior, not a measurement
     how: str  # how and when the factors were obtained
-    # Step-time multipliers for other compute formats than the one fitted (e.g. the CPU engine's
-    # bf16 path, emulated on AVX2 and slower than its matmul peak suggests), measured the same way.
+    # Multipliers of the compute (FLOP) time for other compute formats than the one fitted (e.g.
+    # the CPU engine's bf16 kernels, far from the bf16 matmul peak), measured the same way; the
+    # bytes (already halved by the format) and the fixed costs are the fitted ones.
     format_factors: dict[str, float] = field(default_factory=dict)
+    # The same for the memory time (weights and KV cache read in that format), where measured.
+    format_memory_factors: dict[str, float] = field(default_factory=dict)
     # Client-visible delay added to a request's arrival per other request streaming when it is
     # sent (the API server and the streams share CPU); 0 where not measured.
     stream_overhead_ms: float = 0.0
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        optional = {"format_factors", "stream_overhead_ms"}
+        optional = {"format_factors", "format_memory_factors", "stream_overhead_ms"}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
         if "stream_overhead_ms" in data:
             fields["stream_overhead_ms"] = data["stream_overhead_ms"]
-        factors = data.get("format_factors")
+
+        def factors(key: str) -> dict[str, float]:
+            found = data.get(key)
+            return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
         return cls(
             **fields,  # type: ignore[arg-type]
-            format_factors={str(k): float(v) for k, v in factors.items()}
-            if isinstance(factors, dict)
-            else {},
+            format_factors=factors("format_factors"),
+            format_memory_factors=factors("format_memory_factors"),
         )
 
     def to_mapping(self) -> dict[str, object]:
@@ -181,7 +187,9 @@ class StepTimeModel:
         factor = eff.format_factors.get(self.compute_format, 1.0)
         self._s_per_gemm_flop = factor / (peak * eff.gemm_efficiency)
         self._s_per_attn_flop = factor / (peak * eff.attention_efficiency)
-        self._s_per_byte = factor / (bw * eff.memory_efficiency)
+        self._s_per_byte = eff.format_memory_factors.get(self.compute_format, 1.0) / (
+            bw * eff.memory_efficiency
+        )
         self._linear_flops = model.linear_flops_per_token() / tp
         self._lm_flops = model.lm_head_flops_per_sampled_token() / tp
         self._pair_prefill = model.attention_flops_per_pair(decode=False) / tp
@@ -189,9 +197,9 @@ class StepTimeModel:
         self._kv_bytes = model.kv_bytes_per_token(self.kv_cache_format) / tp
         self._dense_weight_bytes = model.weight_bytes(weight_format) / tp
         self._moe_cache: dict[int, float] = {}
-        self._overhead_fixed = factor * eff.step_overhead_ms / 1000.0
-        self._overhead_seq = factor * eff.seq_overhead_ms / 1000.0
-        self._overhead_token = factor * eff.token_overhead_ms / 1000.0
+        self._overhead_fixed = eff.step_overhead_ms / 1000.0
+        self._overhead_seq = eff.seq_overhead_ms / 1000.0
+        self._overhead_token = eff.token_overhead_ms / 1000.0
         self.request_overhead_s = eff.request_overhead_ms / 1000.0
         self.stream_overhead_s = eff.stream_overhead_ms / 1000.0
         if self.tp > 1:
