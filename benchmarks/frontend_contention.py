@@ -31,7 +31,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,17 +39,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._engine import tiny_llama_s_engine  # noqa: E402
 from benchmarks._machine import machine, versions  # noqa: E402
 from serving.catalog.hardware import get_hardware  # noqa: E402
 from serving.catalog.models import get_model  # noqa: E402
-from serving.engine import EngineConfig, start_engine  # noqa: E402
+from serving.engine import EngineConfig  # noqa: E402
 from serving.loadgen.client import PreparedRequest, build_body  # noqa: E402
 from serving.loadgen.prompts import PromptSynthesizer  # noqa: E402
 from serving.loadgen.runner import Target, run_event_loop, run_prepared  # noqa: E402
 from serving.loadgen.tokenizer import PromptTokenizer  # noqa: E402
 from serving.loadgen.traces import TraceRequest  # noqa: E402
 from serving.metrics import scrape, snapshot_delta  # noqa: E402
-from serving.models import build_tiny_model  # noqa: E402
 from serving.sim.simulator import simulate  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "frontend_contention.json"
@@ -78,17 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model-dir", type=Path, help="tiny-llama-s checkpoint (built if not given)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model_dir
-        if model_dir is None:
-            model_dir = Path(tmp) / "llama-s"
-            build_tiny_model(arch="llama", size="s", out_dir=model_dir, seed=0)
-        config = EngineConfig.cpu_default(max_model_len=4096, cpu_kv_cache_space_gib=1, seed=0)
-        engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
-        try:
-            cases = _measure(engine.base_url, engine.endpoint.model_name, model_dir, config)
-        finally:
-            engine.stop()
+    with tiny_llama_s_engine(args.model_dir) as (engine, model_dir, config):
+        cases = _measure(engine.base_url, engine.endpoint.model_name, model_dir, config)
     result = {
         "machine": machine(),
         "date": datetime.now(UTC).date().isoformat(),

@@ -273,6 +273,60 @@ def h200_op_mape() -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def simulated_rows(
+    chosen: dict[str, EngineConfig], live: dict[tuple[str, str, str], dict[str, Any]], *, show: bool
+) -> list[dict[str, Any]]:
+    """Each live case beside its simulation and the relative errors."""
+    rows: list[dict[str, Any]] = []
+    for name, config in chosen.items():
+        for case in CASES:
+            key = (name, case.trace, case.load)
+            if key not in live:
+                continue
+            measured = live[key]
+            predicted = sim_case(config, case)
+            errors = {
+                metric: rel_error(predicted[metric], measured[metric])
+                for metric in ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+            }
+            rows.append(
+                {
+                    "config": name,
+                    "engine_config": {
+                        k: v for k, v in config.to_mapping().items() if v not in (None, (), [], {})
+                    },
+                    "trace": case.trace,
+                    "load": case.load,
+                    "time_scale": case.time_scale,
+                    "max_requests": case.max_requests,
+                    "max_prompt_tokens": case.max_prompt_tokens,
+                    "max_output_tokens": MAX_OUTPUT_TOKENS,
+                    "live": measured,
+                    "sim": predicted,
+                    "error": errors,
+                }
+            )
+            if show:
+                print(
+                    f"{name:<20} {case.trace[:8]} {case.load:<5} p50 {measured['ttft_p50_ms']:7.1f} vs "
+                    f"{predicted['ttft_p50_ms']:7.1f}  p95 {measured['ttft_p95_ms']:7.1f} vs "
+                    f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
+                )
+    return rows
+
+
+def mape_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    def mape(metric: str) -> float:
+        values = [abs(r["error"][metric]) for r in rows if r["error"][metric] is not None]
+        return float(np.mean(values)) if values else float("nan")
+
+    return {
+        "p50_ttft_mape": mape("ttft_p50_ms"),
+        "p95_ttft_mape": mape("ttft_p95_ms"),
+        "tpot_mape": mape("tpot_mean_ms"),
+    }
+
+
 def main() -> int:
     global MAX_OTHERS_CORES, CASES
     parser = argparse.ArgumentParser(
@@ -281,6 +335,14 @@ def main() -> int:
     parser.add_argument("--reuse-live", type=Path, help="take the live numbers from this earlier result")
     parser.add_argument("--model-dir", type=Path, help="tiny-llama-s checkpoint (built if not given)")
     parser.add_argument("--configs", help="comma-separated subset of the configurations")
+    parser.add_argument(
+        "--other-live",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier result whose live numbers are also simulated with this calibration "
+        "(recorded under other_live_runs; repeatable)",
+    )
     parser.add_argument(
         "--max-others-cores",
         type=float,
@@ -374,50 +436,21 @@ def main() -> int:
                 engine.stop()
         live_meta["live_minutes"] = (time.monotonic() - started) / 60.0
 
-    rows: list[dict[str, Any]] = []
-    for name, config in chosen.items():
-        for case in CASES:
-            key = (name, case.trace, case.load)
-            if key not in live:
-                continue
-            measured = live[key]
-            predicted = sim_case(config, case)
-            errors = {
-                metric: rel_error(predicted[metric], measured[metric])
-                for metric in ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+    rows = simulated_rows(chosen, live, show=True)
+    summary: dict[str, float] = mape_summary(rows)
+    # Earlier live runs (other machine states), simulated with the same calibration.
+    others = []
+    for path in args.other_live:
+        old = json.loads(path.read_text())
+        old_live = {(c["config"], c["trace"], c["load"]): c["live"] for c in old["cases"]}
+        others.append(
+            {
+                "started_at": old.get("live_run", {}).get("started_at"),
+                "live_from": str(path),
+                "summary": mape_summary(simulated_rows(chosen, old_live, show=False)),
             }
-            rows.append(
-                {
-                    "config": name,
-                    "engine_config": {
-                        k: v for k, v in config.to_mapping().items() if v not in (None, (), [], {})
-                    },
-                    "trace": case.trace,
-                    "load": case.load,
-                    "time_scale": case.time_scale,
-                    "max_requests": case.max_requests,
-                    "max_prompt_tokens": case.max_prompt_tokens,
-                    "max_output_tokens": MAX_OUTPUT_TOKENS,
-                    "live": measured,
-                    "sim": predicted,
-                    "error": errors,
-                }
-            )
-            print(
-                f"{name:<20} {case.trace[:8]} {case.load:<5} p50 {measured['ttft_p50_ms']:7.1f} vs "
-                f"{predicted['ttft_p50_ms']:7.1f}  p95 {measured['ttft_p95_ms']:7.1f} vs "
-                f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
-            )
-
-    def mape(metric: str) -> float:
-        values = [abs(r["error"][metric]) for r in rows if r["error"][metric] is not None]
-        return float(np.mean(values)) if values else float("nan")
-
-    summary: dict[str, float] = {
-        "p50_ttft_mape": mape("ttft_p50_ms"),
-        "p95_ttft_mape": mape("ttft_p95_ms"),
-        "tpot_mape": mape("tpot_mean_ms"),
-    }
+        )
+        print(f"live run of {others[-1]['started_at']}: {others[-1]['summary']}")
     op = h200_op_mape()
     if op is not None:
         summary["h200_op_mape"] = op
@@ -439,6 +472,7 @@ def main() -> int:
         },
         "live_run": live_meta,
         "cases": rows,
+        "other_live_runs": others,
     }
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(_finite(out), indent=1) + "\n")

@@ -49,12 +49,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from serving.catalog.hardware import get_hardware
 from serving.catalog.models import ModelSpec, get_model
 from serving.perf.model import DATA_DIR, Efficiency, StepShape, StepTimeModel
+
+if TYPE_CHECKING:
+    from serving.engine import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -431,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dtype == "bfloat16":
         return _calibrate_format(args, "bf16")
 
-    from serving.engine import EngineConfig, start_engine
+    from serving.engine import EngineConfig
 
     hardware_figures = measure_cpu()
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -446,17 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config = EngineConfig.cpu_default(max_model_len=args.max_model_len, cpu_kv_cache_space_gib=1, seed=0)
     started = datetime.now(UTC)
-    engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
-    try:
-        observations, rounds = measure_rounds(
-            engine.base_url,
-            engine.endpoint.model_name,
-            args.model_dir,
-            max_model_len=args.max_model_len,
-            rounds=args.rounds,
-        )
-    finally:
-        engine.stop()
+    observations, rounds = _measure_engine_config(args, config)
     model = get_model(args.catalog_model)
     how = (
         f"fitted on {len(observations)} timed single-request prefills and decode batches of "
@@ -528,9 +522,28 @@ def fit_format_factors(
     return best
 
 
+def _measure_engine_config(
+    args: argparse.Namespace, config: EngineConfig
+) -> tuple[list[Observation], dict[str, list[float]]]:
+    """Start the engine with `config`, measure `args.rounds` rounds, always stop it."""
+    from serving.engine import start_engine
+
+    engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
+    try:
+        return measure_rounds(
+            engine.base_url,
+            engine.endpoint.model_name,
+            args.model_dir,
+            max_model_len=args.max_model_len,
+            rounds=args.rounds,
+        )
+    finally:
+        engine.stop()
+
+
 def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     """Measure the engine in another dtype and store its step-time factor beside the fit."""
-    from serving.engine import EngineConfig, start_engine
+    from serving.engine import EngineConfig
 
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
     if "efficiency" not in data:
@@ -540,17 +553,7 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
         max_model_len=args.max_model_len, cpu_kv_cache_space_gib=1, seed=0, dtype=args.dtype
     )
     started = datetime.now(UTC)
-    engine = start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600)
-    try:
-        observations, rounds = measure_rounds(
-            engine.base_url,
-            engine.endpoint.model_name,
-            args.model_dir,
-            max_model_len=args.max_model_len,
-            rounds=args.rounds,
-        )
-    finally:
-        engine.stop()
+    observations, rounds = _measure_engine_config(args, config)
     model = get_model(args.catalog_model)
     factor, memory_factor, error = fit_format_factors(observations, model, base, compute_format)
     efficiency = dataclasses.replace(
