@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from serving.catalog.hardware import get_hardware
 from serving.catalog.models import UnknownModel, get_model, model_spec_from_dir
 from serving.models import build_tiny_model
 from serving.perf.feedback import Pair, correct_from_pairs
-from serving.perf.model import nearest_measured
+from serving.perf.model import DATA_DIR, nearest_measured
 from tuning.search.job import JobSpec, TrialRecord, plan_job, report, with_prediction
 from tuning.search.prior import pairs_from_results, prediction_errors, sim_prior
 from tuning.search.trial import TrialResult
@@ -64,10 +65,18 @@ def test_plan_ranks_candidates_and_predicts_each_trial(
     assert 0 < predicted["ttft_p50_ms"] <= predicted["ttft_p95_ms"]
     # No tenant history: the calibrated forecast is the base one.
     assert predicted["ttft_p50_ms"] == predicted["base_ttft_p50_ms"]
-    # The dtype matters: on this CPU the bf16 path (the checkpoint's dtype, vLLM's default here)
-    # was measured ~2x slower than float32, and the calibration carries that factor.
+    # The dtype's measured cost is carried: the bf16 path (the checkpoint's dtype, vLLM's default
+    # here) is forecast at the bf16/fp32 decode-step ratio the calibration measured on this CPU.
     fp32 = prepared.predict(prepared.reference)
-    assert fp32 is not None and fp32["tpot_p50_ms"] < predicted["tpot_p50_ms"]
+    assert fp32 is not None
+    data = json.loads((DATA_DIR / "cpu_local.json").read_text())
+    steps = {o["label"]: o["measured_s"] for o in data["observations"] if o["kind"] == "tpot"}
+    measured = statistics.median(
+        o["measured_s"] / steps[o["label"]]
+        for o in data["formats"]["bf16"]["observations"]
+        if o["kind"] == "tpot"
+    )
+    assert predicted["tpot_p50_ms"] / fp32["tpot_p50_ms"] == pytest.approx(measured, rel=0.15)
 
 
 def test_stored_trials_carry_prediction_and_the_report_its_error(
