@@ -171,3 +171,25 @@ def test_regression_needs_a_clear_margin() -> None:
     assert regressed([1000.0], [1500.0, 1400.0])
     assert not regressed([1000.0], [1100.0, 1150.0])
     assert not regressed([None], [5000.0])  # nothing to compare with
+
+
+def test_live_like_traffic_keeps_the_live_mean_length_when_prompts_pile_up_at_a_cap(
+    rng: np.random.Generator, tmp_path: Path
+) -> None:
+    # As the continual-loop benchmark's Mooncake traffic: a third of the prompts cut at 1,900
+    # tokens, the rest spread below; a uniform draw inside vLLM's (1000, 2000] bucket would put
+    # the cut ones at 1,500 on average and make the re-tuning traffic far lighter than live.
+    prompts = np.concatenate([np.full(150, 1900), rng.integers(200, 1900, size=300)])
+    rng.shuffle(prompts)
+    outputs = np.concatenate([np.full(300, 32), rng.integers(3, 32, size=150)])
+    windows = _windows(prompts, outputs, 2.0)
+    out = tmp_path / "live.jsonl"
+    synthesize_live(windows, duration_s=600.0, rng=np.random.default_rng(2), out=out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    drawn = np.array([r["input_length"] for r in rows])
+    assert drawn.mean() == pytest.approx(prompts.mean(), rel=0.03)
+    assert np.mean([r["output_length"] for r in rows]) == pytest.approx(outputs.mean(), rel=0.03)
+    # Still inside the live buckets, in the live shares.
+    live_share = np.mean(prompts > 1000)
+    assert np.mean(drawn > 1000) == pytest.approx(live_share, abs=0.05)
+    assert drawn.max() <= 2000 and drawn.min() >= 100
