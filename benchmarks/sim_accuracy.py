@@ -60,6 +60,7 @@ from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.loadgen.traces import read_trace  # noqa: E402
 from serving.metrics import scrape, snapshot_delta  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
+from serving.perf.machine import check_local_machine  # noqa: E402
 from serving.sim import simulate_trace  # noqa: E402
 
 TRACES = REPO.parent / "shared" / "traces"
@@ -379,6 +380,13 @@ def noise_floor(
     return {"one_live_run_vs_median_of_others": mean(live), "sim_vs_median_of_others": mean(simulated)}
 
 
+def _same_machine(live_run: dict[str, Any]) -> bool:
+    """Whether a live run was measured on the calibration's machine (runs made before the check
+    existed carry none: they are the calibration's own machine, see results/sim_accuracy_live/)."""
+    checks = [live_run.get("machine_check"), live_run.get("machine_check_at_end")]
+    return all(c is None or c.get("matches", False) for c in checks)
+
+
 def main() -> int:
     global MAX_OTHERS_CORES, CASES
     parser = argparse.ArgumentParser(
@@ -439,11 +447,16 @@ def main() -> int:
             model_dir = Path(tmp) / "llama-s"
             build_tiny_model(arch="llama", size="s", out_dir=model_dir, seed=0)
         started = time.monotonic()
+        check = check_local_machine()
         live_meta = {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "max_others_cores": MAX_OTHERS_CORES,
             "requests_share": args.requests_share,
+            # The calibration's machine or another: a run on another is kept, never pooled.
+            "machine_check": check.to_dict(),
         }
+        if not check.matches:
+            print("warning: not the calibration's machine: " + "; ".join(check.differences), flush=True)
         for name, config in chosen.items():
             wait_for_free_machine(max_wait_s=args.max_wait_s, strict=False)
             print(f"[{name}] starting engine ...", flush=True)
@@ -487,6 +500,7 @@ def main() -> int:
             finally:
                 engine.stop()
         live_meta["live_minutes"] = (time.monotonic() - started) / 60.0
+        live_meta["machine_check_at_end"] = check_local_machine().to_dict()
 
     if not args.reuse_live and live_meta.get("started_at"):
         # Every full live run is kept whole, so later calibrations are judged against it too.
@@ -501,19 +515,24 @@ def main() -> int:
         print(f"kept the live run as {keep}")
     # Earlier live runs (other machine states), simulated with the same calibration.
     others = []
-    runs = [live]
+    runs = [live] if _same_machine(live_meta) else []
     for path in args.other_live:
         old = json.loads(path.read_text())
         old_live = {(c["config"], c["trace"], c["load"]): c["live"] for c in old["cases"]}
-        runs.append({k: v for k, v in old_live.items() if k[0] in chosen})
+        pooled = _same_machine(old.get("live_run", {}))
+        if pooled:
+            runs.append({k: v for k, v in old_live.items() if k[0] in chosen})
         others.append(
             {
                 "started_at": old.get("live_run", {}).get("started_at"),
                 "live_from": str(path),
+                "pooled": pooled,
                 "summary": mape_summary(simulated_rows(chosen, old_live, show=False)),
             }
         )
-        print(f"live run of {others[-1]['started_at']}: {others[-1]['summary']}")
+        print(
+            f"live run of {others[-1]['started_at']}{'' if pooled else ' (another machine)'}: {others[-1]['summary']}"
+        )
     this_run = mape_summary(simulated_rows(chosen, live, show=len(runs) == 1))
     summary: dict[str, Any]
     if len(runs) >= 3:
@@ -530,6 +549,7 @@ def main() -> int:
     else:
         rows = simulated_rows(chosen, live, show=False)
         summary = dict(this_run)
+    summary["live_run_on_calibrated_machine"] = _same_machine(live_meta)
     op = h200_op_mape()
     if op is not None:
         summary["h200_op_mape"] = op

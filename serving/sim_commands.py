@@ -76,6 +76,13 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     data = result_to_dict(result)
+    check = None
+    if result.hardware == "cpu-local":
+        # The local CPU's predictions rest on its calibration: say whether this is that machine.
+        from serving.perf.machine import check_local_machine
+
+        check = check_local_machine()
+        data["machine_check"] = check.to_dict()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result_to_dict(result, include_requests=True), indent=1) + "\n")
@@ -100,6 +107,12 @@ def _simulate(args: argparse.Namespace) -> int:
         f"chunking {t.chunking_delay_ms:.1f}, preemption {t.preemption_ms:.1f}, overhead {t.overhead_ms:.1f}"
     )
     print(f"  dominant cause: {a.dominant_cause} -> {a.knob}")
+    if check is not None and not check.matches:
+        print(
+            f"  warning: this machine differs from the one calibrated on {check.calibrated_at}: "
+            + "; ".join(check.differences)
+            + " (recalibrate: python -m serving.perf.calibrate)"
+        )
     shares = ", ".join(f"{k} {v:.0%}" for k, v in a.step_time_share.items())
     print(f"  step time by operator class: {shares}")
     return 0
