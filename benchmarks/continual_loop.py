@@ -199,6 +199,33 @@ def _pooled(chunks: list[dict[str, Any]], start: float, end: float, trace: str) 
     }
 
 
+def _retune_fidelity(it: Any, live_before: dict[str, Any]) -> dict[str, Any] | None:
+    from tuning.continual import LiveWindow, live_profile
+
+    if it is None or not it.live_windows or it.traffic_sample is None:
+        return None
+    live = live_profile([LiveWindow.from_dict(w) for w in it.live_windows])
+    synth = it.traffic_sample.profile or {}
+
+    def shape(mean_prompt: float, rps: float, reuse: float | None) -> dict[str, Any]:
+        return {"mean_prompt_tokens": mean_prompt, "rps": rps, "prefix_reuse": reuse}
+
+    return {
+        "live": shape(live.input_tokens.mean, live.arrival.mean_rps, live.prefix.reuse_ratio)
+        if live
+        else None,
+        "synthesised": shape(
+            synth.get("input_tokens", {}).get("mean"),
+            synth.get("arrival", {}).get("mean_rps"),
+            synth.get("prefix", {}).get("reuse_ratio"),
+        ),
+        "running_config_ttft_p50_ms": {
+            "live_before_promotion": live_before.get("ttft_p50_ms"),
+            "retune_trial": it.incumbent_ttft_p50_ms,
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -393,6 +420,9 @@ def main() -> int:
                 for t in (it.job.trials.order_by("number") if it and it.job else [])
             ],
         },
+        # How live-like the re-tuning traffic was: the live windows it was synthesised from
+        # against the synthesised sample, and the running configuration measured on each.
+        "retune_traffic": _retune_fidelity(it, before),
         "mooncake_old_config": before,
         "mooncake_promoted_config": after,
         "azure_old_config": _pooled(chunks, 0, events["switch"], "azure"),
