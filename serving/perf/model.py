@@ -167,7 +167,11 @@ class StepTimeModel:
         tensor_parallel_size: int = 1,
         efficiency: Efficiency | None = None,
         basis: str | None = None,
+        compute_parallelism: float = 1.0,
     ) -> None:
+        """`compute_parallelism`: how many times the cores the calibration's engine computed on
+        (a CPU engine given every core where vLLM keeps one for its frontend: 2.0 on 2 cores);
+        the compute and memory times are divided by it, the fixed costs are not."""
         self.model = model
         self.hardware = hardware
         self.tp = tensor_parallel_size
@@ -184,11 +188,13 @@ class StepTimeModel:
         bw = hardware.memory_bandwidth_bytes_per_s
         tp = float(self.tp)
         # Seconds per unit of work, precomputed so the simulator's inner loop is cheap.
-        factor = eff.format_factors.get(self.compute_format, 1.0)
+        if not compute_parallelism > 0:
+            raise ValueError("compute_parallelism must be positive")
+        factor = eff.format_factors.get(self.compute_format, 1.0) / compute_parallelism
         self._s_per_gemm_flop = factor / (peak * eff.gemm_efficiency)
         self._s_per_attn_flop = factor / (peak * eff.attention_efficiency)
         self._s_per_byte = eff.format_memory_factors.get(self.compute_format, 1.0) / (
-            bw * eff.memory_efficiency
+            bw * eff.memory_efficiency * compute_parallelism
         )
         self._linear_flops = model.linear_flops_per_token() / tp
         self._lm_flops = model.lm_head_flops_per_sampled_token() / tp

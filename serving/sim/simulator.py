@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import copy
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -248,6 +249,21 @@ def _request_overhead_ms(step_model: StepTimeModel) -> float:
     return step_model.request_overhead_s * 1000.0
 
 
+def cpu_compute_parallelism(config: EngineConfig) -> float:
+    """Cores the CPU engine's worker computes on (VLLM_CPU_OMP_THREADS_BIND) over vLLM's own
+    choice, every core of this machine but one (the calibration's engine ran with that)."""
+    default = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else 1
+    bound = dict(config.extra_env).get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if bound in ("auto", "nobind", ""):
+        return 1.0
+    cores: set[int] = set()
+    for part in bound.split("|")[0].split(","):
+        first, _, last = part.strip().partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            cores.update(range(int(first), int(last or first) + 1))
+    return len(cores) / default if cores else 1.0
+
+
 def simulate(
     requests: Sequence[TraceRequest],
     *,
@@ -289,6 +305,7 @@ def simulate(
             compute_format=compute,
             tensor_parallel_size=config.tensor_parallel_size,
             efficiency=efficiency,
+            compute_parallelism=cpu_compute_parallelism(config) if hardware.kind == "cpu" else 1.0,
         )
     if sched_cfg.num_speculative_tokens and rng is None:
         rng = np.random.default_rng(0)

@@ -78,3 +78,43 @@ def test_simulating_the_local_cpu_measures_this_machine_against_its_calibration(
     )
     assert args.func(args) == 0
     assert "machine_check" not in capsys.readouterr().out
+
+
+def test_a_cpu_engine_on_every_core_is_simulated_with_its_compute_shared_over_them(tmp_path: Path) -> None:
+    import os
+
+    from serving.engine.config import EngineConfig
+    from serving.sim.api import simulate_trace
+    from serving.sim.simulator import cpu_compute_parallelism
+
+    cores = sorted(os.sched_getaffinity(0))
+    default = EngineConfig(max_model_len=4096, enforce_eager=True)
+    everything = EngineConfig(
+        max_model_len=4096,
+        enforce_eager=True,
+        extra_env=(("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}"),),
+    )
+    assert cpu_compute_parallelism(default) == 1.0
+    if len(cores) < 2:
+        return
+    # vLLM keeps one core for its frontend: every core is len/(len-1) times the compute.
+    assert cpu_compute_parallelism(everything) == pytest.approx(len(cores) / (len(cores) - 1))
+    one = EngineConfig(extra_env=(("VLLM_CPU_OMP_THREADS_BIND", "0,1|2"),))
+    assert cpu_compute_parallelism(one) == pytest.approx(2 / (len(cores) - 1))  # the first rank's list
+    # A long single prefill is compute-bound: faster on every core; the fixed costs stay.
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 3000, "output_length": 2}) + "\n")
+    ttft = {
+        name: simulate_trace(
+            trace, model="tiny-llama-m", hardware="cpu-local", config=config
+        ).summary.ttft_ms.p50
+        for name, config in (("default", default), ("every core", everything))
+    }
+    speedup = ttft["default"] / ttft["every core"]
+    assert 1.2 < speedup <= len(cores) / (len(cores) - 1)
+    # Datasheet hardware ignores the CPU binding.
+    assert simulate_trace(
+        trace, model="tiny-llama-m", hardware="h200", config=everything
+    ).summary.ttft_ms.p50 == (
+        simulate_trace(trace, model="tiny-llama-m", hardware="h200", config=default).summary.ttft_ms.p50
+    )

@@ -21,8 +21,17 @@ from tuning.search.job import (
 )
 from tuning.search.selection import Candidate, select
 from tuning.search.slo import SLOParseError, parse_slo
-from tuning.search.space import LOCAL_CPU, LOSSLESS, PRECISION, ModelLoadError, build_space, model_info
+from tuning.search.space import (
+    LOCAL_CPU,
+    LOSSLESS,
+    PRECISION,
+    HardwareTarget,
+    ModelLoadError,
+    build_space,
+    model_info,
+)
 from tuning.search.strategies import PENALTY, GridStrategy, Observation, TPEStrategy
+from tuning.search.trial import describe
 
 
 @pytest.fixture
@@ -103,6 +112,32 @@ def test_space_is_data_with_constraints(model_dir: Path) -> None:
     assert config.max_model_len == 2048 and config.enforce_eager
     assert space.change_type({"max_num_seqs": 8}, {}) == LOSSLESS
     assert space.change_type({"dtype": "bfloat16"}, {"dtype": "float32"}) == PRECISION
+
+
+def test_the_cpu_engine_can_compute_on_every_core(model_dir: Path) -> None:
+    import os
+
+    from tuning.search.space import CPU_BIND_ENV, local_worker_cores
+
+    cores = sorted(os.sched_getaffinity(0))
+    space = build_space(model=model_info(model_dir), hardware=LOCAL_CPU, max_model_len=2048)
+    if len(cores) < 2:  # vLLM's own binding already uses the only core
+        assert local_worker_cores() is None and "cpu_worker_cores" not in space.baseline()
+        return
+    everything = local_worker_cores()
+    assert everything == f"{cores[0]}-{cores[-1]}" or everything == ",".join(map(str, cores))
+    assert space.knob("cpu_worker_cores").values == (None, everything)
+    config = space.to_config({"cpu_worker_cores": everything, "max_num_seqs": 8})
+    assert config.to_env()[CPU_BIND_ENV] == everything and config.max_num_seqs == 8
+    assert CPU_BIND_ENV not in space.to_config({}).to_env()  # vLLM's default binding
+    assert space.change_type({"cpu_worker_cores": everything}, {}) == LOSSLESS
+    assert describe({"cpu_worker_cores": everything}) == f"cpu_worker_cores={everything}"
+    gpu = build_space(
+        model=model_info(model_dir),
+        hardware=HardwareTarget("h200", "us", 1, 100.0, 3.0, device_kind="gpu"),
+        max_model_len=2048,
+    )
+    assert "cpu_worker_cores" not in gpu.baseline()
 
 
 def test_kv_that_cannot_hold_one_sequence_is_refused(model_dir: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -136,10 +137,14 @@ class SearchSpace:
     def to_config(self, assignment: Mapping[str, Any]) -> EngineConfig:
         values = {**self.baseline(), **assignment}
         speculative = values.pop("speculative", None)
+        cores = values.pop("cpu_worker_cores", None)
         fields: dict[str, Any] = {k: v for k, v in values.items() if v is not None or k == "dtype"}
         if fields.get("dtype") is None:
             fields["dtype"] = "auto"
         config = replace(self.base, **fields, max_model_len=self.max_model_len)
+        if cores:
+            env = dict(config.extra_env) | {CPU_BIND_ENV: str(cores)}
+            config = replace(config, extra_env=tuple(sorted(env.items())))
         if speculative:
             method, _, num = str(speculative).partition(":")
             config = replace(
@@ -226,6 +231,20 @@ class SearchSpace:
         return "\n".join(lines)
 
 
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM CPU: the cores its worker's OpenMP threads run on
+
+
+def local_worker_cores() -> str | None:
+    """Every core this process may run on, as vLLM's CPU list ("0-1"), or None with one core
+    (vLLM's own binding then already uses it)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2:
+        return None
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(str(c) for c in cores)
+
+
 def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: int) -> SearchSpace:
     """The knobs worth searching for this model on this hardware, with vLLM's defaults as baseline."""
     dtypes: tuple[str | None, ...] = (
@@ -268,6 +287,18 @@ def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: in
             "n-gram speculative decoding: faster decode where outputs echo the prompt",
         ),
     ]
+    all_cores = local_worker_cores() if hardware.device_kind == "cpu" else None
+    if all_cores is not None:
+        knobs.append(
+            Knob(
+                "cpu_worker_cores",
+                (None, all_cores),
+                None,
+                LOSSLESS,
+                "the engine worker's compute threads: vLLM keeps one core for its API server and "
+                "scheduler; every core speeds long compute-bound prefills, which then share it",
+            )
+        )
     if hardware.num_devices > 1:
         tps = tuple(n for n in (1, 2, 4, 8) if n <= hardware.num_devices and model.num_kv_heads % n == 0)
         knobs.append(Knob("tensor_parallel_size", tps, 1, PRECISION, "split each layer over devices"))
