@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ RESULTS = FUZZ_DIR / "results.json"
 # Inputs stay small: the targets' limits are a few KiB, and small inputs run fast.
 MAX_LEN = 8192
 UNIT_TIMEOUT_S = 30
-RSS_LIMIT_MB = 2048
+RSS_LIMIT_MB = 2048  # what one fuzzer process may use on top of what it inherits (below)
 
 _EXECUTED = re.compile(rb"stat::number_of_executed_units:\s*(\d+)")
 _PROGRESS = re.compile(rb"^#(\d+)\s", re.M)
@@ -110,7 +111,7 @@ def run_target(
             f"-seed={seed + result.fuzzer_processes}",
             f"-max_len={MAX_LEN}",
             f"-timeout={UNIT_TIMEOUT_S}",
-            f"-rss_limit_mb={RSS_LIMIT_MB}",
+            f"-rss_limit_mb={rss_limit_mb()}",
             f"-dict={DICTIONARY}",
             f"-artifact_prefix={artifact_dir}/",
             "-print_final_stats=1",
@@ -151,6 +152,18 @@ def run_target(
     result.completed = result.executions >= runs
     result.corpus_files = sum(1 for _ in corpus_dir.iterdir())
     return result
+
+
+def rss_limit_mb() -> int:
+    """libFuzzer's -rss_limit_mb for a fuzzer started from this process.
+
+    libFuzzer reads its peak RSS from getrusage, and on Linux a child's peak starts at its
+    parent's high-water mark (the kernel carries it across fork and exec). A fuzzer started from
+    a test process that had grown past 2 GiB (torch and the engine clients loaded) reported
+    "out-of-memory (used: 2057Mb)" before its first input. So the limit is counted from there.
+    """
+    inherited_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+    return RSS_LIMIT_MB + int(inherited_mb)
 
 
 def _cpu_model() -> str:

@@ -705,3 +705,30 @@ def test_atheris_short_run_of_every_target(tmp_path: Path) -> None:
         assert result.crashes == 0, f"{target}: crash input {result.crash_inputs} in {tmp_path / target}"
         assert result.completed and result.executions >= CI_FUZZ_RUNS
         assert result.corpus_files > 0  # coverage feedback worked: the fuzzer kept new inputs
+
+
+def test_a_fuzzer_started_from_a_large_process_is_not_out_of_memory(tmp_path: Path) -> None:
+    """A child's peak RSS starts at its parent's (Linux carries it across fork and exec): a test
+    process past 2 GiB once made every fuzzer report out-of-memory before its first input."""
+    pytest.importorskip("atheris", reason="atheris is in the dev extra")
+    import subprocess
+    import sys
+
+    script = f"""
+import numpy as np
+big = np.ones(2300 << 20, dtype=np.uint8)  # this process's peak RSS past 2 GiB; libFuzzer checks each second
+from pathlib import Path
+from fuzz.run import run_target
+r = run_target("mooncake", runs=20_000, corpus_dir=Path({str(tmp_path / "corpus")!r}),
+               artifact_dir=Path({str(tmp_path / "artifacts")!r}), regressions_dir=None, max_crashes=1)
+assert r.crashes == 0 and r.completed, r
+print("ok", r.executions)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("ok ")
