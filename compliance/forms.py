@@ -84,8 +84,8 @@ class ConsoleFilterForm(forms.Form):
 
 class TwoFactorForm(forms.Form):
     code = forms.CharField(
-        max_length=8,
-        label="6-digit code from your authenticator app",
+        max_length=32,
+        label="6-digit code from your authenticator app (or a recovery code)",
         widget=forms.TextInput(
             attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}
         ),

@@ -32,6 +32,10 @@ LAST_ACTIVITY_KEY = "_tailguard_last_activity"
 # The id of the user whose code this session verified.
 TWO_FACTOR_KEY = "_tailguard_two_factor"
 _TWO_FACTOR_EXEMPT_URLS = ("compliance:two_factor", "accounts:logout", "accounts:login", "healthz")
+# Assets hold nothing of a tenant's. Redirecting them is worse than useless: a browser fetches
+# /favicon.ico by itself, and each bounce loaded the two-factor page again.
+_TWO_FACTOR_EXEMPT_PATHS = ("/favicon.ico", "/robots.txt")
+_TWO_FACTOR_EXEMPT_PREFIXES = ("/vendor/",)
 # Activity is written to the session at most this often, not on every request.
 _ACTIVITY_RESOLUTION_S = 30
 
@@ -90,7 +94,11 @@ class ComplianceMiddleware:
             return None
         page = reverse("compliance:two_factor")
         exempt = {reverse(name) for name in _TWO_FACTOR_EXEMPT_URLS}
-        if request.path in exempt or request.path.startswith(settings.STATIC_URL):
+        if (
+            request.path in exempt
+            or request.path in _TWO_FACTOR_EXEMPT_PATHS
+            or request.path.startswith((settings.STATIC_URL, *_TWO_FACTOR_EXEMPT_PREFIXES))
+        ):
             return None
         from compliance.selectors import two_factor_required
 

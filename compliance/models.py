@@ -266,3 +266,24 @@ class TOTPDevice(models.Model):
 
     def __str__(self) -> str:
         return f"authenticator of {self.user_id}"
+
+
+class TOTPRecoveryCode(models.Model):
+    """A one-time code that stands in for the authenticator (a lost phone). Only a SHA-256 digest
+    of the code is kept; the code itself is shown once, when the set is made."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="totp_recovery_codes"
+    )
+    code_digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Set when the code is used; a used code never works again.
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["user", "code_digest"], name="totp_recovery_code_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"recovery code of {self.user_id}"

@@ -268,6 +268,12 @@ def totp_confirmed(*, user: Any) -> bool:
     return TOTPDevice.objects.filter(user=user, confirmed_at__isnull=False).exists()
 
 
+def totp_recovery_codes_left(*, user: Any) -> int:
+    from compliance.models import TOTPRecoveryCode
+
+    return TOTPRecoveryCode.objects.filter(user=user, used_at__isnull=True).count()
+
+
 def two_factor_required(*, user: Any) -> bool:
     """Owners of an organization with an effective BAA must use two-factor; anyone who enrolled
     an authenticator uses it too."""

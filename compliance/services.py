@@ -9,9 +9,11 @@ rule that refused ("data-residency rule", "BAA rule"), so the UI and the API can
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
+import secrets
 import shutil
 import uuid
 from collections.abc import Iterable
@@ -22,7 +24,7 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from compliance import chain, context, selectors
@@ -910,20 +912,104 @@ def staff_access_record(
 _TOTP_PURPOSE = "totp-secret"
 
 
-def totp_enroll_start(*, user: Any) -> str:
-    """A new, unconfirmed authenticator secret for `user` (replacing an unconfirmed one)."""
+def _totp_new_device(*, user: Any) -> str:
     from compliance import totp
     from compliance.models import TOTPDevice
     from compliance.storage import seal
 
-    if selectors.totp_confirmed(user=user):
-        raise ValidationError({"code": "An authenticator is already set up."})
     secret = totp.new_secret()
     TOTPDevice.objects.update_or_create(
         user=user,
         defaults={"secret_encrypted": seal(secret.encode(), purpose=_TOTP_PURPOSE), "last_step": -1},
     )
     return secret
+
+
+def totp_enroll_start(*, user: Any) -> str:
+    """A new, unconfirmed authenticator secret for `user` (replacing an unconfirmed one).
+
+    Only an explicit request for a new key calls this (a POST): showing the enrolment page uses
+    `totp_enroll_pending`, so a page load, a reload or a subresource bounced to the page never
+    swaps the key a person is typing codes from."""
+    if selectors.totp_confirmed(user=user):
+        raise ValidationError({"code": "An authenticator is already set up."})
+    with transaction.atomic():
+        secret = _totp_new_device(user=user)
+        audit_record(actor=user, action="two_factor.new_key")
+    return secret
+
+
+def totp_enroll_pending(*, user: Any) -> str:
+    """The secret of `user`'s unconfirmed authenticator, made on first use and kept across page
+    loads until a code confirms it or the person asks for a new one."""
+    from compliance.models import TOTPDevice
+    from compliance.storage import unseal
+
+    if selectors.totp_confirmed(user=user):
+        raise ValidationError({"code": "An authenticator is already set up."})
+    with transaction.atomic():
+        # Locked, so two page loads at once (a tab and its favicon request) agree on one secret.
+        device = TOTPDevice.objects.select_for_update().filter(user=user).first()
+        if device is not None:
+            return unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
+        try:
+            with transaction.atomic():
+                return _totp_new_device(user=user)
+        except IntegrityError:
+            # The other request created it between our read and our insert: use its secret.
+            device = TOTPDevice.objects.get(user=user)
+            return unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
+
+
+# Recovery codes: 16 characters from an alphabet without look-alikes (79 bits), shown once, kept
+# only as SHA-256 digests (random codes of that strength need no slow hash), each used once.
+RECOVERY_CODE_COUNT = 10
+_RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
+_RECOVERY_LENGTH = 16
+
+
+def _recovery_digest(*, user: Any, code: str) -> str:
+    normalized = code.strip().lower().replace("-", "").replace(" ", "")
+    return hashlib.sha256(f"{user.pk}:{normalized}".encode()).hexdigest()
+
+
+def _looks_like_recovery_code(code: str) -> bool:
+    normalized = code.strip().lower().replace("-", "").replace(" ", "")
+    return len(normalized) == _RECOVERY_LENGTH and all(c in _RECOVERY_ALPHABET for c in normalized)
+
+
+def totp_recovery_codes_create(*, user: Any) -> list[str]:
+    """A fresh set of one-time recovery codes for `user` (the old ones stop working). The codes
+    are returned once, to be shown once; only their digests are stored."""
+    from compliance.models import TOTPRecoveryCode
+
+    if not selectors.totp_confirmed(user=user):
+        raise ValidationError({"code": "Set up an authenticator first."})
+    codes = []
+    for _ in range(RECOVERY_CODE_COUNT):
+        raw = "".join(secrets.choice(_RECOVERY_ALPHABET) for _ in range(_RECOVERY_LENGTH))
+        codes.append("-".join(raw[i : i + 4] for i in range(0, _RECOVERY_LENGTH, 4)))
+    with transaction.atomic():
+        TOTPRecoveryCode.objects.filter(user=user).delete()
+        TOTPRecoveryCode.objects.bulk_create(
+            [TOTPRecoveryCode(user=user, code_digest=_recovery_digest(user=user, code=c)) for c in codes]
+        )
+        audit_record(actor=user, action="two_factor.recovery_codes", data={"count": len(codes)})
+    return codes
+
+
+def _recovery_code_use(*, user: Any, code: str) -> bool:
+    from compliance.models import TOTPRecoveryCode
+
+    with transaction.atomic():
+        # Conditional update: the same code sent twice at once passes once.
+        used = TOTPRecoveryCode.objects.filter(
+            user=user, code_digest=_recovery_digest(user=user, code=code), used_at__isnull=True
+        ).update(used_at=timezone.now())
+        if used:
+            left = TOTPRecoveryCode.objects.filter(user=user, used_at__isnull=True).count()
+            audit_record(actor=user, action="two_factor.recovery_code_used", data={"left": left})
+    return bool(used)
 
 
 def _totp_throttled(user: Any) -> bool:
@@ -938,8 +1024,9 @@ def _totp_throttled(user: Any) -> bool:
 
 
 def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
-    """Checks a code against the user's authenticator (confirming it on first success). Replays
-    and too many failures are refused."""
+    """Checks a code against the user's authenticator (confirming it on first success), or a
+    recovery code once the authenticator is confirmed. Replays and too many failures are
+    refused."""
     import time
 
     from compliance import totp
@@ -951,6 +1038,12 @@ def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
         raise ValidationError({"code": "Set up an authenticator first."})
     if _totp_throttled(user):
         raise ValidationError({"code": "Too many wrong codes; wait a few minutes and try again."})
+    if device.confirmed_at is not None and _looks_like_recovery_code(code):
+        if _recovery_code_use(user=user, code=code):
+            LoginFailure.objects.filter(email_digest=f"totp:{user.pk}").delete()
+            return True
+        LoginFailure.objects.create(email_digest=f"totp:{user.pk}")
+        return False
     secret = unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
     step = totp.matching_step(
         secret, code, now_s=time.time() if now_s is None else now_s, after_step=device.last_step

@@ -220,43 +220,73 @@ def console(request: HttpRequest) -> HttpResponse:
     return render(request, "compliance/console.html", {"form": form, "rows": rows})
 
 
-@login_required
-def two_factor(request: HttpRequest) -> HttpResponse:
-    """Verify a code (or, the first time, set up the authenticator and confirm it)."""
+def _two_factor_target(request: HttpRequest) -> str:
+    from django.urls import reverse
     from django.utils.http import url_has_allowed_host_and_scheme
 
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = ""
+    return target or reverse("accounts:dashboard")
+
+
+@login_required
+def two_factor(request: HttpRequest) -> HttpResponse:
+    """Verify a code (or, the first time, set up the authenticator and confirm it).
+
+    The key being enrolled stays the same across page loads until a code confirms it or the
+    person asks for a new one (a POST): a browser loads the page more than once (reloads, a
+    subresource bounced here), and a key that changed on every load rejected every code."""
     from compliance import totp
     from compliance.middleware import TWO_FACTOR_KEY
 
     user = request.user
     confirmed = selectors.totp_confirmed(user=user)
-    secret = None
-    form = TwoFactorForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            ok = services.totp_verify(user=user, code=form.cleaned_data["code"])
-        except ValidationError as exc:
-            form.add_error(None, exc)
-        else:
-            if ok:
-                request.session.cycle_key()
-                request.session[TWO_FACTOR_KEY] = str(user.pk)
-                target = request.POST.get("next") or request.GET.get("next") or ""
-                if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-                    target = ""
-                return redirect(target or "accounts:dashboard")
-            form.add_error("code", "That code is not right (or was already used). Try the next one.")
-    if not confirmed:
-        # A fresh secret each time the enrolment page is shown until a code confirms one.
-        secret = services.totp_enroll_start(user=user) if request.method == "GET" else None
+    verified = request.session.get(TWO_FACTOR_KEY) == str(user.pk)
+    form = TwoFactorForm()
+    status = 200
+    action = request.POST.get("action", "verify") if request.method == "POST" else ""
+    if action == "new_key" and not confirmed:
+        services.totp_enroll_start(user=user)
+        messages.info(request, "A new key was made: the previous one no longer works.")
+        return redirect(request.get_full_path())
+    if action == "new_recovery_codes" and confirmed and verified:
+        codes = services.totp_recovery_codes_create(user=user)
+        return _recovery_codes_page(request, codes=codes, target=_two_factor_target(request))
+    if action == "verify":
+        form = TwoFactorForm(request.POST)
+        status = 400
+        if form.is_valid():
+            try:
+                ok = services.totp_verify(user=user, code=form.cleaned_data["code"])
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                if ok:
+                    request.session.cycle_key()
+                    request.session[TWO_FACTOR_KEY] = str(user.pk)
+                    if not confirmed:
+                        # Enrolment just confirmed: the recovery codes are shown on this
+                        # response only (a reload re-sends a used code, which is refused).
+                        codes = services.totp_recovery_codes_create(user=user)
+                        return _recovery_codes_page(request, codes=codes, target=_two_factor_target(request))
+                    return redirect(_two_factor_target(request))
+                form.add_error("code", "That code is not right (or was already used). Try the next one.")
+    secret = None if confirmed else services.totp_enroll_pending(user=user)
     context = {
         "form": form,
         "confirmed": confirmed,
+        "verified": verified,
         "secret": secret,
         "uri": totp.provisioning_uri(secret, account=user.email) if secret else None,
         "required": selectors.two_factor_required(user=user),
-        "next": request.GET.get("next", ""),
+        "recovery_codes_left": selectors.totp_recovery_codes_left(user=user) if confirmed else None,
+        "next": request.POST.get("next") or request.GET.get("next", ""),
     }
-    return render(
-        request, "compliance/two_factor.html", context, status=200 if request.method == "GET" else 400
-    )
+    return render(request, "compliance/two_factor.html", context, status=status)
+
+
+def _recovery_codes_page(request: HttpRequest, *, codes: list[str], target: str) -> HttpResponse:
+    response = render(request, "compliance/recovery_codes.html", {"codes": codes, "target": target})
+    response["Cache-Control"] = "no-store"
+    return response

@@ -65,7 +65,9 @@ def test_owner_of_an_organization_with_a_baa_must_enrol(alice, alice_org, alice_
     assert wrong.status_code == 400 and "not right" in wrong.content.decode()
     code = totp.code_at(secret, int(time.time() // 30))
     response = alice_client.post(reverse("compliance:two_factor") + f"?next={dashboard}", {"code": code})
-    assert response.status_code == 302 and response["Location"] == dashboard
+    # Enrolment confirmed: the recovery codes are shown on this response, then on to `next`.
+    assert response.status_code == 200 and len(response.context["codes"]) == 10
+    assert f'href="{dashboard}"' in response.content.decode()
     assert alice_client.get(dashboard).status_code == 200
     assert TOTPDevice.objects.get(user=alice).confirmed_at is not None
     assert AuditEvent.objects.filter(action="two_factor.enroll", actor=alice).exists()
@@ -85,3 +87,57 @@ def test_a_code_works_once_and_guessing_is_throttled(alice, settings) -> None:  
 
     with pytest.raises(ValidationError, match="Too many wrong codes"):
         services.totp_verify(user=alice, code=totp.code_at(secret, int(now // 30) + 1), now_s=now + 30)
+
+
+def test_the_enrolment_key_survives_page_loads_until_a_new_one_is_asked_for(
+    alice, alice_org, alice_client
+) -> None:  # type: ignore[no-untyped-def]
+    _baa(alice, alice_org)
+    page = reverse("compliance:two_factor")
+    first = alice_client.get(page).context["secret"]
+    # What a browser does around the page: its favicon, a static asset, a reload.
+    assert alice_client.get("/favicon.ico").status_code != 302
+    assert alice_client.get("/static/css/app.css").status_code != 302
+    assert alice_client.get(page).context["secret"] == first == _secret(alice)
+    # Only an explicit POST makes a new key.
+    assert alice_client.post(page, {"action": "new_key"}).status_code == 302
+    second = alice_client.get(page).context["secret"]
+    assert second != first and second == _secret(alice)
+    code = totp.code_at(second, int(time.time() // 30))
+    assert alice_client.post(page, {"code": code}).status_code == 200
+    assert TOTPDevice.objects.get(user=alice).confirmed_at is not None
+
+
+def test_recovery_codes_are_hashed_shown_once_and_work_once(alice, alice_org, alice_client, settings) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    from compliance.models import TOTPRecoveryCode
+
+    settings.LOGIN_THROTTLE_FAILURES = 50
+    _baa(alice, alice_org)
+    page = reverse("compliance:two_factor")
+    secret = alice_client.get(page).context["secret"]
+    enrolled = alice_client.post(page, {"code": totp.code_at(secret, int(time.time() // 30))})
+    codes = enrolled.context["codes"]
+    assert len(set(codes)) == 10
+    stored = list(TOTPRecoveryCode.objects.filter(user=alice).values_list("code_digest", flat=True))
+    assert len(stored) == 10 and not any(c in d or c.replace("-", "") in d for c in codes for d in stored)
+    assert codes[0] not in alice_client.get(page).content.decode()  # never shown again
+
+    # A new session (the phone is lost): a recovery code signs in, once.
+    again = Client()
+    again.force_login(alice)
+    assert again.get(reverse("accounts:dashboard")).status_code == 302
+    assert again.post(page, {"code": codes[0].upper()}).status_code == 302
+    assert again.get(reverse("accounts:dashboard")).status_code == 200
+    third = Client()
+    third.force_login(alice)
+    assert third.post(page, {"code": codes[0]}).status_code == 400
+    assert third.get(reverse("accounts:dashboard")).status_code == 302
+    assert AuditEvent.objects.filter(action="two_factor.recovery_code_used", actor=alice).count() == 1
+
+    # A verified session can replace the set: the old codes stop working.
+    renewed = again.post(page, {"action": "new_recovery_codes"})
+    assert renewed.status_code == 200 and set(renewed.context["codes"]).isdisjoint(codes)
+    assert not services.totp_verify(user=alice, code=codes[1])
+    assert services.totp_verify(user=alice, code=renewed.context["codes"][0])
