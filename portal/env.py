@@ -6,6 +6,7 @@ deployment never becomes a silently different configuration.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 
@@ -71,6 +72,18 @@ class Env:
         if any(not item for item in items):
             raise ImproperlyConfigured(f"environment variable {name}={value!r} has an empty item")
         return items
+
+    def networks(self, name: str, default: list[str]) -> list[str]:
+        """A comma-separated list of IP networks (CIDRs, or single addresses), normalised."""
+        parsed = []
+        for item in self.list(name, default):
+            try:
+                parsed.append(str(ipaddress.ip_network(item, strict=False)))
+            except ValueError:
+                raise ImproperlyConfigured(
+                    f"environment variable {name}: {item!r} is not an IP network such as 10.0.0.0/8"
+                ) from None
+        return parsed
 
     def choice(self, name: str, default: str, choices: list[str]) -> str:
         value = self._raw(name)

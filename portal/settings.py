@@ -246,6 +246,15 @@ TRAFFIC_UPLOAD_MAX_BYTES = env.int("TRAFFIC_UPLOAD_MAX_BYTES", 1 << 30, minimum=
 # Limits applied while reading (after gzip decompression: a zip bomb stops here).
 TRAFFIC_MAX_DECOMPRESSED_BYTES = env.int("TRAFFIC_MAX_DECOMPRESSED_BYTES", 4 << 30, minimum=1)
 TRAFFIC_MAX_LINE_BYTES = env.int("TRAFFIC_MAX_LINE_BYTES", 16 << 20, minimum=1024)
+# Lines (and blank lines) one upload may have, and the wall-clock time reading it may take: a
+# gzip "newline bomb" stops at these with a clear error instead of holding a worker for hours.
+TRAFFIC_MAX_LINES = env.int("TRAFFIC_MAX_LINES", 50_000_000, minimum=1000)
+TRAFFIC_MAX_BLANK_LINES = env.int("TRAFFIC_MAX_BLANK_LINES", 100_000, minimum=0)
+TRAFFIC_INGEST_MAX_S = env.int("TRAFFIC_INGEST_MAX_S", 900, minimum=10)
+# A sample still validating this long after its ingest's deadline lost its worker: the redispatch
+# queues it again (removing its decrypted copy), and fails it after TRAFFIC_INGEST_MAX_ATTEMPTS.
+TRAFFIC_INGEST_GRACE_S = env.int("TRAFFIC_INGEST_GRACE_S", 300, minimum=10)
+TRAFFIC_INGEST_MAX_ATTEMPTS = env.int("TRAFFIC_INGEST_MAX_ATTEMPTS", 3, minimum=1)
 # Private folder where an upload waits for the ingest task (deleted once read).
 TRAFFIC_STAGING_DIR = Path(env.str("TRAFFIC_STAGING_DIR", str(VAR_DIR / "staging")) or "")
 # Numbers-only replayable copies of ingested samples (what tuning jobs replay).
@@ -357,8 +366,24 @@ COMPLIANCE_SAMPLE_RETENTION_DAYS = env.int("COMPLIANCE_SAMPLE_RETENTION_DAYS", 3
 COMPLIANCE_METRIC_RETENTION_DAYS = env.int("COMPLIANCE_METRIC_RETENTION_DAYS", 400, minimum=35)
 # Idle sessions end after this long; requests marked as background polling do not count.
 SESSION_IDLE_TIMEOUT_S = env.int("SESSION_IDLE_TIMEOUT_S", 30 * 60, minimum=60)
+# Sign-in throttling (compliance/auth.py): failures are free up to LOGIN_THROTTLE_FAILURES per
+# account from one address, LOGIN_THROTTLE_ACCOUNT_FAILURES per account from anywhere and
+# LOGIN_THROTTLE_ADDRESS_FAILURES per address for any account, within the window; beyond that each
+# attempt waits a back-off doubling from BASE to MAX after the scope's latest failure. MAX bounds
+# how long anyone else's wrong guesses can keep a correct password out.
 LOGIN_THROTTLE_FAILURES = env.int("LOGIN_THROTTLE_FAILURES", 5, minimum=1)
+LOGIN_THROTTLE_ACCOUNT_FAILURES = env.int(
+    "LOGIN_THROTTLE_ACCOUNT_FAILURES", 4 * LOGIN_THROTTLE_FAILURES, minimum=LOGIN_THROTTLE_FAILURES
+)
+LOGIN_THROTTLE_ADDRESS_FAILURES = env.int(
+    "LOGIN_THROTTLE_ADDRESS_FAILURES", 4 * LOGIN_THROTTLE_FAILURES, minimum=LOGIN_THROTTLE_FAILURES
+)
 LOGIN_THROTTLE_WINDOW_S = env.int("LOGIN_THROTTLE_WINDOW_S", 15 * 60, minimum=1)
+LOGIN_THROTTLE_BASE_DELAY_S = env.int("LOGIN_THROTTLE_BASE_DELAY_S", 1, minimum=1)
+LOGIN_THROTTLE_MAX_DELAY_S = env.int("LOGIN_THROTTLE_MAX_DELAY_S", 60, minimum=LOGIN_THROTTLE_BASE_DELAY_S)
+# Reverse proxies (addresses or CIDRs) whose X-Forwarded-For names the client: behind the TLS
+# proxy, throttling and the audit trail see each client's own address, not the proxy's.
+TRUSTED_PROXIES = env.networks("TRUSTED_PROXIES", [])
 # The throttled backend signs people in; ModelBackend stays listed for sessions it started.
 AUTHENTICATION_BACKENDS = [
     "compliance.auth.ThrottledModelBackend",
@@ -442,3 +467,6 @@ BENCHMARK_TOKENIZER_DIR = Path(
 BENCHMARK_CLIENT_LOCATION = env.str("BENCHMARK_CLIENT_LOCATION", "") or ""
 # One load level of one target sends at most this many requests (rate x duration).
 BENCHMARK_MAX_REQUESTS_PER_LEVEL = env.int("BENCHMARK_MAX_REQUESTS_PER_LEVEL", 20_000, minimum=10)
+# Benchmark targets must resolve to public addresses; these networks (CIDRs, e.g. the
+# 10.0.0.0/8 of an internal endpoint, or 127.0.0.0/8 for a local one) are allowed besides.
+BENCHMARK_ALLOWED_NETWORKS = env.networks("BENCHMARK_ALLOWED_NETWORKS", [])

@@ -50,6 +50,10 @@ class TrafficSample(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # When an ingest last claimed the sample, and how many ingests have claimed it: a sample
+    # still validating long after its claim lost its worker and is recovered by the redispatch.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    ingest_attempts = models.PositiveSmallIntegerField(default=0)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import ChannelError
 from kombu.exceptions import OperationalError as BrokerError
@@ -143,20 +145,98 @@ def _broker_queue_empty() -> bool | None:
         return None
 
 
+def _ingest_limits() -> IngestLimits:
+    return IngestLimits(
+        max_bytes=settings.TRAFFIC_MAX_DECOMPRESSED_BYTES,
+        max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
+        max_lines=settings.TRAFFIC_MAX_LINES,
+        max_blank_lines=settings.TRAFFIC_MAX_BLANK_LINES,
+        max_seconds=float(settings.TRAFFIC_INGEST_MAX_S),
+    )
+
+
+def _decrypted_copies(sample_id: object) -> list[Path]:
+    """Decrypted copies of a sample's upload in the staging folder (`<id>.<random>.upload`)."""
+    root = Path(settings.TRAFFIC_STAGING_DIR)
+    return sorted(root.glob(f"{sample_id}.*.upload")) if root.is_dir() else []
+
+
+def _ingest_stale_before(now: datetime) -> datetime:
+    # An ingest stops itself at TRAFFIC_INGEST_MAX_S; one claimed well before that is dead.
+    return now - timedelta(seconds=settings.TRAFFIC_INGEST_MAX_S + settings.TRAFFIC_INGEST_GRACE_S)
+
+
+def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
+    """Samples left "validating" by an ingest whose worker died (killed, out of memory, time
+    limit): their decrypted copies are removed, and each is queued again, or failed after
+    TRAFFIC_INGEST_MAX_ATTEMPTS claims (a file that kills every worker reading it). Returns the
+    ids queued again, to be sent."""
+    now = now or timezone.now()
+    stuck = TrafficSample.objects.select_related("organization").filter(
+        status=TrafficSample.Status.VALIDATING, claimed_at__lt=_ingest_stale_before(now)
+    )
+    requeued = []
+    for sample in stuck:
+        for path in _decrypted_copies(sample.id):
+            path.unlink(missing_ok=True)
+        # Conditional on the claim seen: an ingest that claimed it again meanwhile keeps it.
+        claim = TrafficSample.objects.filter(
+            id=sample.id, status=TrafficSample.Status.VALIDATING, claimed_at=sample.claimed_at
+        )
+        if sample.ingest_attempts < settings.TRAFFIC_INGEST_MAX_ATTEMPTS:
+            with transaction.atomic():
+                if claim.update(status=TrafficSample.Status.QUEUED, progress_bytes=0):
+                    audit_record(
+                        actor=None,
+                        organization=sample.organization,
+                        action="traffic_sample.recovered",
+                        target=sample,
+                        data={"attempts": sample.ingest_attempts},
+                    )
+                    requeued.append(str(sample.id))
+            continue
+        with transaction.atomic():
+            failed = claim.update(
+                status=TrafficSample.Status.FAILED,
+                error=(
+                    f"Reading the file stopped {sample.ingest_attempts} times without finishing; "
+                    "upload a smaller or simpler sample."
+                ),
+                staging_name="",
+                finished_at=now,
+            )
+            if failed:
+                audit_record(
+                    actor=None,
+                    organization=sample.organization,
+                    action="traffic_sample.failed",
+                    target=sample,
+                )
+        if failed and compliance.is_object_reference(sample.staging_name):
+            compliance.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
+    if requeued:
+        logger.warning("traffic samples %s: their ingest died; queued again", ", ".join(requeued))
+    return requeued
+
+
 def traffic_samples_redispatch(*, now: datetime | None = None) -> int:
     """Sends again the ingests of samples still queued TRAFFIC_REDISPATCH_AFTER_S after upload
     while the broker's queue is empty: their messages never reached it (it was down) or it lost
     them. A queue with messages in it may still hold theirs, so nothing is sent then (no pile of
     copies behind a long backlog); a copy that does go out twice is a no-op, since the ingest
-    claims a queued sample once. Returns how many were sent."""
+    claims a queued sample once. Samples whose ingest died mid-read are recovered first
+    (`traffic_samples_recover`) and sent at once. Returns how many were sent."""
     now = now or timezone.now()
+    recovered = traffic_samples_recover(now=now)
+    sent = sum(_ingest_send(sample_id) for sample_id in recovered)
     waiting = TrafficSample.objects.filter(
         status=TrafficSample.Status.QUEUED,
         created_at__lt=now - timedelta(seconds=settings.TRAFFIC_REDISPATCH_AFTER_S),
     ).values_list("id", flat=True)
+    waiting = waiting.exclude(id__in=recovered)
     if not waiting.exists() or not _broker_queue_empty():
-        return 0
-    return sum(_ingest_send(str(sample_id)) for sample_id in waiting)
+        return sent
+    return sent + sum(_ingest_send(str(sample_id)) for sample_id in waiting)
 
 
 def traffic_sample_ingest(*, sample_id: str) -> str:
@@ -165,19 +245,14 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
     Returns the sample's final status (or "skipped" when another worker had it).
     """
     claimed = TrafficSample.objects.filter(id=sample_id, status=TrafficSample.Status.QUEUED).update(
-        status=TrafficSample.Status.VALIDATING, progress_bytes=0
+        status=TrafficSample.Status.VALIDATING,
+        progress_bytes=0,
+        claimed_at=timezone.now(),
+        ingest_attempts=F("ingest_attempts") + 1,
     )
     if not claimed:
         return "skipped"
     sample = TrafficSample.objects.select_related("organization").get(id=sample_id)
-    path = _staging_dir() / sample.staging_name
-    if compliance.is_object_reference(sample.staging_name):
-        # Decrypted into the private staging folder for the one read, removed below.
-        path = _staging_dir() / f"{sample.id}.upload"
-        with open(path, "wb") as out:
-            os.fchmod(out.fileno(), 0o600)
-            if not compliance.sample_upload_fetch(reference=sample.staging_name, target=out):
-                path.unlink()
     last_reported = 0
 
     def progress(read_bytes: int) -> None:
@@ -186,17 +261,23 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
             last_reported = read_bytes
             TrafficSample.objects.filter(id=sample_id).update(progress_bytes=read_bytes)
 
+    path = _staging_dir() / sample.staging_name
     updates: dict[str, Any]
     try:
+        if compliance.is_object_reference(sample.staging_name):
+            # Decrypted into the private staging folder for the one read, removed in `finally`
+            # (a worker killed before that leaves it to `traffic_samples_recover` and the sweep).
+            path = _staging_dir() / f"{sample.id}.{secrets.token_hex(8)}.upload"
+            with open(path, "wb") as out:
+                os.fchmod(out.fileno(), 0o600)
+                if not compliance.sample_upload_fetch(reference=sample.staging_name, target=out):
+                    path.unlink()
         with open(path, "rb") as stream:
             result = ingest(
                 stream,
                 trace_format=sample.requested_format,
                 salt=bytes.fromhex(sample.organization.prefix_salt),
-                limits=IngestLimits(
-                    max_bytes=settings.TRAFFIC_MAX_DECOMPRESSED_BYTES,
-                    max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
-                ),
+                limits=_ingest_limits(),
                 progress=progress,
                 keep_blocks=True,
             )
@@ -306,6 +387,40 @@ def workloads_sweep(*, older_than: timedelta = timedelta(hours=1), now: datetime
     return removed
 
 
+def staging_sweep(*, now: datetime | None = None) -> list[str]:
+    """Remove decrypted uploads from the staging folder that no live ingest is reading: the
+    sample is gone, finished, queued again, or has been validating for longer than an ingest
+    may take. An ingest removes its copy in a `finally`; a worker killed mid-read cannot, which
+    for a PHI upload would leave plaintext on disk. Returns the names removed."""
+    root = Path(settings.TRAFFIC_STAGING_DIR)
+    if not root.is_dir():
+        return []
+    by_sample: dict[str, list[Path]] = {}
+    for path in root.glob("*.*.upload"):
+        try:
+            sample_id = str(uuid.UUID(path.name.split(".", 1)[0]))
+        except ValueError:
+            continue  # not named like a decrypted copy: not ours to remove
+        by_sample.setdefault(sample_id, []).append(path)
+    reading = {
+        str(i)
+        for i in TrafficSample.objects.filter(
+            id__in=list(by_sample),
+            status=TrafficSample.Status.VALIDATING,
+            claimed_at__gte=_ingest_stale_before(now or timezone.now()),
+        ).values_list("id", flat=True)
+    }
+    removed = []
+    for sample_id, paths in sorted(by_sample.items()):
+        if sample_id not in reading:
+            for path in paths:
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    if removed:
+        logger.warning("removed %d decrypted uploads no ingest is reading", len(removed))
+    return removed
+
+
 def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
     require_role(
         actor=actor, organization=sample.organization, minimum=Role.MEMBER, doing="delete traffic samples"
@@ -328,10 +443,13 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
         )
         staging = sample.staging_name
         # Named before the delete: Django clears the primary key of a deleted row.
-        workload = workload_path(sample)
+        workload, sample_id = workload_path(sample), sample.id
         sample.delete()
     if staging and not compliance.is_object_reference(staging):
         (_staging_dir() / staging).unlink(missing_ok=True)
+    # A decrypted copy a killed ingest left behind (plaintext for a PHI upload) goes too.
+    for path in _decrypted_copies(sample_id):
+        path.unlink(missing_ok=True)
     workload.unlink(missing_ok=True)
 
 
@@ -343,10 +461,7 @@ def traffic_sample_from_workload(*, organization: Organization, name: str, path:
             stream,
             trace_format="mooncake",
             salt=bytes.fromhex(organization.prefix_salt),
-            limits=IngestLimits(
-                max_bytes=settings.TRAFFIC_MAX_DECOMPRESSED_BYTES,
-                max_line_bytes=settings.TRAFFIC_MAX_LINE_BYTES,
-            ),
+            limits=_ingest_limits(),
             keep_blocks=True,
         )
     profile = result.profile.to_json_dict()

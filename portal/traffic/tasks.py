@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 
 from portal.traffic import services
 
 
-@shared_task(acks_late=True)
+# The ingest stops itself at TRAFFIC_INGEST_MAX_S; the hard limit is the backstop for a read
+# stuck outside its checks (the worker process is replaced and `jobs_redispatch` recovers it).
+@shared_task(acks_late=True, time_limit=settings.TRAFFIC_INGEST_MAX_S + settings.TRAFFIC_INGEST_GRACE_S)
 def traffic_sample_ingest(sample_id: str) -> str:
     return services.traffic_sample_ingest(sample_id=sample_id)
 
 
 @shared_task
 def workloads_sweep() -> int:
-    return len(services.workloads_sweep())
+    # Hourly: workload files no sample owns, and decrypted uploads no ingest is reading.
+    return len(services.workloads_sweep()) + len(services.staging_sweep())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,60 @@ class IngestLimits:
     max_bytes: int = 2 << 30  # whole file after decompression (a gzip bomb stops here)
     max_line_bytes: int = 16 << 20  # one line (a long chat with its history fits)
     max_tokens_per_request: int = 10_000_000  # larger counts are taken as corrupt
+    max_lines: int | None = None  # physical lines, blank ones included (None: no cap)
+    # Lines with nothing but whitespace: a few are harmless, millions are a "newline bomb" (a
+    # small gzip that expands to gigabytes of line breaks); None: no cap.
+    max_blank_lines: int | None = None
+    max_seconds: float | None = None  # wall-clock time for reading and profiling (None: no cap)
+
+
+# The clock the time limit is measured on (tests replace it).
+_clock: Callable[[], float] = time.monotonic
+
+
+class _LimitedLineReader(LineReader):
+    """A `LineReader` that also stops at a number of lines, of blank lines and at a deadline,
+    checked once per batch (a megabyte of input), before any parser sees the batch."""
+
+    def __init__(
+        self, stream: BinaryIO, *, limits: IngestLimits, progress: Callable[[int], None] | None
+    ) -> None:
+        super().__init__(
+            stream, max_bytes=limits.max_bytes, max_line_bytes=limits.max_line_bytes, progress=progress
+        )
+        self._limits = limits
+        self._blank_lines = 0
+        self._deadline = None if limits.max_seconds is None else _clock() + limits.max_seconds
+
+    def check_deadline(self) -> None:
+        if self._deadline is not None and _clock() > self._deadline:
+            raise TraceError(
+                None,
+                f"reading the file took longer than the {self._limits.max_seconds:,.0f} s limit; "
+                "upload a shorter sample",
+            )
+
+    def _next_batch(self) -> tuple[int, list[bytes]] | None:
+        batch = super()._next_batch()
+        self.check_deadline()
+        if batch is None:
+            return None
+        first, lines = batch
+        limits = self._limits
+        if limits.max_lines is not None and self.line_no > limits.max_lines:
+            raise TraceError(
+                limits.max_lines + 1, f"the file has more than the {limits.max_lines:,} lines allowed"
+            )
+        if limits.max_blank_lines is not None:
+            blank = sum(1 for line in lines if not line.strip())
+            self._blank_lines += blank
+            if self._blank_lines > limits.max_blank_lines:
+                raise TraceError(
+                    None,
+                    f"the file has more than the {limits.max_blank_lines:,} blank lines allowed "
+                    "(is it padded with empty lines?)",
+                )
+        return first, lines
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,9 +177,7 @@ def _ingest(
         raise TraceError(None, f"unknown format {trace_format!r}: use auto, {', '.join(FORMATS)}")
     if block_size_tokens <= 0:
         raise TraceError(None, "block_size_tokens must be positive")
-    reader = LineReader(
-        stream, max_bytes=limits.max_bytes, max_line_bytes=limits.max_line_bytes, progress=progress
-    )
+    reader = _LimitedLineReader(stream, limits=limits, progress=progress)
     chosen: TraceFormat
     if trace_format == "auto":
         chosen = detect_format(reader)
@@ -176,6 +229,7 @@ def _ingest(
         columns_builder = builder(False, block_size_tokens)
         parse_burstgpt(reader, columns_builder, max_tokens=max_tokens)
     reader.finish()
+    reader.check_deadline()
     columns = columns_builder.finish()
     tracker = columns_builder.tracker
     reuse_ratio: float | None = None
@@ -200,6 +254,7 @@ def _ingest(
         block_size_tokens=tracker.block_size_tokens if tracker is not None else None,
         unique_blocks=tracker.unique_blocks() if tracker is not None else None,
     )
+    reader.check_deadline()
     charts = compute_charts(columns, tracker.reuse_curve() if tracker is not None else None)
     blocks = tracker.kept_blocks() if tracker is not None and keep_blocks else None
     return IngestResult(profile=profile, charts=charts, columns=columns, blocks=blocks)
