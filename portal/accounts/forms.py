@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
 
+from compliance.auth import RETRY_AFTER_ATTR
 from portal.accounts.models import Role
 
 
@@ -18,6 +22,17 @@ class EmailAuthenticationForm(AuthenticationForm):
     username = forms.EmailField(
         label="Email", max_length=254, widget=forms.EmailInput(attrs={"autofocus": True})
     )
+
+    def get_invalid_login_error(self) -> ValidationError:
+        # The throttle's wait, when it refused the attempt without checking the password.
+        wait_s = getattr(self.request, RETRY_AFTER_ATTR, None)
+        if wait_s is None:
+            return super().get_invalid_login_error()
+        return ValidationError(
+            "Too many failed sign-ins. Try again in %(seconds)d seconds.",
+            code="throttled",
+            params={"seconds": max(1, math.ceil(wait_s))},
+        )
 
 
 class OrganizationForm(forms.Form):

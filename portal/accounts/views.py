@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
@@ -12,10 +15,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from compliance.auth import sign_in_record, sign_out_record
 from compliance.selectors import audit_event_list
 from portal.accounts import selectors, services
 from portal.accounts.forms import (
     ApiTokenForm,
+    EmailAuthenticationForm,
     InvitationForm,
     OrganizationForm,
     OrganizationSwitchForm,
@@ -30,6 +35,29 @@ def _safe_next(request: HttpRequest, default: str) -> str:
     if candidate and url_has_allowed_host_and_scheme(candidate, allowed_hosts={request.get_host()}):
         return candidate
     return default
+
+
+class SignInView(auth_views.LoginView):
+    """Django's sign-in page; a session started with a password goes into the audit trail
+    (failures and throttled attempts are recorded by the authentication backend)."""
+
+    template_name = "accounts/login.html"
+    authentication_form = EmailAuthenticationForm
+    redirect_authenticated_user = True
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        sign_in_record(user=form.get_user(), request=self.request)
+        return response
+
+
+class SignOutView(auth_views.LogoutView):
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        user = request.user if request.user.is_authenticated else None
+        response = super().post(request, *args, **kwargs)
+        if user is not None:
+            sign_out_record(user=user, request=request)
+        return response
 
 
 def home(request: HttpRequest) -> HttpResponse:

@@ -59,6 +59,8 @@ def test_real_activity_keeps_the_session(alice_client, settings) -> None:  # typ
 
 def test_sign_in_is_throttled_after_repeated_failures(alice, settings) -> None:  # type: ignore[no-untyped-def]
     settings.LOGIN_THROTTLE_FAILURES = 3
+    # A back-off long enough that the test's own pace never outlasts it.
+    settings.LOGIN_THROTTLE_BASE_DELAY_S = 60
     client = Client()
     url = reverse("accounts:login")
     for _ in range(3):
