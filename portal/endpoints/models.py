@@ -50,6 +50,9 @@ class Endpoint(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # The one-time token of the deploy form that created it: the same form sent twice (a double
+    # click, a refresh, a retry) finds this endpoint instead of creating a second one.
+    deploy_token = models.CharField(max_length=64, null=True, blank=True, unique=True, editable=False)
 
     class Meta:
         ordering: ClassVar = ["-created_at"]

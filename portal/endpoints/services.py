@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from compliance.services import audit_record, residency_require_hardware
@@ -59,8 +60,41 @@ def _winner(job: TuningJob) -> tuple[int, dict[str, object]]:
     return trial.number, trial.result
 
 
-def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[Endpoint, str]:
-    """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once)."""
+DEPLOY_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{20,64}$")
+
+
+def deploy_token_new() -> str:
+    """A one-time token for a deploy form (see `endpoint_deploy_once`)."""
+    return secrets.token_urlsafe(24)
+
+
+def endpoint_deploy_once(*, actor: User, job: TuningJob, deploy_token: str) -> tuple[Endpoint, str | None]:
+    """`endpoint_deploy`, at most once per deploy form: the same token again (a double click, a
+    refresh, a retried request, two at once) returns the endpoint it made and no key (the key
+    is shown once, to the request that made it)."""
+    if not DEPLOY_TOKEN_PATTERN.match(deploy_token or ""):
+        raise ValidationError(
+            {"deploy_token": "This deploy form has expired: open the job and deploy again."}
+        )
+    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
+    existing = Endpoint.objects.filter(organization=job.organization, deploy_token=deploy_token).first()
+    if existing is not None:
+        return existing, None
+    try:
+        return endpoint_deploy(actor=actor, job=job, deploy_token=deploy_token)
+    except IntegrityError:
+        # The same form, sent at the same moment, won the unique token: that one is the endpoint.
+        existing = Endpoint.objects.filter(organization=job.organization, deploy_token=deploy_token).first()
+        if existing is None:
+            raise
+        return existing, None
+
+
+def endpoint_deploy(
+    *, actor: User, job: TuningJob, name: str = "", deploy_token: str | None = None
+) -> tuple[Endpoint, str]:
+    """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once).
+    Pages deploy through `endpoint_deploy_once`, which passes the form's token."""
     require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
     residency_require_hardware(
         organization=job.organization,
@@ -84,6 +118,7 @@ def endpoint_deploy(*, actor: User, job: TuningJob, name: str = "") -> tuple[End
             api_key_prefix=prefix,
             api_key_hash=tokens.digest(api_key),
             created_by=actor,
+            deploy_token=deploy_token,
         )
         _revision(
             endpoint,

@@ -27,19 +27,52 @@ def endpoint_list(request: HttpRequest) -> HttpResponse:
     return render(request, "endpoints/list.html", {"endpoints": endpoints})
 
 
+def _key_session_name(endpoint: Endpoint) -> str:
+    return f"endpoint_key:{endpoint.id}"
+
+
 @member_required
 @require_POST
 def endpoint_deploy(request: HttpRequest, job_id: str) -> HttpResponse:
+    """The job page's Deploy button lands on a confirmation (what will run, where, at what
+    price) carrying a one-time token; only the confirmation, with its token, deploys, and the
+    same token never deploys twice."""
     job = get_object_for_member(
         request, TuningJob.objects.select_related("organization", "served_model"), job_id
     )
+    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+        raise PermissionDenied("Only a member or above can deploy endpoints.")
+    token = request.POST.get("deploy_token", "")
+    if not token:
+        if job.status != TuningJob.Status.SUCCEEDED or job.winner_trial is None:
+            messages.error(request, "Only a finished job with a winner can be deployed.")
+            return redirect("jobs:detail", job_id=job.id)
+        context = {
+            "job": job,
+            "summary": selectors.deploy_summary(job=job),
+            "token": services.deploy_token_new(),
+        }
+        return render(request, "endpoints/deploy_confirm.html", context)
     try:
-        endpoint, api_key = services.endpoint_deploy(actor=request.user, job=job)
+        endpoint, api_key = services.endpoint_deploy_once(actor=request.user, job=job, deploy_token=token)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("jobs:detail", job_id=job.id)
-    # Rendered, not redirected: the key is shown on this response only.
-    return render(request, "endpoints/deployed.html", {"endpoint": endpoint, "api_key": api_key})
+    if api_key is not None:
+        # Post/redirect/get: the key waits in the session for the one page that shows it, so a
+        # refresh of that page neither deploys again nor shows the key a second time.
+        request.session[_key_session_name(endpoint)] = api_key
+    return redirect("endpoints:deployed", endpoint_id=endpoint.id)
+
+
+@member_required
+@require_safe
+def endpoint_deployed(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+    endpoint = _endpoint(request, endpoint_id)
+    api_key = request.session.pop(_key_session_name(endpoint), None)
+    response = render(request, "endpoints/deployed.html", {"endpoint": endpoint, "api_key": api_key})
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _detail_context(

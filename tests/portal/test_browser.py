@@ -101,7 +101,10 @@ def test_signup_org_invite_switch_and_tokens(live_server, page_factory, settings
     alice.click("button:has-text('Create token')")
     secret = alice.text_content("#new-token-secret")
     assert secret is not None and secret.startswith("tg_")
-    alice.click("tr[data-token] button:has-text('Revoke')")
+    # Revoking is a confirmation step: it says which token, then a red button revokes it.
+    alice.click("tr[data-token] summary:has-text('Revoke')")
+    assert "cannot be restored" in (alice.text_content("tr[data-token] .confirm-box") or "")
+    alice.click("tr[data-token] button.danger:has-text('Revoke')")
     alice.wait_for_selector("tr[data-token] >> text=revoked")
     alice.reload()
     assert secret not in alice.content()

@@ -107,6 +107,76 @@ def test_only_a_finished_job_with_a_winner_deploys_and_tenancy_holds(
 
 
 @pytest.mark.django_db
+def test_deploy_confirms_then_deploys_once_and_shows_the_key_once(
+    alice,
+    alice_org,
+    bob,
+    charlie,
+    endpoint_settings,
+    model_root,
+    django_capture_on_commit_callbacks,
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    from portal.endpoints import tasks
+
+    started: list[str] = []
+    monkeypatch.setattr(tasks.endpoint_start, "delay", started.append)  # no engine in this test
+    job = _finished_job(alice_org, alice, model_root)
+    client = Client()
+    client.force_login(alice)
+    url = reverse("endpoints:deploy", args=[job.id])
+    # The job page's button lands on a summary; nothing is created yet, however often it is sent.
+    confirm = client.post(url)
+    client.post(url)
+    assert confirm.status_code == 200 and not Endpoint.objects.exists()
+    body = confirm.content.decode()
+    assert "llama-xs (tuned)" in body and "local-cpu" in body and "max_model_len" in body
+    token = confirm.context["token"]
+
+    # A double click (or a refresh that re-sends the form): one endpoint.
+    with django_capture_on_commit_callbacks(execute=True):
+        first = client.post(url, {"deploy_token": token})
+        second = client.post(url, {"deploy_token": token})
+    endpoint = Endpoint.objects.get()
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"] == reverse("endpoints:deployed", args=[endpoint.id])
+    assert started == [str(endpoint.id)]
+    assert AuditEvent.objects.filter(action="endpoint.deploy").count() == 1
+    # The key is shown on the page after the redirect, once; a reload does not show it again.
+    page = client.get(first["Location"])
+    api_key = page.context["api_key"]
+    assert api_key.startswith(f"tgk_{endpoint.api_key_prefix}_") and api_key in page.content.decode()
+    assert page["Cache-Control"] == "no-store"
+    again = client.get(first["Location"])
+    assert again.context["api_key"] is None and api_key not in again.content.decode()
+    # Stopping is a confirmation step that says what goes (address, key), with a red button.
+    detail = client.get(reverse("endpoints:detail", args=[endpoint.id])).content.decode()
+    stop = detail[detail.index('id="stop-confirm"') :]
+    assert f"tgk_{endpoint.api_key_prefix}_" in stop and 'class="danger"' in stop
+    # The service keeps the same promise when called directly (two requests at once included).
+    same, key = services.endpoint_deploy_once(actor=alice, job=job, deploy_token=token)
+    assert same == endpoint and key is None and Endpoint.objects.count() == 1
+    # A new form is a new deploy; a made-up token is refused.
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(url, {"deploy_token": client.post(url).context["token"]})
+        client.post(url, {"deploy_token": "x"})
+    assert Endpoint.objects.count() == 2
+
+    before = (Endpoint.objects.count(), AuditEvent.objects.count())
+    bob_client, charlie_client = Client(), Client()
+    bob_client.force_login(bob)
+    charlie_client.force_login(charlie)
+    assert bob_client.post(url, {"deploy_token": deploy_token_fresh()}).status_code == 403
+    assert charlie_client.post(url, {"deploy_token": deploy_token_fresh()}).status_code == 404
+    assert charlie_client.get(first["Location"]).status_code == 404
+    assert (Endpoint.objects.count(), AuditEvent.objects.count()) == before
+
+
+def deploy_token_fresh() -> str:
+    return services.deploy_token_new()
+
+
+@pytest.mark.django_db
 def test_a_stale_supervisor_pid_is_never_signalled(alice, alice_org, endpoint_settings, model_root) -> None:  # type: ignore[no-untyped-def]
     """The recorded pid of a supervisor that is gone may name another process by now (pids are
     handed out again): stopping or watching the endpoint must not signal it or count it as ours."""
@@ -153,8 +223,12 @@ def test_deploy_call_with_openai_watch_and_stop(
     job = _finished_job(alice_org, alice, model_root)
     client = Client()
     client.force_login(alice)
+    confirm = client.post(reverse("endpoints:deploy", args=[job.id]))
     with django_capture_on_commit_callbacks(execute=True):
-        page = client.post(reverse("endpoints:deploy", args=[job.id]))
+        deployed = client.post(
+            reverse("endpoints:deploy", args=[job.id]), {"deploy_token": confirm.context["token"]}
+        )
+    page = client.get(deployed["Location"])
     assert page.status_code == 200
     endpoint = Endpoint.objects.get()
     api_key = page.context["api_key"]

@@ -396,6 +396,7 @@ ROUTES: dict[str, Route] = {
     "endpoints:list": Route(),
     "endpoints:deploy": Route(objects=_obj("job", "job_id"), reads=(), writes={"POST": _no_body}),
     "endpoints:detail": Route(objects=_obj("endpoint", "endpoint_id"), queries=lambda w: [{"range": "7d"}]),
+    "endpoints:deployed": Route(objects=_obj("endpoint", "endpoint_id")),
     "endpoints:policy": Route(
         objects=_obj("endpoint", "endpoint_id"),
         reads=(),

@@ -274,6 +274,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             # Deploy the winner: the key is shown once, then the endpoint page reports health.
             page.click("text=Back to the job")
             page.click("#deploy-form button")
+            page.click("#deploy-confirm button")  # the summary: name, hardware, price, configuration
             page.wait_for_selector("#endpoint-key")
             api_key = (page.text_content("#endpoint-key") or "").strip()
             base_url = (page.text_content("#endpoint-url") or "").strip()
