@@ -3,7 +3,6 @@ shape, services decide and write; every view is tenant-scoped through TenantScop
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -16,7 +15,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from compliance import selectors, services
+from compliance import selectors, services, sla
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, SLATerms
 from portal.accounts.models import Organization, Role
 from portal.api import fields as api_fields
@@ -262,9 +261,9 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
         moment = None
         if month:
             try:
-                moment = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
-            except ValueError:
-                raise ValidationError({"month": ["Use YYYY-MM."]}) from None
+                moment = sla.parse_month(month)
+            except ValueError as exc:
+                raise ValidationError({"month": [str(exc)]}) from None
         stored = terms.reports.filter(window_start=moment).first() if moment is not None else None
         if stored is not None:
             report, frozen = stored.result, True

@@ -17,6 +17,7 @@ time) for the credit, so missing data never earns a provider a better answer.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -68,6 +69,21 @@ class WindowReport:
     status: str  # "met", "breached" or "no data"
     breaches: tuple[Span, ...]
     gaps: tuple[Span, ...]
+
+
+MONTH_MIN_YEAR, MONTH_MAX_YEAR = 2000, 2999
+
+
+def parse_month(value: str) -> datetime:
+    """`YYYY-MM` as the first moment of that UTC month; ValueError (a sentence for the user)
+    for anything else, including years whose neighbouring months do not exist (0001, 9999)."""
+    match = re.fullmatch(r"(\d{4})-(\d{1,2})", value.strip())
+    if match is None or not 1 <= int(match.group(2)) <= 12:
+        raise ValueError("Use YYYY-MM.")
+    year = int(match.group(1))
+    if not MONTH_MIN_YEAR <= year <= MONTH_MAX_YEAR:
+        raise ValueError(f"Use a month from {MONTH_MIN_YEAR}-01 to {MONTH_MAX_YEAR}-12.")
+    return datetime(year, int(match.group(2)), 1, tzinfo=UTC)
 
 
 def month_window(moment: datetime) -> tuple[datetime, datetime]:

@@ -100,11 +100,19 @@ def idempotency_key(
     return key
 
 
+MONTH_MIN_YEAR, MONTH_MAX_YEAR = 2000, 2999
+
+
 def parse_month(value: str) -> datetime:
     """`YYYY-MM` as the first moment of that UTC month."""
     match = re.fullmatch(r"(\d{4})-(\d{2})", value.strip())
     if match is None or not 1 <= int(match.group(2)) <= 12:
         raise ValueError(f"month {value!r} is not of the form YYYY-MM")
+    # Pages link the month before and after: 0001-01 and 9999-12 had none (a 500).
+    if not MONTH_MIN_YEAR <= int(match.group(1)) <= MONTH_MAX_YEAR:
+        raise ValueError(
+            f"month {value!r} is out of range: use a month from {MONTH_MIN_YEAR} to {MONTH_MAX_YEAR}"
+        )
     return datetime(int(match.group(1)), int(match.group(2)), 1, tzinfo=UTC)
 
 
