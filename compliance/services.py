@@ -370,6 +370,30 @@ def baa_require(*, organization: Any, doing: str, field: str) -> BAARecord:
     return baa
 
 
+# A signed agreement is a few pages; anything far larger is not the document that was meant.
+BAA_DOCUMENT_MAX_BYTES = 20 * 1024 * 1024
+# PDF readers accept the header anywhere in the first 1024 bytes (ISO 32000 leaves room for it).
+_PDF_HEADER_WINDOW = 1024
+
+
+def baa_document_problem(document: Any) -> str | None:
+    """Why an uploaded "signed document (PDF)" cannot be kept, or None: it must be a PDF (its
+    `%PDF-` header, not its name or the browser's content type) and within the size limit."""
+    size = getattr(document, "size", None)
+    if size is not None and size > BAA_DOCUMENT_MAX_BYTES:
+        return (
+            f"The document is {size:,} bytes; a signed agreement may be at most "
+            f"{BAA_DOCUMENT_MAX_BYTES // (1024 * 1024)} MB."
+        )
+    head = document.read(_PDF_HEADER_WINDOW)
+    document.seek(0)
+    if not head:
+        return "The document is empty: upload the signed agreement as a PDF."
+    if b"%PDF-" not in head:
+        return "The document is not a PDF: upload the signed agreement as a PDF file."
+    return None
+
+
 def baa_record_create(
     *,
     actor: Any,
@@ -394,6 +418,8 @@ def baa_record_create(
         errors["effective_on"] = "The agreement cannot take effect before it was signed."
     if ends_on is not None and ends_on < effective_on:
         errors["ends_on"] = "The end date is before the effective date."
+    if document is not None and (problem := baa_document_problem(document)) is not None:
+        errors["document"] = problem
     if errors:
         raise ValidationError(errors)
     record_id = uuid.uuid4()

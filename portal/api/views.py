@@ -332,7 +332,7 @@ from rest_framework.exceptions import APIException  # noqa: E402
 from portal.api.base import TenantRolePermission  # noqa: E402
 from portal.billing import selectors as billing_selectors  # noqa: E402
 from portal.billing import services as billing_services  # noqa: E402
-from portal.billing.config import HOW_TO_ENABLE, billing_config  # noqa: E402
+from portal.billing.config import billing_config  # noqa: E402
 from portal.billing.models import SubscriptionStatus, UsageReport  # noqa: E402
 from portal.billing.usage import month_start, parse_month  # noqa: E402
 
@@ -366,7 +366,9 @@ class BillingAccountView(_BillingView, APIView):
         account = billing_selectors.billing_account_get(organization=self.tenant.organization)
         data = {
             "enabled": config is not None,
-            "how_to_enable": "" if config is not None else HOW_TO_ENABLE,
+            "how_to_enable": ""
+            if config is not None
+            else billing_selectors.billing_off_notice(user=request.user),
             "status": account.status if account else SubscriptionStatus.NONE,
             "plan": account.plan if account else "",
             "current_period_end": account.current_period_end if account else None,

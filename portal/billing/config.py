@@ -17,6 +17,12 @@ HOW_TO_ENABLE = (
     "webhook at /billing/webhook/."
 )
 
+# What a customer is told instead: the environment is the operator's business, not theirs.
+BILLING_OFF_NOTICE = (
+    "Billing is off on this installation: nothing is charged and no usage is reported. "
+    "The operator who runs Tailguard for you can turn it on."
+)
+
 
 @dataclass(frozen=True)
 class BillingConfig:

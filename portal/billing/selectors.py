@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import QuerySet, Sum
 
 from portal.accounts.models import Organization
+from portal.billing.config import BILLING_OFF_NOTICE, HOW_TO_ENABLE
 from portal.billing.models import BillingAccount, Meter, UsageRecord, UsageReport
 from portal.billing.usage import billable_minutes, month_start, next_month
 
@@ -101,3 +103,14 @@ def usage_report_list(*, organization: Organization) -> QuerySet[UsageReport]:
 
 def usage_report_get(*, organization: Organization, report_id: object) -> UsageReport | None:
     return UsageReport.objects.filter(organization=organization, id=report_id).first()
+
+
+def billing_operator(*, user: Any) -> bool:
+    """Whoever runs the installation (superusers, staff): they may see its configuration."""
+    return bool(getattr(user, "is_superuser", False) or getattr(user, "is_staff", False))
+
+
+def billing_off_notice(*, user: Any) -> str:
+    """Why billing is off, as `user` should read it: the settings to set for an operator, a plain
+    sentence for a customer (who can neither see nor change the server's environment)."""
+    return HOW_TO_ENABLE if billing_operator(user=user) else BILLING_OFF_NOTICE

@@ -25,7 +25,7 @@ from django.utils import timezone
 from compliance.services import audit_record
 from portal.accounts.models import Membership, Organization, Role, User
 from portal.billing import stripe_api
-from portal.billing.config import HOW_TO_ENABLE, BillingConfig, billing_config
+from portal.billing.config import BILLING_OFF_NOTICE, BillingConfig, billing_config
 from portal.billing.models import (
     BillingAccount,
     Meter,
@@ -74,7 +74,8 @@ class WebhookRejected(Exception):
 def _require_config() -> BillingConfig:
     config = billing_config()
     if config is None:
-        raise ValidationError(HOW_TO_ENABLE)
+        # Shown to customers (a checkout attempt): a sentence, not the operator's settings.
+        raise ValidationError(BILLING_OFF_NOTICE)
     return config
 
 

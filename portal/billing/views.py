@@ -22,7 +22,7 @@ from portal.accounts import rls
 from portal.accounts.models import Role
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.billing import selectors, services
-from portal.billing.config import HOW_TO_ENABLE, billing_config
+from portal.billing.config import billing_config
 from portal.billing.models import UsageReport
 from portal.billing.usage import month_start, next_month, parse_month, previous_month
 
@@ -39,7 +39,11 @@ def billing_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., H
 
 
 def _disabled(request: HttpRequest) -> HttpResponse:
-    return render(request, "billing/disabled.html", {"how_to_enable": HOW_TO_ENABLE})
+    context = {
+        "notice": selectors.billing_off_notice(user=request.user),
+        "show_config": selectors.billing_operator(user=request.user),
+    }
+    return render(request, "billing/disabled.html", context)
 
 
 @billing_admin_required

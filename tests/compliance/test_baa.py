@@ -159,6 +159,45 @@ def test_baa_via_api_with_its_document(alice, alice_org, alice_client, regions) 
     assert response.status_code == 400 and "before it was signed" in json.dumps(response.json())
 
 
+def test_a_baa_document_must_be_a_pdf_within_the_size_limit(
+    alice, alice_org, alice_client, regions, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    fields = {
+        "counterparty": "Tailguard Inc.",
+        "version": "v1",
+        "signed_on": "2026-01-02",
+        "effective_on": "2026-01-05",
+    }
+    # A page's form: a clear error on the document field, nothing recorded or stored.
+    for body, says in (
+        (b"PK\x03\x04 a zip renamed to .pdf", "not a PDF"),
+        (b"", "empty"),
+        (b"%PDF-1.7 " + b"x" * 200, "at most 0 MB"),
+    ):
+        monkeypatch.setattr(services, "BAA_DOCUMENT_MAX_BYTES", 100)
+        response = alice_client.post(
+            reverse("compliance:baa_create"),
+            {**fields, "document": SimpleUploadedFile("baa.pdf", body, content_type="application/pdf")},
+        )
+        assert response.status_code == 400, body
+        assert says in " ".join(response.context["baa_form"].errors["document"]), body
+    # The API refuses the same way.
+    response = _api(alice).post(
+        "/api/v1/compliance/baas/",
+        {**fields, "document": SimpleUploadedFile("baa.pdf", b"<html>not a pdf</html>")},
+        format="multipart",
+    )
+    assert response.status_code == 400 and "not a PDF" in json.dumps(response.json())
+    assert not BAARecord.objects.exists() and not StoredObject.objects.exists()
+    # A real PDF header (readers allow a few bytes before it) under the limit is recorded.
+    monkeypatch.setattr(services, "BAA_DOCUMENT_MAX_BYTES", 10_000)
+    response = alice_client.post(
+        reverse("compliance:baa_create"), {**fields, "document": SimpleUploadedFile("baa.pdf", b"\n" + PDF)}
+    )
+    assert response.status_code == 302
+    assert BAARecord.objects.get().document is not None
+
+
 def test_baa_tenancy_and_roles(alice, alice_org, bob, bob_client, charlie, charlie_client, regions) -> None:  # type: ignore[no-untyped-def]
     record = services.baa_record_create(
         actor=alice,

@@ -83,7 +83,7 @@ def test_delete_my_organizations_data_everywhere(alice, alice_org, bob, charlie,
         version="v1",
         signed_on=timezone.now().date(),
         effective_on=timezone.now().date(),
-        document=SimpleUploadedFile("baa.pdf", b"%PDF"),
+        document=SimpleUploadedFile("baa.pdf", b"%PDF-1.4"),
     )
     charlie_org = charlie.memberships.get().organization
     theirs = services.sensitive_object_store(

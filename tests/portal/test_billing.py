@@ -844,16 +844,25 @@ def test_without_keys_billing_is_off_and_explains_itself(
     alice: User, alice_client: Client, alice_org: Organization, settings: Any
 ) -> None:
     assert not settings.STRIPE_SECRET_KEY
+    # A customer reads a plain sentence: the server's environment is not theirs to see or set.
     for name in ("billing:overview", "billing:usage"):
         page = alice_client.get(reverse(name))
         assert page.status_code == 200
-        assert b"STRIPE_SECRET_KEY" in page.content and b"STRIPE_WEBHOOK_SECRET" in page.content
+        assert b"Billing is off on this installation" in page.content
+        assert b"STRIPE" not in page.content and b"billing-config-hint" not in page.content
     response = alice_client.post(reverse("billing:checkout"), {"plan": "starter"}, follow=True)
-    assert b"Billing is off" in response.content
+    assert b"Billing is off" in response.content and b"STRIPE" not in response.content
     api = APIClient()
     api.force_login(alice)
     data = api.get("/api/v1/billing/").json()
-    assert data["enabled"] is False and "STRIPE_SECRET_KEY" in data["how_to_enable"]
+    assert data["enabled"] is False and "Billing is off" in data["how_to_enable"]
+    assert "STRIPE" not in data["how_to_enable"]
+    # The operator (staff) gets the settings to set, on the page and from the API.
+    User.objects.filter(pk=alice.pk).update(is_staff=True)
+    page = alice_client.get(reverse("billing:overview"))
+    assert b"STRIPE_SECRET_KEY" in page.content and b"STRIPE_WEBHOOK_SECRET" in page.content
+    assert "STRIPE_SECRET_KEY" in api.get("/api/v1/billing/").json()["how_to_enable"]
+    User.objects.filter(pk=alice.pk).update(is_staff=False)
     assert api.post("/api/v1/billing/checkout/", {"plan": "starter"}, format="json").status_code == 400
     assert post_webhook("{}", "t=1,v1=00").status_code == 404
     assert services.usage_report_run() == {"enabled": 0}
