@@ -171,6 +171,9 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             secret = (page.text_content("#totp-secret") or "").strip()
             page.fill("#id_code", totp.code_at(secret, int(time.time() // totp.STEP_S)))
             page.click("button:has-text('Verify')")
+            # Enrolled: the one-time recovery codes are shown once, then on to the page asked for.
+            page.wait_for_selector("#recovery-codes")
+            page.click("#recovery-continue")
             page.wait_for_url(re.compile(r"/(compliance|dashboard)/$"))
             page.click("nav >> text=Compliance")
             assert "In effect: BAA-2026-1 with Tailguard Inc." in (page.text_content("main") or "")
@@ -352,12 +355,15 @@ def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: i
     tuned = serve(FakeOpenAI(ttft_s=0.0, tpot_s=0.0))
     problems: list[str] = []
     page = _watched(page_factory(), problems)
+    # Both endpoints are on this machine: the operator allows loopback targets (portal and worker).
+    settings.BENCHMARK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     with _real_worker(
         settings,
         redis_url,
         model_root,
         tmp_path,
         BENCHMARK_TOKENIZER_DIR=str(settings.BENCHMARK_TOKENIZER_DIR),
+        BENCHMARK_ALLOWED_NETWORKS="127.0.0.0/8",
     ) as log:
         _sign_in(page, live_server.url, sam.email)
         page.click("nav >> text=Benchmarks")
