@@ -83,6 +83,18 @@ def error_kind(message: str) -> str:
     return "other"
 
 
+def safe_error_example(kind: str, message: str) -> str:
+    """What a report may show of one failure: never what the target answered (an internal
+    service's page, an error body), only the status or the client-side exception."""
+    if kind in {"http_4xx", "http_5xx"}:
+        return message[:8].strip()  # "HTTP 404"
+    if kind == "stream_error":
+        return "error event in the stream"
+    if kind == "other":
+        return message.split(":", 1)[0][:80]  # the exception's type only
+    return message[:200]
+
+
 def quantiles(values: Sequence[float]) -> list[float]:
     """`CDF_POINTS` evenly spaced quantiles (numpy's linear method), to 0.1 ms."""
     if not values:
@@ -158,7 +170,7 @@ def cell_from_replay(result: ReplayResult, *, price: Price, rng: np.random.Gener
         if r.error is not None:
             kind = error_kind(r.error)
             kinds[kind] += 1
-            examples.setdefault(kind, r.error[:200])
+            examples.setdefault(kind, safe_error_example(kind, r.error))
     input_tokens = sum(_prompt_tokens(r) for r in ok)
     output_tokens = sum(r.num_output_tokens for r in ok)
     reported = [r.num_prompt_tokens_reported for r in ok if r.num_prompt_tokens_reported is not None]

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from portal.accounts.models import User
 from portal.benchmarks.attribution import attribution_for
-from portal.benchmarks.measure import ERROR_KINDS, level_label
+from portal.benchmarks.measure import ERROR_KINDS, level_label, safe_error_example
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink
 from portal.traffic.models import TrafficSample
 
@@ -63,7 +63,8 @@ def _error_rows(cell: dict[str, Any]) -> list[dict[str, Any]]:
             "kind": kind,
             "label": ERROR_KINDS.get(kind, kind),
             "count": count,
-            "example": examples.get(kind, ""),
+            # Reports stored before bodies were withheld still hold them: filtered here too.
+            "example": safe_error_example(kind, str(examples.get(kind, ""))),
         }
         for kind, count in errors.items()
     ]

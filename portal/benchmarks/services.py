@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from compliance.services import audit_record
 from compliance.storage import StorageError, seal, unseal
+from portal import outbound
 from portal.accounts import rls, tokens
 from portal.accounts.models import User
 from portal.benchmarks import measure
@@ -147,12 +148,30 @@ def base_url_problem(url: str) -> str | None:
     return None
 
 
+def target_address_problem(url: str, *, at_connect: bool) -> str | None:
+    """Why the load generator must not send to `url` (an internal address: loopback, private,
+    link-local/metadata and the like, unless BENCHMARK_ALLOWED_NETWORKS lists it), or None.
+    Checked when the target is entered and again just before each replay (`at_connect`, when a
+    name that does not resolve is refused too)."""
+    problem = outbound.url_problem(
+        url,
+        allowed=outbound.parse_networks(settings.BENCHMARK_ALLOWED_NETWORKS),
+        require_resolution=at_connect,
+    )
+    return problem
+
+
 def target_spec_errors(spec: TargetSpec) -> dict[str, str]:
     """Field name -> problem for one target; empty when it is usable."""
     errors: dict[str, str] = {}
     if not spec.name.strip():
         errors["name"] = "Name this target (e.g. 'Current provider')."
     problem = base_url_problem(spec.base_url)
+    if problem is None and (refused := target_address_problem(spec.base_url, at_connect=False)):
+        problem = (
+            f"Benchmark targets must be public endpoints: {refused}. "
+            "(An operator can allow an internal network with BENCHMARK_ALLOWED_NETWORKS.)"
+        )
     if problem:
         errors["base_url"] = problem
     if not spec.model.strip():
@@ -434,6 +453,13 @@ def _replay_cell(
 ) -> dict[str, Any]:
     from serving.loadgen.api import replay_trace
 
+    # Again now: the name may resolve elsewhere than when the target was entered.
+    refused = target_address_problem(target.base_url, at_connect=True)
+    if refused is not None:
+        logger.warning("benchmark %s target %s: address refused", report.id, target.id)
+        return measure.failed_cell(
+            num_requests=planned, reason=f"Not sent: {refused} (see BENCHMARK_ALLOWED_NETWORKS)"
+        )
     try:
         api_key = _api_key(target)
     except StorageError:

@@ -45,6 +45,13 @@ from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtu
 API_KEY = "sk-prospect-secret-0123456789"
 
 
+@pytest.fixture(autouse=True)
+def _internal_targets_allowed(settings: Any) -> None:
+    """These tests measure fake endpoints on this machine and enter a private address: the
+    operator setting that allows them (the refusal itself is tested in test_benchmark_ssrf)."""
+    settings.BENCHMARK_ALLOWED_NETWORKS = ["127.0.0.0/8", "10.0.0.0/8"]
+
+
 # --- A local OpenAI-compatible server ---------------------------------------------------------
 
 
