@@ -9,6 +9,7 @@ from portal.accounts.models import ApiToken, Invitation, Membership, Organizatio
 from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
+from tuning.search.job import MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
 
 # A free-form object that may be absent (null), e.g. a job's selection before it has one.
 NULLABLE_OBJECT = {"type": "object", "additionalProperties": {}, "nullable": True}
@@ -156,6 +157,8 @@ class TrialSerializer(api_fields.ModelSerializer):
 class TuningJobSerializer(api_fields.ModelSerializer):
     trials = TrialSerializer(many=True, read_only=True)
     selection = serializers.SerializerMethodField()
+    confirmation = serializers.SerializerMethodField()
+    caps = serializers.SerializerMethodField()
 
     class Meta:
         model = TuningJob
@@ -169,7 +172,10 @@ class TuningJobSerializer(api_fields.ModelSerializer):
             "cancel_requested",
             "error",
             "winner_trial",
+            "phase",
             "selection",
+            "confirmation",
+            "caps",
             "trials",
             "created_at",
             "started_at",
@@ -181,19 +187,52 @@ class TuningJobSerializer(api_fields.ModelSerializer):
     def get_selection(self, obj: TuningJob) -> dict[str, object] | None:
         return (obj.report or {}).get("selection")
 
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_confirmation(self, obj: TuningJob) -> dict[str, object] | None:
+        return (obj.report or {}).get("confirmation")
+
+    @extend_schema_field(NULLABLE_OBJECT)
+    def get_caps(self, obj: TuningJob) -> dict[str, object] | None:
+        return (obj.report or {}).get("caps")
+
 
 class TuningJobCreateSerializer(serializers.Serializer):
     name = api_fields.CharField(max_length=120, required=False, allow_blank=True, default="")
     traffic_sample = serializers.UUIDField()
     served_model = serializers.UUIDField()
     slo = api_fields.CharField(max_length=300, help_text='e.g. "ttft_p50_ms<=600,ttft_p95_ms<=1500"')
-    peak_rps = serializers.FloatField()
-    headroom = serializers.FloatField(default=1.25)
+    peak_rps = serializers.FloatField(min_value=0.001, max_value=MAX_PEAK_RPS)
+    headroom = serializers.FloatField(default=1.25, min_value=1.0, max_value=10.0)
     hardware = api_fields.CharField(default="local-cpu")
-    budget_trials = serializers.IntegerField(default=6)
+    budget_trials = serializers.IntegerField(
+        default=6,
+        min_value=1,
+        max_value=MAX_BUDGET_TRIALS,
+        help_text="Live search trials; the reference capture and the confirmation rounds come on top.",
+    )
     strategy = serializers.ChoiceField(choices=["tpe", "grid"], default="tpe")
-    duration_s = serializers.FloatField(default=20.0)
-    repeats = serializers.IntegerField(default=2)
+    duration_s = serializers.FloatField(default=20.0, min_value=5, max_value=3600)
+    repeats = serializers.IntegerField(default=2, min_value=1, max_value=10)
+    confirm_repeats = serializers.IntegerField(
+        default=3,
+        min_value=0,
+        max_value=MAX_CONFIRM_REPEATS,
+        help_text="Interleaved confirmation rounds (3 or more; 0 skips confirmation: the result is unconfirmed).",
+    )
+    max_prompt_tokens = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=1,
+        max_value=MAX_TOKENS,
+        help_text="Cap on replayed prompts; null: the sample's p99 within the hardware's replay limit.",
+    )
+    max_output_tokens = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=MAX_TOKENS
+    )
+    max_model_len = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=16, max_value=MAX_TOKENS
+    )
 
 
 # --- Billing (issue 10) -----------------------------------------------------------------------

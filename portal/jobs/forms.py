@@ -6,7 +6,7 @@ from django import forms
 
 from portal.accounts.models import Organization
 from portal.jobs import selectors
-from tuning.search.job import HARDWARE
+from tuning.search.job import HARDWARE, MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
 
 
 class ServedModelForm(forms.Form):
@@ -21,10 +21,20 @@ class TuningJobForm(forms.Form):
     ttft_p50_ms = forms.FloatField(min_value=1, label="p50 TTFT ≤ (ms)", initial=600)
     ttft_p95_ms = forms.FloatField(min_value=1, label="p95 TTFT ≤ (ms)", initial=1500)
     tpot_p50_ms = forms.FloatField(min_value=1, required=False, label="p50 TPOT ≤ (ms, optional)")
-    peak_rps = forms.FloatField(min_value=0.001, label="Peak request rate (req/s)")
+    peak_rps = forms.FloatField(min_value=0.001, max_value=MAX_PEAK_RPS, label="Peak request rate (req/s)")
     headroom = forms.FloatField(min_value=1.0, max_value=10.0, initial=1.25)
     hardware = forms.ChoiceField(choices=[(name, name) for name in HARDWARE])
-    budget_trials = forms.IntegerField(min_value=1, max_value=100, initial=6, label="Budget (live trials)")
+    budget_trials = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_BUDGET_TRIALS,
+        initial=6,
+        label="Search budget (live trials)",
+        help_text=(
+            "Configurations the search measures, the competent baseline (vLLM's defaults with this "
+            "host's fastest dtype) first. On top come the reference capture (the correctness gate's "
+            "yardstick, not a candidate) and the confirmation rounds."
+        ),
+    )
     strategy = forms.ChoiceField(
         choices=[("tpe", "Bayesian search (TPE)"), ("grid", "auto_tune grid")], initial="tpe"
     )
@@ -39,6 +49,34 @@ class TuningJobForm(forms.Form):
     repeats = forms.IntegerField(
         required=False, min_value=1, max_value=10, label="Repeats at the target rate (optional; default 2)"
     )
+    confirm_repeats = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_CONFIRM_REPEATS,
+        label="Confirmation rounds (optional; default 3)",
+        help_text=(
+            "The finalists and both baselines are re-measured in this many interleaved rounds on fresh "
+            "engines; a winner is declared only when its 95% interval clears the baseline. 0 skips it "
+            "(the result is then marked unconfirmed); otherwise 3 or more."
+        ),
+    )
+    max_prompt_tokens = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_TOKENS,
+        label="Prompt cap (tokens, optional)",
+        help_text="Longer prompts are replayed clipped. Blank: the sample's p99 within this hardware's replay limit.",
+    )
+    max_output_tokens = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_TOKENS, label="Output cap (tokens, optional)"
+    )
+    max_model_len = forms.IntegerField(
+        required=False,
+        min_value=16,
+        max_value=MAX_TOKENS,
+        label="Context length (tokens, optional)",
+        help_text="Blank: the caps rounded up, within the model's context.",
+    )
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -47,9 +85,15 @@ class TuningJobForm(forms.Form):
 
     def trial_length(self) -> dict[str, Any]:
         """The trial-length settings the user gave (the service defaults the rest)."""
-        return {
-            k: self.cleaned_data[k] for k in ("duration_s", "repeats") if self.cleaned_data.get(k) is not None
-        }
+        keys = (
+            "duration_s",
+            "repeats",
+            "confirm_repeats",
+            "max_prompt_tokens",
+            "max_output_tokens",
+            "max_model_len",
+        )
+        return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k) is not None}
 
     def slo(self) -> str:
         data = self.cleaned_data

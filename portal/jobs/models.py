@@ -63,7 +63,8 @@ class TuningJob(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     cancel_requested = models.BooleanField(default=False)
     error = models.TextField(blank=True)
-    # `tuning.search.job.report()` once the job ends: trials, selection, reasons.
+    # `tuning.search.job.report()`, kept current after each trial and final once the job ends:
+    # trials, caps, confirmation, selection, reasons.
     report = models.JSONField(null=True, blank=True)
     winner_trial = models.IntegerField(null=True, blank=True)
     # The worker step that holds the job, and when it last said it was alive: another worker
@@ -80,6 +81,9 @@ class TuningJob(models.Model):
     # Steps that died (worker killed, database lost) since the job's last finished trial; the
     # job fails at TUNING_MAX_INTERRUPTIONS rather than retrying a step that cannot finish.
     interruptions = models.IntegerField(default=0)
+    # What the job is doing now, in words ("confirmation round 2 of 3: finalist-1", "waiting for
+    # the engine host: ... holds it"): written by the worker as it goes, shown on the job page.
+    phase = models.CharField(max_length=300, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )

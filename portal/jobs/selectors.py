@@ -13,6 +13,7 @@ from tuning.search import gates
 from tuning.search.selection import Candidate, pareto_front
 from tuning.search.slo import SLOParseError, parse_slo
 from tuning.search.space import LOSSLESS
+from tuning.search.trial import describe
 
 
 def served_model_list(*, organization: Organization) -> QuerySet[ServedModel]:
@@ -140,7 +141,11 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for trial in job.trials.order_by("number"):
         result = trial.result or {}
-        ok = trial.status == Trial.Status.DONE and result.get("status") == "ok"
+        phase = result.get("phase") or ("reference" if trial.number == 0 else "search")
+        reference = phase == "reference" and result.get("ttft_p50_ms") is None
+        # The reference is captured, not measured (results recorded before phases existed measured
+        # it too): a capture-only trial is no candidate and has nothing to chart.
+        ok = trial.status == Trial.Status.DONE and result.get("status") == "ok" and not reference
         predicted = result.get("predicted") if ok else None
         rows.append(
             {
@@ -148,9 +153,19 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
                 "label": trial.label,
                 "assignment": trial.assignment,
                 "changed": {k: v for k, v in (trial.assignment or {}).items() if v is not None},
-                "state": "running" if trial.status == Trial.Status.RUNNING else ("ok" if ok else "failed"),
+                "state": "running"
+                if trial.status == Trial.Status.RUNNING
+                else ("ok" if ok else ("reference" if reference else "failed")),
                 "ok": ok,
-                "error": result.get("error"),
+                "phase": phase,
+                "subject": result.get("subject") or "",
+                "contended": bool(result.get("contended")),
+                "error": result.get("error")
+                or (
+                    "reference capture: the correctness gate's yardstick, not a candidate"
+                    if reference
+                    else None
+                ),
                 "ttft_p50_ms": result.get("ttft_p50_ms"),
                 "ttft_p95_ms": result.get("ttft_p95_ms"),
                 "ttft_p95_ci_ms": result.get("ttft_p95_ci_ms"),
@@ -174,10 +189,14 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
     for row in rows:
         row["is_pareto"] = row["number"] in frontier
     successful = [row for row in rows if row["ok"]]
-    # The baseline the winner is compared with: vLLM started with no flags where that trial ran,
-    # else the reference trial (the same defaults at the highest precision).
-    baseline = next((row for row in successful if row["is_defaults"]), None) or next(
-        (row for row in successful if row["number"] == 0), None
+    # The baseline the winner is compared with: the competent baseline (vLLM's defaults with the
+    # host's fastest dtype) where the job recorded one, else vLLM started with no flags, else (jobs
+    # recorded before either) the reference trial.
+    competent = ((job.report or {}).get("baselines") or {}).get("competent")
+    baseline = (
+        next((row for row in successful if competent is not None and row["assignment"] == competent), None)
+        or next((row for row in successful if row["is_defaults"]), None)
+        or next((row for row in successful if row["number"] == 0), None)
     )
     best = selection.get("best_achievable")
     return {
@@ -208,10 +227,66 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
         "baseline": baseline,
         "baseline_kind": None
         if baseline is None
-        else ("defaults" if baseline["is_defaults"] else "reference"),
+        else (
+            "competent"
+            if competent is not None and baseline["assignment"] == competent
+            else ("defaults" if baseline["is_defaults"] else "reference")
+        ),
+        "caps": (job.report or {}).get("caps"),
+        "confirmation": confirmation_rows(job=job),
+        "outcome": selection.get("outcome", "unconfirmed"),
         "selection": {
             "summary": selection.get("summary", ""),
             "tie": bool(selection.get("tie")),
             "winner_reason": reasons.get(str(winner), "") if winner is not None else "",
         },
+    }
+
+
+def confirmation_rows(*, job: TuningJob) -> dict[str, Any] | None:
+    """The confirmation as the job page shows it: one row per subject with each figure and its
+    95% interval, the ratios to both baselines, the outcome line and the ablation."""
+    data = (job.report or {}).get("confirmation")
+    if not data:
+        return None
+
+    def fig(d: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+        return (d or {}).get(key)
+
+    rows = []
+    for name, subject in (data.get("subjects") or {}).items():
+        figures = subject.get("figures") or {}
+        rows.append(
+            {
+                "name": name,
+                "label": describe(subject.get("assignment") or {}),
+                "blocks": subject.get("blocks", 0),
+                "excluded": subject.get("excluded") or [],
+                "ttft_p50": fig(figures, "ttft_p50_ms"),
+                "ttft_p95": fig(figures, "ttft_p95_ms"),
+                "tpot_p50": fig(figures, "tpot_p50_ms"),
+                "rate": fig(figures, "sustainable_multiple"),
+                "ttft_vs_competent": fig(subject.get("vs_competent"), "ttft_p50_ms"),
+                "rate_vs_competent": fig(subject.get("vs_competent"), "sustainable_multiple"),
+                "ttft_vs_naive": fig(subject.get("vs_naive"), "ttft_p50_ms"),
+                "winner": name == data.get("winner_subject"),
+            }
+        )
+    ablation = data.get("ablation") or {}
+    return {
+        "line": data.get("line", ""),
+        "outcome": data.get("outcome", ""),
+        "complete": data.get("complete", False),
+        "rounds": data.get("rounds"),
+        "competent_why": data.get("competent_why", ""),
+        "rows": rows,
+        "ablation_note": ablation.get("note", ""),
+        "ablation": [
+            {
+                "knob": knob,
+                "share": share.get("share_of_gain"),
+                "ratio": share.get("ttft_p50_ratio_vs_competent"),
+            }
+            for knob, share in (ablation.get("shares") or {}).items()
+        ],
     }

@@ -39,20 +39,22 @@ from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tuning.search.job import (
+    HARDWARE,
     MIN_REQUESTS_FOR_P95,
     JobSpec,
     JobSpecError,
+    ReferenceFailedError,
     TrialRecord,
-    next_assignment,
+    caps_for,
+    execute,
+    next_trial,
     plan_job,
-    reference_capture,
     report,
     validate,
-    with_prediction,
 )
 from tuning.search.prior import pairs_from_results
 from tuning.search.space import ModelLoadError, model_info
-from tuning.search.trial import describe, run_trial
+from tuning.search.trial import describe
 
 logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 5.0
@@ -111,10 +113,15 @@ def tuning_job_create(
     strategy: str = "tpe",
     duration_s: float = 20.0,
     repeats: int = 2,
-    max_prompt_tokens: int | None = 1024,
-    max_output_tokens: int | None = 64,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    max_model_len: int | None = None,
     capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
+    confirm_repeats: int = 3,
+    finalists: int = 2,
 ) -> TuningJob:
+    """Create a job. Caps left as None come from the sample's profile (its p99 lengths) within
+    the hardware's replay limit and the model's context; the job page states what they clip."""
     require_role(actor=actor, organization=organization, minimum=Role.MEMBER, doing="start tuning jobs")
     return _job_create(
         actor=actor,
@@ -132,7 +139,10 @@ def tuning_job_create(
         repeats=repeats,
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,
+        max_model_len=max_model_len,
         capacity_steps=capacity_steps,
+        confirm_repeats=confirm_repeats,
+        finalists=finalists,
     )
 
 
@@ -166,7 +176,10 @@ def tuning_job_create_for_loop(
         repeats=spec.repeats,
         max_prompt_tokens=spec.max_prompt_tokens,
         max_output_tokens=spec.max_output_tokens,
+        max_model_len=spec.max_model_len,
         capacity_steps=spec.capacity_steps,
+        confirm_repeats=spec.confirm_repeats,
+        finalists=spec.finalists,
         incumbent=incumbent,
     )
 
@@ -188,7 +201,10 @@ def _job_create(
     repeats: int,
     max_prompt_tokens: int | None,
     max_output_tokens: int | None,
+    max_model_len: int | None,
     capacity_steps: tuple[float, ...],
+    confirm_repeats: int = 3,
+    finalists: int = 2,
     incumbent: dict[str, Any] | None = None,
 ) -> TuningJob:
     billing_assert_can_start_jobs(organization=organization)
@@ -209,6 +225,23 @@ def _job_create(
     trace = workload_path(traffic_sample)
     if not trace.exists():
         raise ValidationError({"traffic_sample": "This sample's workload is missing; upload it again."})
+    target = HARDWARE.get(hardware)
+    if target is None:
+        raise ValidationError({"hardware": f"Unknown hardware {hardware!r}; known: {', '.join(HARDWARE)}."})
+    try:
+        model_max_len = model_info(served_model.path).max_position_embeddings
+    except ModelLoadError as exc:
+        raise ValidationError({"served_model": str(exc)}) from None
+    profile = traffic_sample.profile or {}
+    caps = caps_for(
+        input_p99=float((profile.get("input_tokens") or {}).get("p99") or 0),
+        output_p99=float((profile.get("output_tokens") or {}).get("p99") or 0),
+        model_max_len=model_max_len,
+        hardware=target,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
+        max_model_len=max_model_len,
+    )
     spec = JobSpec(
         trace_path=str(trace),
         trace_format="mooncake",
@@ -221,9 +254,12 @@ def _job_create(
         strategy=strategy,
         duration_s=duration_s,
         repeats=repeats,
-        max_prompt_tokens=max_prompt_tokens,
-        max_output_tokens=max_output_tokens,
+        max_prompt_tokens=caps.max_prompt_tokens,
+        max_output_tokens=caps.max_output_tokens,
+        max_model_len=caps.max_model_len,
         capacity_steps=capacity_steps,
+        confirm_repeats=confirm_repeats,
+        finalists=finalists,
         incumbent=incumbent,
         # An admin's price override (catalog pages) prices this job; None: the target's own.
         price_per_hour_usd=job_price_per_hour(hardware),
@@ -234,10 +270,6 @@ def _job_create(
     except JobSpecError as exc:
         field = {"model_path": "served_model", "trace": "traffic_sample"}.get(exc.field, exc.field)
         raise ValidationError({field: exc.message}) from None
-    if not 1 <= repeats <= 10:
-        raise ValidationError({"repeats": "Use 1 to 10 repeats."})
-    if not 5 <= duration_s <= 3600:
-        raise ValidationError({"duration_s": "Use 5 to 3600 seconds."})
     with transaction.atomic():
         job = TuningJob.objects.create(
             organization=organization,
@@ -454,10 +486,20 @@ def _finish(job: TuningJob, status: str, *, prepared: Any = None, error: str = "
             error=error,
             finished_at=timezone.now(),
             winner_trial=(data or {}).get("selection", {}).get("winner"),
+            phase="",
             lease_owner="",
             lease_heartbeat_at=None,
         )
         audit_record(actor=None, organization=job.organization, action=f"tuning_job.{status}", target=job)
+
+
+def _phase(job_id: str, text: str) -> None:
+    """Say what the job is doing now (the job page shows it). Best effort: a database that is
+    away only costs the line."""
+    try:
+        TuningJob.objects.filter(id=job_id).update(phase=text[:300])
+    except DatabaseError as exc:
+        logger.warning("tuning job %s: phase not recorded (%s)", job_id, exc)
 
 
 def tuning_job_step(*, job_id: str, owner: str) -> str:
@@ -502,10 +544,15 @@ def _step(job_id: str, owner: str) -> str:
         _finish(job, TuningJob.Status.CANCELLED, prepared=prepared)
         return "cancelled"
     history = _history(job)
-    assignment = next_assignment(prepared, history)
-    if assignment is None:
+    try:
+        planned = next_trial(prepared, history)
+    except ReferenceFailedError as exc:
+        _finish(job, TuningJob.Status.FAILED, prepared=prepared, error=f"{exc}. No candidate was judged.")
+        return "failed"
+    if planned is None:
         _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
         return "finished"
+    assignment = planned.assignment
     number = len(history)
     trial, created = Trial.objects.get_or_create(
         job=job,
@@ -521,15 +568,18 @@ def _step(job_id: str, owner: str) -> str:
         Trial.objects.filter(pk=trial.pk).update(
             attempts=trial.attempts + 1, assignment=assignment, label=describe(assignment)
         )
-    config = prepared.space.to_config(assignment)
-    reference = prepared.reference if number else assignment
-    result = run_trial(
-        prepared.plan,
-        config,
-        change_type=prepared.space.change_type(assignment, reference),
-        reference=reference_capture(history),
-        work_dir=_work_dir(job) / f"trial-{number}",
+    _phase(job_id, f"trial {number}: {planned.describe()}")
+    result = execute(
+        prepared,
+        planned,
+        history,
+        _work_dir(job) / f"trial-{number}",
+        holder=f"tuning job {job_id} trial {number}",
+        on_host_wait=lambda who: _phase(
+            job_id, f"trial {number}: waiting for the engine host ({who} holds it; one measurement at a time)"
+        ),
     )
+    live_report = report(prepared, [*history, TrialRecord(number, assignment, result)])
     _reconnect_if_lost()
     with transaction.atomic():
         # Fenced by the lease: a step that lost it (its heartbeats stopped reaching the database
@@ -538,13 +588,17 @@ def _step(job_id: str, owner: str) -> str:
             logger.warning("tuning job %s: step %s lost its lease during trial %s", job_id, owner, number)
             return "lease-lost"
         Trial.objects.filter(pk=trial.pk).update(
-            status=Trial.Status.DONE,
-            result=with_prediction(prepared, assignment, result),
-            finished_at=timezone.now(),
+            status=Trial.Status.DONE, result=result, finished_at=timezone.now()
         )
-        # The next step is owed from this commit on (the outbox), sent right after it.
+        # The next step is owed from this commit on (the outbox), sent right after it. The report
+        # is kept current as trials arrive (caps, confirmation progress, the running selection).
         TuningJob.objects.filter(id=job_id).update(
-            lease_owner="", lease_heartbeat_at=None, dispatch=TuningJob.Dispatch.PENDING, interruptions=0
+            lease_owner="",
+            lease_heartbeat_at=None,
+            dispatch=TuningJob.Dispatch.PENDING,
+            interruptions=0,
+            report=live_report,
+            phase="",
         )
         transaction.on_commit(lambda: _step_send(job_id))
     return f"trial {number}"

@@ -88,7 +88,13 @@ def _job_context(job: TuningJob) -> dict[str, object]:
     selection = (job.report or {}).get("selection") or {}
     reasons = selection.get("reasons") or {}
     trials = [{"trial": t, "reason": reasons.get(str(t.number), "")} for t in job.trials.all()]
-    return {"job": job, "trials": trials, "selection": selection}
+    return {
+        "job": job,
+        "trials": trials,
+        "selection": selection,
+        "caps": (job.report or {}).get("caps"),
+        "confirmation": selectors.confirmation_rows(job=job),
+    }
 
 
 @member_required

@@ -206,7 +206,7 @@ def _job_form(sample: TrafficSample, model: Any) -> dict[str, object]:
         "peak_rps": 1.0,
         "headroom": 1.25,
         "hardware": "local-cpu",
-        "budget_trials": 2,
+        "budget_trials": 1,
         "strategy": "tpe",
     }
 
@@ -378,7 +378,7 @@ def test_a_database_restart_during_a_step(
             served_model=model,
             slo=SLO,
             peak_rps=1.0,
-            budget_trials=2,
+            budget_trials=1,
         )
         assert TuningJob.objects.get(pk=job.pk).dispatch == TuningJob.Dispatch.SENT
         with _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log:
@@ -470,7 +470,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
             served_model=model,
             slo=SLO,
             peak_rps=1.0,
-            budget_trials=2,
+            budget_trials=1,
         )
         # Its step ends at plan time (no engine here): the workload goes missing.
         workload_path(sample).unlink()
@@ -603,7 +603,7 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
             served_model=model,
             slo=SLO,
             peak_rps=1.0,
-            budget_trials=2,
+            budget_trials=1,
             duration_s=8,
             repeats=1,
             capacity_steps=(1.5,),

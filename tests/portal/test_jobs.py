@@ -276,7 +276,7 @@ def test_a_job_runs_end_to_end_in_the_portal(
                 "peak_rps": 1.0,
                 "headroom": 1.25,
                 "hardware": "local-cpu",
-                "budget_trials": 2,
+                "budget_trials": 1,
                 "strategy": "tpe",
             },
         )
@@ -286,18 +286,30 @@ def test_a_job_runs_end_to_end_in_the_portal(
     assert job.status == TuningJob.Status.SUCCEEDED, job.error
     trials = list(job.trials.order_by("number"))
     assert [t.number for t in trials] == [0, 1]
-    assert trials[0].assignment["dtype"] == "float32"  # the reference
-    for t in trials:
-        assert t.status == Trial.Status.DONE
-        assert t.result["status"] == "ok", t.result.get("error")
-        assert t.result["correctness"]["positions"] > 0
-        assert len(t.result["load"]) >= 2
+    # Trial 0 is the reference: captured at the highest precision, never measured or a candidate.
+    reference, competent = trials
+    assert reference.assignment["dtype"] == "float32"
+    assert reference.result["phase"] == "reference" and reference.result["capture"]["greedy"]
+    assert not reference.result["load"]
+    # Trial 1 is the search's first: the competent baseline, judged against the reference.
+    assert competent.result["phase"] == "search"
+    assert competent.assignment == job.report["baselines"]["competent"]
+    assert competent.result["status"] == "ok", competent.result.get("error")
+    assert competent.result["correctness"]["positions"] > 0
+    assert len(competent.result["load"]) >= 2
+    # The host was held and watched while it measured.
+    assert competent.result["foreign_load"]["window_s"] > 0
+    assert competent.result["contended"] in (True, False)
+    # Nothing beyond the baseline was found, so nothing to confirm: said so, never a "win".
+    assert job.report["selection"]["outcome"] == "unconfirmed"
     assert job.report["selection"]["summary"]
-    # Every live trial was also simulated; the job reports the simulator's error on its trials.
-    assert all(t.result["predicted"]["ttft_p50_ms"] > 0 for t in trials)
-    assert job.report["simulator"]["errors"]["num_trials"] == 2
+    assert job.report["caps"]["line"]
+    # Every measured trial was also simulated; the job reports the simulator's error on it.
+    assert competent.result["predicted"]["ttft_p50_ms"] > 0
+    assert job.report["simulator"]["errors"]["num_trials"] == 1
     page = client.get(reverse("jobs:detail", args=[job.id]))
     assert b"selection-summary" in page.content and b'data-trial="1"' in page.content
+    assert b'id="job-caps"' in page.content
 
 
 def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -374,7 +386,7 @@ def test_a_job_survives_a_killed_worker(
             served_model=model,
             slo=SLO,
             peak_rps=1.0,
-            budget_trials=2,
+            budget_trials=1,
             duration_s=8,
             repeats=1,
             capacity_steps=(1.5,),

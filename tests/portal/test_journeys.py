@@ -221,9 +221,9 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
                 page.fill("#job-form [name=ttft_p95_ms]", "8000")
                 page.fill("#job-form [name=peak_rps]", "1")
                 page.select_option("#job-form [name=hardware]", "local-cpu")
-                # One live trial: the reference configuration, which is the winner when it meets
-                # the SLO and its own gate (the smallest budget that gives a deployable winner),
-                # replaying 8 s per load level once.
+                # One search trial: the competent baseline (vLLM's defaults with this host's
+                # fastest dtype), judged against the captured reference; it is the winner when it
+                # meets the SLO and the gates. 8 s per load level, replayed once.
                 page.fill("#job-form [name=budget_trials]", "1")
                 page.fill("#job-form [name=duration_s]", duration_s)
                 page.fill("#job-form [name=repeats]", "1")
@@ -261,13 +261,17 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             with platform():
                 job = sample.organization.tuning_jobs.get()
             assert page.text_content("#job-status") == "Finished", (job.error, _tail(log))
-            assert (page.text_content("#selection-summary") or "").startswith("Trial 0 (dtype=float32) wins")
-            row = page.text_content("#trials [data-trial='0']") or ""
+            assert (page.text_content("#selection-summary") or "").startswith("Trial 1 (dtype=")
+            assert "reference" in (page.text_content("#trials [data-trial='0']") or "")
+            # The caps are stated in one line, with the share of requests they clip.
+            caps_line = page.text_content("#job-caps") or ""
+            assert "Replayed at full length" in caps_line or "capped" in caps_line
+            row = page.text_content("#trials [data-trial='1']") or ""
             assert "met" in row and "pass" in row and "winner" in row
 
             # The report: the winner, its gate verdicts and every chart drawn.
             page.click("#job-report-link")
-            assert (page.text_content("#report-winner") or "").startswith("Trial 0:")
+            assert (page.text_content("#report-winner") or "").startswith("Trial 1:")
             chart_ids = page.eval_on_selector_all(".report-chart .chart", "els => els.map(e => e.id)")
             assert "chart-ttft-cdf" in chart_ids and "chart-latency-load" in chart_ids
             for chart in chart_ids:

@@ -104,7 +104,7 @@ def test_stored_trials_carry_prediction_and_the_report_its_error(
     )
     stored = with_prediction(prepared, prepared.defaults, measured)
     assert stored["predicted"]["ttft_p50_ms"] == pytest.approx(forecast["ttft_p50_ms"])
-    data = report(prepared, [TrialRecord(0, prepared.defaults, stored)])
+    data = report(prepared, [TrialRecord(1, prepared.defaults, {**stored, "phase": "search"})])
     errors = data["simulator"]["errors"]
     assert errors["num_trials"] == 1
     assert errors["ttft_p50_ms_mape"] == pytest.approx(1 / 3)  # |1 - 1.5| / 1.5

@@ -34,31 +34,6 @@ from tuning.search.strategies import PENALTY, GridStrategy, Observation, TPEStra
 from tuning.search.trial import describe
 
 
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    """A model directory as `tailguard engine tiny-model` writes it (weights content irrelevant here)."""
-    root = tmp_path / "model"
-    root.mkdir()
-    (root / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "hidden_size": 128,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": 4096,
-                "intermediate_size": 384,
-                "max_position_embeddings": 16384,
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
-    (root / "tokenizer.json").write_text("{}")
-    (root / "model.safetensors").write_bytes(b"\0" * 16)
-    return root
-
-
 def test_slo_parses_and_names_bad_terms() -> None:
     slo = parse_slo("ttft_p50_ms<=600, ttft_p95_ms<=1500,tpot_p50_ms<=80")
     assert str(slo) == "ttft_p50_ms<=600,ttft_p95_ms<=1500,tpot_p50_ms<=80"
@@ -322,7 +297,7 @@ def test_job_validation_refuses_before_any_engine(
         plan_job(JobSpec(**{**good.to_dict(), "trace_path": str(few)}), tmp_path / "work")
 
 
-def test_job_plan_starts_with_the_reference_then_the_simulators_pick_then_the_defaults(
+def test_job_plan_starts_with_the_reference_then_the_competent_baseline_then_the_simulators_pick(
     model_dir: Path, shared_traces: Path, tmp_path: Path
 ) -> None:
     spec = JobSpec(
@@ -332,6 +307,7 @@ def test_job_plan_starts_with_the_reference_then_the_simulators_pick_then_the_de
         peak_rps=1.0,
         budget_trials=3,
         duration_s=10,
+        confirm_repeats=0,
     )
     prepared = plan_job(spec, tmp_path / "work")
     workload = Path(prepared.plan.workload_trace).read_text().splitlines()
@@ -342,20 +318,26 @@ def test_job_plan_starts_with_the_reference_then_the_simulators_pick_then_the_de
         assert len(Path(path).read_text().splitlines()) == round(spec.target_rps * multiple * spec.duration_s)
     first = next_assignment(prepared, [])
     assert first is not None and first["dtype"] == "float32"
+    captured = {"status": "ok", "capture": {"prompt_logprobs": [], "greedy": []}, "phase": "reference"}
     done = {
         "status": "ok",
         "slo_met": True,
         "cost_per_mtok_usd": 1.0,
         "correctness": {"passed": True},
         "reliability": {"passed": True},
+        "phase": "search",
     }
-    history = [TrialRecord(0, first, done)]
+    history = [TrialRecord(0, first, captured)]
+    # The competent baseline (vLLM's defaults with this host's fastest dtype) is measured first.
+    second = next_assignment(prepared, history)
+    assert second == prepared.competent and second["dtype"] in {"float32", "bfloat16"}
+    history.append(TrialRecord(1, second, done))
     # The simulator ranked sampled candidates on this job's own workload before any engine ran.
     assert prepared.sim is not None and prepared.sim_ranked
-    second = next_assignment(prepared, history)
-    assert second == prepared.sim_ranked[0]
-    history.append(TrialRecord(1, second, done))
     third = next_assignment(prepared, history)
-    assert third == prepared.defaults or prepared.sim_ranked[0] == prepared.defaults
+    assert third == prepared.sim_ranked[0] or prepared.sim_ranked[0] == prepared.competent
     history.append(TrialRecord(2, third, done))
+    fourth = next_assignment(prepared, history)
+    history.append(TrialRecord(3, fourth, done))
+    # The budget counts search trials; the reference capture comes on top.
     assert next_assignment(prepared, history) is None

@@ -11,7 +11,22 @@ import json
 import sys
 from pathlib import Path
 
-from tuning.search.job import JobSpec, JobSpecError, TrialRecord, plan_job, report, run_trials, write_json
+from tuning.search.caps import Caps
+from tuning.search.job import (
+    HARDWARE,
+    JobSpec,
+    JobSpecError,
+    ReferenceFailedError,
+    TrialRecord,
+    caps_for,
+    plan_job,
+    report,
+    run_trials,
+    write_json,
+)
+from tuning.search.space import LOCAL_CPU, ModelLoadError, model_info
+from tuning.workload.errors import TraceError
+from tuning.workload.ingest import ingest_path
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,13 +43,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--headroom", type=float, default=1.25, help="trials run at peak x headroom (default 1.25)"
     )
-    p.add_argument("--budget-trials", type=int, default=8, help="live trials, the reference included")
+    p.add_argument(
+        "--budget-trials",
+        type=int,
+        default=8,
+        help="live search trials (the reference capture and the confirmation rounds come on top)",
+    )
     p.add_argument("--strategy", choices=("tpe", "grid"), default="tpe")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), default=LOCAL_CPU.name)
     p.add_argument("--duration-s", type=float, default=20.0, help="length of each replay at the target rate")
     p.add_argument("--repeats", type=int, default=2, help="replays at the target rate per trial")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="cap on synthesised prompts")
-    p.add_argument("--max-output-tokens", type=int, default=64, help="cap on generated tokens")
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument(
+        "--confirm-repeats",
+        type=int,
+        default=3,
+        help="interleaved rounds re-measuring the finalists and the baselines (3-10; 0 skips: unconfirmed)",
+    )
+    p.add_argument("--finalists", type=int, default=2, help="search candidates confirmed (1-4)")
+    p.add_argument(
+        "--contention-cores",
+        type=float,
+        default=0.3,
+        help="foreign CPU load (cores) above which a trial is contended and excluded",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="cap on replayed prompts (default: the sample's p99, within the hardware's replay limit)",
+    )
+    p.add_argument("--max-output-tokens", type=int, help="cap on generated tokens (default: as prompts)")
+    p.add_argument("--max-model-len", type=int, help="engine context (default: the caps, within the model's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", required=True, type=Path, help="write the job report here")
     p.add_argument("--work-dir", type=Path, help="state and engine logs (default: OUT's name + .work)")
@@ -43,6 +81,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _tune(args: argparse.Namespace) -> int:
+    try:
+        caps = _caps(args)
+    except (TraceError, ModelLoadError, OSError) as exc:
+        print(f"tailguard tune: {exc}", file=sys.stderr)
+        return 1
     spec = JobSpec(
         trace_path=args.trace,
         model_path=args.model,
@@ -53,9 +96,13 @@ def _tune(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         duration_s=args.duration_s,
         repeats=args.repeats,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        max_model_len=args.max_model_len,
+        hardware=args.hardware,
+        confirm_repeats=args.confirm_repeats,
+        finalists=args.finalists,
+        contention_cores=args.contention_cores,
+        max_prompt_tokens=caps.max_prompt_tokens,
+        max_output_tokens=caps.max_output_tokens,
+        max_model_len=caps.max_model_len,
         seed=args.seed,
     )
     work_dir: Path = args.work_dir or args.json.with_name(args.json.name + ".work")
@@ -68,17 +115,41 @@ def _tune(args: argparse.Namespace) -> int:
         print(prepared.space.describe())
         return 0
     history = _load_history(work_dir, spec)
-    run_trials(
-        prepared,
-        history,
-        work_dir,
-        log=lambda line: print(line, file=sys.stderr),
-        on_trial=lambda records: _save_history(work_dir, spec, records),
-    )
-    write_json(args.json, report(prepared, history))
-    selection = report(prepared, history)["selection"]
-    print(selection["summary"])
+    print(prepared.caps["line"], file=sys.stderr)
+    try:
+        run_trials(
+            prepared,
+            history,
+            work_dir,
+            log=lambda line: print(line, file=sys.stderr),
+            on_trial=lambda records: _save_history(work_dir, spec, records),
+        )
+    except ReferenceFailedError as exc:
+        write_json(args.json, {**report(prepared, history), "error": str(exc)})
+        print(f"tailguard tune: {exc}", file=sys.stderr)
+        return 1
+    data = report(prepared, history)
+    write_json(args.json, data)
+    print(data["selection"]["summary"])
+    print(prepared.caps["line"])
     return 0
+
+
+def _caps(args: argparse.Namespace) -> Caps:
+    """The caps the user gave, the rest from the sample's profile and the hardware."""
+    given = (args.max_prompt_tokens, args.max_output_tokens, args.max_model_len)
+    profile = None
+    if None in given[:2]:
+        profile = ingest_path(args.trace).profile
+    return caps_for(
+        input_p99=profile.input_tokens.p99 if profile else 0,
+        output_p99=profile.output_tokens.p99 if profile else 0,
+        model_max_len=model_info(args.model).max_position_embeddings,
+        hardware=HARDWARE[args.hardware],
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        max_model_len=args.max_model_len,
+    )
 
 
 def _state_file(work_dir: Path) -> Path:

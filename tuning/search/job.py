@@ -12,15 +12,17 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from serving.engine.host import fastest_dtype
 from serving.loadgen.results import json_finite
 from serving.perf.feedback import Pair
-from tuning.search import gates, prior
+from tuning.search import confirm, gates, prior
+from tuning.search.caps import Caps, caps_effect
 from tuning.search.prior import SimPrior
 from tuning.search.selection import Candidate, Selection, select
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
@@ -40,6 +42,21 @@ from tuning.workload.synth import synthesize, write_mooncake_jsonl
 
 SIM_PRIORS = 2  # simulator-ranked candidates tried before TPE's own proposals
 MIN_REQUESTS_FOR_P95 = 20  # fewer and a p95 is one or two requests' worth of evidence
+# Bounds on what sizes work (requests synthesised per load level, engines started): a job past
+# them is refused before anything runs, whatever the caller.
+MAX_PEAK_RPS = 1000.0
+MAX_REQUESTS_PER_LEVEL = 50_000
+MAX_BUDGET_TRIALS = 100
+MAX_CONFIRM_REPEATS = 10
+MAX_FINALISTS = 4
+MAX_TOKENS = 1_000_000
+
+# Phases of a job's trials, in order. The reference is captured (golden-set answers only, no
+# load) and is never a candidate; the search explores; confirmation re-measures the finalists
+# against the baselines in interleaved rounds; the ablation reverts the winner's knobs one at a
+# time.
+REFERENCE, SEARCH, CONFIRM, ABLATION = "reference", "search", "confirm", "ablation"
+REFERENCE_ATTEMPTS = 2  # the reference is retried once on a fresh engine, then the job stops
 
 HARDWARE: dict[str, HardwareTarget] = {LOCAL_CPU.name: LOCAL_CPU}
 
@@ -66,7 +83,10 @@ class JobSpec:
     duration_s: float = 20.0  # length of the synthesised workload at the target rate
     repeats: int = 2
     capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)
-    max_prompt_tokens: int | None = 1024  # CPU engines: cap synthesised prompts
+    # Caps on the replayed lengths and the engine's context. Never silent: `caps_for` derives
+    # them from the sample's profile and the hardware, and every report states the share of
+    # requests they clip.
+    max_prompt_tokens: int | None = 1024
     max_output_tokens: int | None = 64
     max_model_len: int = 2048
     seed: int = 0
@@ -77,6 +97,13 @@ class JobSpec:
     # USD per device-hour that cost per million tokens uses (an admin's price override in the
     # portal's catalog); None: the hardware target's own price.
     price_per_hour_usd: float | None = None
+    # Confirmation: interleaved rounds re-measuring the finalists and both baselines on fresh
+    # engines (0 skips it: the search's single measurements are then reported as unconfirmed).
+    confirm_repeats: int = 3
+    finalists: int = 2
+    # A trial during which other processes kept more than this many cores busy is "contended":
+    # shown, and excluded from selection and confirmation. None: record only.
+    contention_cores: float | None = 0.3
 
     @property
     def target_rps(self) -> float:
@@ -98,8 +125,11 @@ class Prepared:
     slo: SLOTarget
     space: SearchSpace
     plan: TrialPlan
-    reference: dict[str, Any]  # the highest-precision assignment: trial 0, the gate's yardstick
-    defaults: dict[str, Any]  # vLLM with no flags
+    reference: dict[str, Any]  # the highest-precision assignment: captured first, the gate's yardstick
+    defaults: dict[str, Any]  # vLLM with no flags: the naive baseline, shown beside
+    competent: dict[str, Any]  # vLLM's defaults plus the host's fastest dtype: the baseline
+    competent_why: str  # the evidence for the competent baseline's dtype
+    caps: dict[str, Any]  # CapsEffect.to_dict(): the caps and the share of requests they clip
     sim: SimPrior | None = None  # the simulator for this model and hardware, when it can run
     sim_note: str = ""  # what the simulator's predictions rest on, or why there are none
     sim_ranked: tuple[dict[str, Any], ...] = ()  # sampled candidates, best predicted first
@@ -127,12 +157,36 @@ def validate(
         slo = parse_slo(spec.slo)
     except SLOParseError as exc:
         raise JobSpecError("slo", str(exc)) from None
-    if spec.budget_trials < 1:
-        raise JobSpecError("budget_trials", "the budget must allow at least one live trial")
+    if not 1 <= spec.budget_trials <= MAX_BUDGET_TRIALS:
+        raise JobSpecError("budget_trials", f"the search budget must be 1 to {MAX_BUDGET_TRIALS} live trials")
     if not spec.peak_rps > 0 or not math.isfinite(spec.peak_rps):
         raise JobSpecError("peak_rps", "the peak request rate must be a positive number")
+    if spec.peak_rps > MAX_PEAK_RPS:
+        raise JobSpecError("peak_rps", f"the peak request rate must be at most {MAX_PEAK_RPS:g} req/s")
     if not 1.0 <= spec.headroom <= 10.0:
         raise JobSpecError("headroom", "the headroom factor must be between 1 and 10")
+    if not (math.isfinite(spec.duration_s) and 5 <= spec.duration_s <= 3600):
+        raise JobSpecError("duration_s", "the load per level must last 5 to 3600 seconds")
+    top = spec.target_rps * max((1.0, *spec.capacity_steps)) * spec.duration_s
+    if top > MAX_REQUESTS_PER_LEVEL:
+        raise JobSpecError(
+            "peak_rps",
+            f"rate x headroom x the highest capacity step x duration asks for {top:,.0f} requests in one "
+            f"load level; the limit is {MAX_REQUESTS_PER_LEVEL:,} (lower the rate or the duration)",
+        )
+    if not 1 <= spec.repeats <= 10:
+        raise JobSpecError("repeats", "use 1 to 10 repeats")
+    if spec.confirm_repeats != 0 and not 3 <= spec.confirm_repeats <= MAX_CONFIRM_REPEATS:
+        raise JobSpecError(
+            "confirm_repeats",
+            f"confirmation needs 3 to {MAX_CONFIRM_REPEATS} interleaved rounds for an interval (0 skips it)",
+        )
+    if not 1 <= spec.finalists <= MAX_FINALISTS:
+        raise JobSpecError("finalists", f"confirm 1 to {MAX_FINALISTS} finalists")
+    if spec.contention_cores is not None and not (
+        math.isfinite(spec.contention_cores) and spec.contention_cores > 0
+    ):
+        raise JobSpecError("contention_cores", "the contention threshold must be a positive number of cores")
     if spec.strategy not in {"tpe", "grid"}:
         raise JobSpecError("strategy", "choose tpe or grid")
     price = spec.price_per_hour_usd
@@ -148,10 +202,58 @@ def validate(
             f"({', '.join(allowed_regions) or 'none'})",
         )
     try:
-        model_info(spec.model_path)
+        model = model_info(spec.model_path)
     except ModelLoadError as exc:
         raise JobSpecError("model_path", str(exc)) from None
+    _validate_caps(spec, model.max_position_embeddings)
     return slo, hardware
+
+
+def _validate_caps(spec: JobSpec, model_max_len: int) -> None:
+    for name in ("max_prompt_tokens", "max_output_tokens"):
+        value = getattr(spec, name)
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            raise JobSpecError(name, f"use 1 to {MAX_TOKENS:,} tokens, or no cap")
+    if not 16 <= spec.max_model_len <= model_max_len:
+        raise JobSpecError(
+            "max_model_len",
+            f"the context must be 16 to {model_max_len:,} tokens (the model's max_position_embeddings)",
+        )
+    prompt, output = spec.max_prompt_tokens, spec.max_output_tokens
+    if prompt is not None and output is not None and prompt + output > spec.max_model_len:
+        raise JobSpecError(
+            "max_model_len",
+            f"a {spec.max_prompt_tokens:,}-token prompt and {spec.max_output_tokens:,} output tokens "
+            f"do not fit a {spec.max_model_len:,}-token context",
+        )
+
+
+def caps_for(
+    *,
+    input_p99: float,
+    output_p99: float,
+    model_max_len: int,
+    hardware: HardwareTarget,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    max_model_len: int | None = None,
+) -> Caps:
+    """The job's caps: what the caller gave, else the sample's p99 bounded by the hardware's
+    replay limit and the model's context (the context from the prompt and output caps)."""
+    out_cap = max_output_tokens or max(1, math.ceil(output_p99))
+    if max_output_tokens is None and hardware.replay_output_tokens is not None:
+        out_cap = min(out_cap, hardware.replay_output_tokens)
+    out_cap = min(out_cap, max(1, model_max_len // 2))
+    prompt_cap = max_prompt_tokens or max(1, math.ceil(input_p99))
+    if max_prompt_tokens is None and hardware.replay_prompt_tokens is not None:
+        prompt_cap = min(prompt_cap, hardware.replay_prompt_tokens)
+    prompt_cap = min(prompt_cap, model_max_len - out_cap)
+    context = max_model_len or min(model_max_len, _round_up(prompt_cap + out_cap, 256))
+    return Caps(max_prompt_tokens=prompt_cap, max_output_tokens=out_cap, max_model_len=context)
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
 
 
 def plan_job(
@@ -211,12 +313,23 @@ def plan_job(
         ),
         golden=golden,
         repeats=spec.repeats,
+        contention_cores=spec.contention_cores,
         capacity_steps=spec.capacity_steps,
         max_prompt_tokens=spec.max_prompt_tokens,
         max_output_tokens=spec.max_output_tokens,
         seed=spec.seed,
     )
     reference = {**space.baseline(), "dtype": "float32" if hardware.device_kind == "cpu" else "bfloat16"}
+    fastest = fastest_dtype(device_kind=hardware.device_kind, checkpoint_dtype=model.checkpoint_dtype)
+    competent = {**space.baseline(), "dtype": fastest["dtype"]}
+    if space.violations(competent):
+        competent = space.baseline()
+    caps = caps_effect(
+        workload,
+        max_prompt_tokens=spec.max_prompt_tokens,
+        max_output_tokens=spec.max_output_tokens,
+        max_model_len=spec.max_model_len,
+    )
     sim, sim_note = prior.sim_prior(spec.model_path, spec.hardware, calibration)
     ranked: tuple[dict[str, Any], ...] = ()
     if sim is not None and spec.strategy == "tpe":
@@ -238,6 +351,9 @@ def plan_job(
         plan=plan,
         reference=reference,
         defaults=space.baseline(),
+        competent=competent,
+        competent_why=str(fastest.get("why", "")),
+        caps=caps.to_dict(),
         sim=sim,
         sim_note=sim_note,
         sim_ranked=ranked,
@@ -248,7 +364,51 @@ def plan_job(
 class TrialRecord:
     number: int
     assignment: dict[str, Any] = field(hash=False)
-    result: dict[str, Any] = field(hash=False)  # TrialResult.to_dict()
+    result: dict[str, Any] = field(hash=False)  # TrialResult.to_dict() plus the phase keys
+
+    @property
+    def phase(self) -> str:
+        # Results recorded before phases existed: trial 0 was the reference, the rest the search.
+        return str(self.result.get("phase") or (REFERENCE if self.number == 0 else SEARCH))
+
+    @property
+    def subject(self) -> str:
+        return str(self.result.get("subject") or "")
+
+    @property
+    def round(self) -> int:
+        return int(self.result.get("round") or 0)
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """The next trial a job runs: which configuration, in which phase, measured or not."""
+
+    phase: str
+    assignment: dict[str, Any] = field(hash=False)
+    subject: str = ""  # confirmation/ablation: the subject the block belongs to
+    round: int = 0
+    total_rounds: int = 0
+
+    @property
+    def measure(self) -> bool:
+        # The reference is captured, not measured: it is the gate's yardstick, never a candidate.
+        return self.phase != REFERENCE
+
+    def stamp(self) -> dict[str, Any]:
+        """The keys stored with the trial's result that say what the trial was for."""
+        return {"phase": self.phase, "subject": self.subject, "round": self.round}
+
+    def describe(self) -> str:
+        if self.phase == REFERENCE:
+            return "reference capture (golden-set answers; not a candidate)"
+        if self.phase == SEARCH:
+            return "search"
+        return f"{self.phase} round {self.round + 1} of {self.total_rounds}: {self.subject}"
+
+
+class ReferenceFailedError(RuntimeError):
+    """The gate's reference could not be captured: candidates cannot be judged."""
 
 
 def objective(result: Mapping[str, Any], slo: SLOTarget) -> float | None:
@@ -272,43 +432,247 @@ def strategy_for(prepared: Prepared) -> Strategy:
     spec = prepared.spec
     if spec.strategy == "grid":
         return GridStrategy()
-    # The simulator's favourite first, then the defaults (what the customer would otherwise run),
-    # then the simulator's next favourites.
+    # The competent baseline first (every gain is measured against it), then the simulator's
+    # favourite, the naive defaults and the simulator's next favourites.
     ranked = prepared.sim_ranked[:SIM_PRIORS]
     incumbent = (spec.incumbent,) if spec.incumbent else ()
     return TPEStrategy(
         seed=spec.seed,
-        priors=(*incumbent, *ranked[:1], prepared.defaults, *ranked[1:]),
+        priors=(*incumbent, prepared.competent, *ranked[:1], prepared.defaults, *ranked[1:]),
         n_startup_trials=max(2, spec.budget_trials // 4),
     )
+
+
+def _key(assignment: Mapping[str, Any], prepared: Prepared) -> tuple[Any, ...]:
+    """What the engine actually runs: vLLM's "auto" dtype is the checkpoint's own."""
+    full = {**prepared.space.baseline(), **assignment}
+    if full.get("dtype") in (None, "auto"):
+        full["dtype"] = prepared.space.model.checkpoint_dtype
+    return tuple((k.name, full.get(k.name)) for k in prepared.space.knobs)
+
+
+def _usable(record: TrialRecord) -> bool:
+    r = record.result
+    return r.get("status") == "ok" and not r.get("contended") and r.get("ttft_p50_ms") is not None
+
+
+def _gates_ok(record: TrialRecord) -> bool:
+    r = record.result
+    return bool((r.get("correctness") or {}).get("passed")) and bool(
+        (r.get("reliability") or {}).get("passed")
+    )
+
+
+def finalists(prepared: Prepared, history: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """The search's best distinct candidates other than the baselines, by measured p50 TTFT:
+    those that met the SLO and passed the gates, or, when none met the SLO, those that passed
+    the gates."""
+    search = [r for r in history if r.phase == SEARCH and _usable(r) and _gates_ok(r)]
+    met = [r for r in search if r.result.get("slo_met")]
+    pool = met or search
+    baselines = {_key(prepared.competent, prepared), _key(prepared.defaults, prepared)}
+    out: list[dict[str, Any]] = []
+    seen = set(baselines)
+    for record in sorted(pool, key=lambda r: (float(r.result["ttft_p50_ms"]), r.number)):
+        key = _key(record.assignment, prepared)
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(record.assignment))
+        if len(out) >= prepared.spec.finalists:
+            break
+    return out
+
+
+def confirmation_subjects(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, dict[str, Any]]:
+    """subject -> assignment: the competent baseline, the naive defaults (when they differ) and
+    the finalists. Empty when there is nothing to confirm."""
+    chosen = finalists(prepared, history)
+    if not chosen or prepared.spec.confirm_repeats == 0:
+        return {}
+    subjects = {confirm.COMPETENT: dict(prepared.competent)}
+    if _key(prepared.defaults, prepared) != _key(prepared.competent, prepared):
+        subjects[confirm.NAIVE] = dict(prepared.defaults)
+    for i, assignment in enumerate(chosen, 1):
+        subjects[f"finalist-{i}"] = assignment
+    return subjects
+
+
+def _interleaved(subjects: Sequence[str], rounds: int) -> list[tuple[str, int]]:
+    """ABC, BCA, CAB, ...: each subject takes every position in turn, so drift over the run
+    (a warming machine, a neighbour starting) lands on all of them alike."""
+    n = len(subjects)
+    return [(subjects[(r + i) % n], r) for r in range(rounds) for i in range(n)]
+
+
+def _rounds_plan(subjects: Sequence[str], rounds: int, done: Sequence[TrialRecord]) -> list[tuple[str, int]]:
+    """The interleaved plan, plus one extra round for each subject with a contended block (a
+    block measured while something else loaded the host is not evidence)."""
+    plan = _interleaved(subjects, rounds)
+    contended = sorted({r.subject for r in done if r.result.get("contended") and r.round < rounds})
+    plan += [(s, rounds) for s in subjects if s in contended]
+    return plan
+
+
+def ablation_subjects(prepared: Prepared, winner: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """ "without KNOB" -> the winner with that knob reverted to the competent baseline's value,
+    for each knob the winner changed (none when it changed only one: reverting it gives the
+    baseline itself, measured already)."""
+    changed = [k for k in prepared.space.knobs if winner.get(k.name) != prepared.competent.get(k.name)]
+    if len(changed) < 2:
+        return {}
+    return {f"without {k.name}": {**winner, k.name: prepared.competent.get(k.name)} for k in changed}
+
+
+def next_trial(
+    prepared: Prepared, history: Sequence[TrialRecord], *, strategy: Strategy | None = None
+) -> PlannedTrial | None:
+    """The job's next trial, or None when it is complete. Raises ReferenceFailedError when the
+    reference could not be captured in REFERENCE_ATTEMPTS fresh engines."""
+    refs = [r for r in history if r.phase == REFERENCE]
+    if reference_capture(history) is None:
+        if len(refs) >= REFERENCE_ATTEMPTS:
+            last = refs[-1].result.get("error") or "no golden-set answers were captured"
+            raise ReferenceFailedError(
+                f"the reference configuration ({describe(prepared.reference)}) did not start in "
+                f"{len(refs)} attempts on fresh engines: {last}"
+            )
+        return PlannedTrial(REFERENCE, dict(prepared.reference))
+    search = [r for r in history if r.phase == SEARCH]
+    if len(search) < prepared.spec.budget_trials:
+        observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in search]
+        proposed = (strategy or strategy_for(prepared)).propose(prepared.space, observations)
+        if proposed is not None:
+            return PlannedTrial(SEARCH, proposed)
+    rounds = prepared.spec.confirm_repeats
+    subjects = confirmation_subjects(prepared, history)
+    if subjects:
+        done = [r for r in history if r.phase == CONFIRM]
+        taken = {(r.subject, r.round) for r in done}
+        for subject, round_ in _rounds_plan(list(subjects), rounds, done):
+            if (subject, round_) not in taken:
+                return PlannedTrial(CONFIRM, subjects[subject], subject, round_, rounds)
+        verdict = confirmation(prepared, history)
+        if verdict is not None and verdict["outcome"] == "gain":
+            variants = ablation_subjects(prepared, subjects[verdict["winner_subject"]])
+            done = [r for r in history if r.phase == ABLATION]
+            taken = {(r.subject, r.round) for r in done}
+            for subject, round_ in _rounds_plan(list(variants), rounds, done):
+                if (subject, round_) not in taken:
+                    return PlannedTrial(ABLATION, variants[subject], subject, round_, rounds)
+    return None
 
 
 def next_assignment(
     prepared: Prepared, history: Sequence[TrialRecord], *, strategy: Strategy | None = None
 ) -> dict[str, Any] | None:
-    """Trial 0 is the reference; then the strategy, until the budget is spent."""
-    if len(history) >= prepared.spec.budget_trials:
-        return None
-    if not history:
-        return dict(prepared.reference)
-    observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in history]
-    return (strategy or strategy_for(prepared)).propose(prepared.space, observations)
+    planned = next_trial(prepared, history, strategy=strategy)
+    return None if planned is None else planned.assignment
 
 
 def reference_capture(history: Sequence[TrialRecord]) -> gates.Capture | None:
     for record in history:
-        if record.number == 0 and record.result.get("capture"):
+        if record.phase == REFERENCE and record.result.get("capture"):
             return gates.Capture.from_dict(record.result["capture"])
     return None
 
 
+def _blocks(records: Sequence[TrialRecord]) -> list[confirm.Block | tuple[str, str]]:
+    out: list[confirm.Block | tuple[str, str]] = []
+    for r in records:
+        block = confirm.block_from_result(r.subject, r.round, r.number, r.result)
+        if block is None:
+            out.append((r.subject, f"trial {r.number}: {r.result.get('error') or 'no measurement'}"))
+        else:
+            out.append(block)
+    return out
+
+
+def confirmation(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any] | None:
+    """The confirmation's figures, ratios and verdict (and the ablation, once measured); None
+    when the job has no confirmation (nothing to confirm, or confirmation off)."""
+    subjects = confirmation_subjects(prepared, history)
+    if not subjects:
+        return None
+    rounds = prepared.spec.confirm_repeats
+    records = [r for r in history if r.phase == CONFIRM]
+    plan = _rounds_plan(list(subjects), rounds, records)
+    complete = {(r.subject, r.round) for r in records} >= set(plan)
+    results = confirm.evaluate(_blocks(records), subjects, seed=prepared.spec.seed)
+    names = [s for s in subjects if s.startswith("finalist-")]
+    verdict = confirm.decide(results, names) if complete else None
+    out: dict[str, Any] = {
+        "complete": complete,
+        "rounds": rounds,
+        "blocks_planned": len(plan),
+        "blocks_done": len(records),
+        "competent_why": prepared.competent_why,
+        "subjects": {k: v.to_dict() for k, v in results.items()},
+        "outcome": verdict.outcome if verdict else "pending",
+        "winner_subject": verdict.winner if verdict else None,
+        "line": verdict.line if verdict else f"Confirming: {len(records)} of {len(plan)} blocks measured.",
+    }
+    if verdict is not None:
+        winner_trials = results[verdict.winner].trials
+        out["winner_trial"] = winner_trials[0] if winner_trials else None
+        if verdict.outcome == "gain":
+            out["ablation"] = _ablation(prepared, history, subjects[verdict.winner], results[verdict.winner])
+    return out
+
+
+def _ablation(
+    prepared: Prepared,
+    history: Sequence[TrialRecord],
+    winner: Mapping[str, Any],
+    winner_result: confirm.SubjectResult,
+) -> dict[str, Any]:
+    variants = ablation_subjects(prepared, winner)
+    changed = (
+        prepared.space.changed_knobs(winner) if not variants else [v[len("without ") :] for v in variants]
+    )
+    if not variants:
+        knob = [k.name for k in prepared.space.knobs if winner.get(k.name) != prepared.competent.get(k.name)]
+        return {
+            "knobs": knob,
+            "note": "one knob changed: reverting it gives the competent baseline, so it carries the whole gain",
+            "shares": {k: {"share_of_gain": 1.0} for k in knob},
+        }
+    records = [r for r in history if r.phase == ABLATION]
+    measured = confirm.evaluate(
+        [
+            *_blocks([r for r in history if r.phase == CONFIRM and r.subject == confirm.COMPETENT]),
+            *_blocks(records),
+        ],
+        {confirm.COMPETENT: dict(prepared.competent), **variants},
+        seed=prepared.spec.seed + 1,
+    )
+    reverted = {name[len("without ") :]: m.vs_competent for name, m in measured.items() if m.vs_competent}
+    done = len(reverted) == len(variants)
+    return {
+        "knobs": changed,
+        "note": (
+            "each changed knob reverted alone to the competent baseline's value, re-measured in "
+            "interleaved rounds after the confirmation; share_of_gain is the part of the winner's "
+            "p50 TTFT gain lost without it"
+        ),
+        "complete": done,
+        "shares": confirm.ablation_shares(winner_result.vs_competent or {}, reverted) if done else {},
+    }
+
+
 def candidates(prepared: Prepared, history: Sequence[TrialRecord]) -> list[Candidate]:
+    """The search's trials as candidates (the reference and the confirmation blocks are not)."""
     out = []
     for record in history:
+        if record.phase != SEARCH:
+            continue
         r = record.result
         correctness = r.get("correctness") or {}
         reliability = r.get("reliability") or {}
         ci = r.get("ttft_p95_ci_ms") or [math.nan, math.nan]
+        error = r.get("error") if r.get("status") != "ok" else None
+        if error is None and r.get("contended"):
+            load = (r.get("foreign_load") or {}).get("foreign_cores")
+            error = f"contended: other processes kept {load} cores busy while it measured"
         out.append(
             Candidate(
                 trial=record.number,
@@ -323,7 +687,7 @@ def candidates(prepared: Prepared, history: Sequence[TrialRecord]) -> list[Candi
                 ttft_p50_ms=_num(r.get("ttft_p50_ms")),
                 ttft_p95_ms=_num(r.get("ttft_p95_ms")),
                 ttft_p95_ci_ms=(_num(ci[0]), _num(ci[1])),
-                error=r.get("error") if r.get("status") != "ok" else None,
+                error=error,
             )
         )
     return out
@@ -334,7 +698,30 @@ def _num(value: Any) -> float:
 
 
 def summarize_job(prepared: Prepared, history: Sequence[TrialRecord]) -> Selection:
-    return select(candidates(prepared, history))
+    """The search's selection, overruled by the confirmation's verdict once it is complete."""
+    selection = select(candidates(prepared, history))
+    confirmed = confirmation(prepared, history)
+    if confirmed is None:
+        note = (
+            "Unconfirmed: the search's single measurements, no interval"
+            if prepared.spec.confirm_repeats == 0
+            else "Nothing to confirm: no candidate beyond the baselines passed the gates"
+        )
+        return replace(selection, outcome="unconfirmed", summary=f"{selection.summary} ({note}.)")
+    if not confirmed["complete"]:
+        return replace(selection, outcome="pending", summary=confirmed["line"])
+    winner = confirmed.get("winner_trial")
+    reasons = dict(selection.reasons)
+    if winner is not None:
+        reasons[winner] = "winner after confirmation: " + confirmed["line"]
+    return replace(
+        selection,
+        winner=winner,
+        tie=False,
+        outcome=confirmed["outcome"],
+        summary=confirmed["line"],
+        reasons=reasons,
+    )
 
 
 def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]:
@@ -344,9 +731,18 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
         "slo": str(prepared.slo),
         "target_rps": prepared.spec.target_rps,
         "space": prepared.space.to_dict(),
+        "caps": prepared.caps,
+        "baselines": {
+            "competent": prepared.competent,
+            "competent_why": prepared.competent_why,
+            "naive": prepared.defaults,
+            "reference": prepared.reference,
+        },
         "trials": [
             {
                 "number": r.number,
+                "phase": r.phase,
+                "subject": r.subject,
                 "assignment": r.assignment,
                 "label": describe(r.assignment),
                 "result": {k: v for k, v in r.result.items() if k != "capture"},
@@ -354,11 +750,12 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
             for r in history
         ],
         "selection": selection.to_dict(),
+        "confirmation": confirmation(prepared, history),
         "simulator": {
             "note": prepared.sim_note,
             "calibrated_from_trials": prepared.sim.num_pairs if prepared.sim else 0,
             "prior_candidates": [describe(a) for a in prepared.sim_ranked[:SIM_PRIORS]],
-            "errors": prior.prediction_errors(r.result for r in history),
+            "errors": prior.prediction_errors(r.result for r in history if r.phase != REFERENCE),
         },
     }
 
@@ -372,38 +769,68 @@ def run_trials(
     log: Callable[[str], None] | None = None,
     on_trial: Callable[[list[TrialRecord]], None] | None = None,
 ) -> list[TrialRecord]:
-    """Runs trials in this process until the budget is spent (the CLI and benchmarks).
+    """Runs trials in this process until the job is complete (the CLI and benchmarks).
 
-    `on_trial` is called after each trial (to persist); `strategy` overrides the job's.
+    `on_trial` is called after each trial (to persist); `strategy` overrides the job's search.
+    Raises ReferenceFailedError when the gate's reference cannot be captured.
     """
-    while (assignment := next_assignment(prepared, history, strategy=strategy)) is not None:
+    while (planned := next_trial(prepared, history, strategy=strategy)) is not None:
         number = len(history)
-        reference = prepared.reference if number else assignment
-        change = prepared.space.change_type(assignment, reference)
+        change = prepared.space.change_type(planned.assignment, prepared.reference)
         if log:
-            log(f"trial {number}: {describe(assignment)} [{change}]")
-        result = run_trial(
-            prepared.plan,
-            prepared.space.to_config(assignment),
-            change_type=change,
-            reference=reference_capture(history),
-            work_dir=work_dir / f"trial-{number}",
-        )
-        history.append(
-            TrialRecord(
-                number=number, assignment=assignment, result=with_prediction(prepared, assignment, result)
-            )
-        )
+            log(f"trial {number} [{planned.describe()}]: {describe(planned.assignment)} [{change}]")
+        result = execute(prepared, planned, history, work_dir / f"trial-{number}", holder=f"trial {number}")
+        history.append(TrialRecord(number=number, assignment=planned.assignment, result=result))
         if on_trial:
             on_trial(history)
         if log:
-            outcome = "ok" if result.status == "ok" else f"failed: {result.error}"
-            log(
-                f"  p50 TTFT {result.ttft_p50_ms:,.0f} ms, p95 {result.ttft_p95_ms:,.0f} ms, "
-                f"SLO {'met' if result.slo_met else 'missed'}, gates {'passed' if result.gates_passed else 'failed'}, "
-                f"sustains {result.sustainable_multiple}x ({outcome})"
-            )
+            log("  " + outcome_line(result))
     return history
+
+
+def execute(
+    prepared: Prepared,
+    planned: PlannedTrial,
+    history: Sequence[TrialRecord],
+    work_dir: Path,
+    *,
+    holder: str,
+    on_host_wait: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run one planned trial; its result as stored (measurement, forecast and phase keys)."""
+    reference = reference_capture(history)
+    if planned.measure and reference is None:
+        # By construction never reached (next_trial captures the reference first); a candidate is
+        # never judged against itself.
+        raise ReferenceFailedError("no reference capture to judge candidates against")
+    result = run_trial(
+        prepared.plan,
+        prepared.space.to_config(planned.assignment),
+        change_type=prepared.space.change_type(planned.assignment, prepared.reference),
+        reference=reference,
+        work_dir=work_dir,
+        measure=planned.measure,
+        holder=holder,
+        on_host_wait=on_host_wait,
+    )
+    data = with_prediction(prepared, planned.assignment, result) if planned.measure else result.to_dict()
+    return {**data, **planned.stamp()}
+
+
+def outcome_line(result: Mapping[str, Any]) -> str:
+    """One log line about a stored trial result."""
+    if result.get("status") != "ok":
+        return f"failed: {result.get('error')}"
+    if result.get("phase") == REFERENCE:
+        return "reference captured"
+    load = (result.get("foreign_load") or {}).get("foreign_cores")
+    return (
+        f"p50 TTFT {_num(result.get('ttft_p50_ms')):,.0f} ms, p95 {_num(result.get('ttft_p95_ms')):,.0f} ms, "
+        f"SLO {'met' if result.get('slo_met') else 'missed'}, "
+        f"gates {'passed' if _gates_ok(TrialRecord(0, {}, dict(result))) else 'failed'}, "
+        f"sustains {result.get('sustainable_multiple')}x, foreign load {load} cores"
+        + (" (CONTENDED: excluded)" if result.get("contended") else "")
+    )
 
 
 def with_prediction(prepared: Prepared, assignment: Mapping[str, Any], result: TrialResult) -> dict[str, Any]:

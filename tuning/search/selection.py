@@ -34,6 +34,9 @@ class Selection:
     reasons: dict[int, str]  # trial -> why it won or lost
     pareto: tuple[int, ...]  # trials on the p95-TTFT-vs-cost frontier
     best_achievable: int | None  # when nothing met the SLO: the closest trial
+    # "gain" / "no_significant_gain" (decided by confirmation with intervals), "pending" (still
+    # confirming) or "unconfirmed" (the search's single measurements only)
+    outcome: str = "unconfirmed"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +46,7 @@ class Selection:
             "reasons": {str(k): v for k, v in self.reasons.items()},
             "pareto": list(self.pareto),
             "best_achievable": self.best_achievable,
+            "outcome": self.outcome,
         }
 
 

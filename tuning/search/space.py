@@ -95,10 +95,21 @@ class HardwareTarget:
     kv_cache_gib: float  # memory available to the KV cache on one replica
     price_per_hour_usd: float  # for cost per million tokens
     device_kind: str = "cpu"  # "cpu" or "gpu"
+    # Longest prompt / output a trial on this hardware replays when the job names no cap (None:
+    # full length). A 2-core CPU engine prefills ~1,000 tokens in about a second; longer prompts
+    # at a customer's rate would make each trial take many minutes.
+    replay_prompt_tokens: int | None = None
+    replay_output_tokens: int | None = None
 
 
 LOCAL_CPU = HardwareTarget(
-    name="local-cpu", region=local_region_code(), num_devices=1, kv_cache_gib=2.0, price_per_hour_usd=0.10
+    name="local-cpu",
+    region=local_region_code(),
+    num_devices=1,
+    kv_cache_gib=2.0,
+    price_per_hour_usd=0.10,
+    replay_prompt_tokens=1024,
+    replay_output_tokens=64,
 )
 
 

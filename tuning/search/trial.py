@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from serving.engine.config import EngineConfig
+from serving.engine.host import ForeignLoadMeter, HostBusyError, hold_host
 from serving.engine.launcher import EngineLaunchError, start_engine
 from serving.loadgen.api import replay_generated, replay_trace
 from serving.loadgen.results import ReplayResult, json_finite
@@ -48,6 +49,9 @@ class TrialPlan:
     limits: gates.ReliabilityLimits = field(default_factory=gates.ReliabilityLimits)
     engine_command: tuple[str, ...] | None = None
     seed: int = 0
+    # Foreign CPU load (cores) above which a trial is marked contended; None: record only.
+    contention_cores: float | None = 0.3
+    host_wait_s: float = 6 * 3600.0  # longest wait for the engine host (another measurement holds it)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,12 @@ class TrialResult:
     ttft_sample_ms: tuple[float, ...] = field(default=(), repr=False)
     # The correctness thresholds this trial was held to (`gates.Thresholds`), for the report.
     gate_thresholds: dict[str, float] | None = None
+    # The host while it measured: CPU used by other processes (`LoadSample.to_dict()`), and
+    # whether that exceeded the plan's threshold (then the trial is not evidence).
+    foreign_load: dict[str, Any] | None = None
+    contended: bool = False
+    host_wait_s: float = 0.0  # queued behind another measurement of the same host
+    host_waited_for: str = ""
 
     @property
     def gates_passed(self) -> bool:
@@ -183,10 +193,37 @@ def run_trial(
     change_type: str,
     reference: gates.Capture | None,
     work_dir: Path,
+    measure: bool = True,
+    holder: str = "a trial",
+    on_host_wait: Callable[[str], None] | None = None,
 ) -> TrialResult:
-    """Measure one configuration. `reference` is None for the reference trial itself."""
+    """Measure one configuration against the reference's golden-set answers, holding the engine
+    host for the whole trial.
+
+    `measure=False` captures the golden-set answers only (the reference itself: no load, no
+    verdict). A measured trial needs a reference: a candidate is never judged against itself.
+    """
+    if measure and reference is None:
+        raise ValueError("a measured trial needs the reference's capture to judge its correctness")
     started = time.monotonic()
     work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold_host(holder=holder, wait_s=plan.host_wait_s, on_wait=on_host_wait) as hold:
+            result = _run_held(plan, config, change_type, reference, work_dir, measure, started)
+    except HostBusyError as exc:
+        return _failed(config, str(exc), started)
+    return replace(result, host_wait_s=round(hold.waited_s, 3), host_waited_for=hold.waited_for)
+
+
+def _run_held(
+    plan: TrialPlan,
+    config: EngineConfig,
+    change_type: str,
+    reference: gates.Capture | None,
+    work_dir: Path,
+    measure: bool,
+    started: float,
+) -> TrialResult:
     try:
         engine = start_engine(
             model=plan.model_path,
@@ -211,10 +248,10 @@ def run_trial(
             progress=False,
         )
         answers = gates.capture(url, _served_name(url), plan.golden)
-        if reference is None:
-            verdict = gates.compare(answers, answers, change_type=change_type, thresholds=plan.thresholds)
-        else:
-            verdict = gates.compare(reference, answers, change_type=change_type, thresholds=plan.thresholds)
+        if not measure or reference is None:
+            return _captured(config, answers, started)
+        verdict = gates.compare(reference, answers, change_type=change_type, thresholds=plan.thresholds)
+        meter = ForeignLoadMeter().start()
         before = scrape(url)
         points: list[LoadPoint] = []
         ttfts: list[float] = []
@@ -252,6 +289,8 @@ def run_trial(
                     break
                 sustainable, best_tps = multiple, point.tokens_per_s
         after = scrape(url)
+        load = meter.stop()
+        contended = plan.contention_cores is not None and load.foreign_cores > plan.contention_cores
         delta = snapshot_delta(before, after)
         survived = engine.alive() and engine.healthy()
         rel = gates.reliability(
@@ -278,7 +317,7 @@ def run_trial(
             cost_per_mtok_usd=cost,
             correctness=verdict.to_dict(),
             reliability=rel.to_dict(),
-            capture=answers.to_dict() if reference is None else None,
+            capture=None,
             prefix_cache_hit_rate=None
             if math.isnan(delta.prefix_cache_hit_rate)
             else delta.prefix_cache_hit_rate,
@@ -286,11 +325,23 @@ def run_trial(
             duration_s=time.monotonic() - started,
             ttft_sample_ms=ttft_sample(ttfts),
             gate_thresholds=asdict(plan.thresholds),
+            foreign_load=load.to_dict(),
+            contended=contended,
         )
     except Exception as exc:
         return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))
     finally:
         engine.stop()
+
+
+def _captured(config: EngineConfig, answers: gates.Capture, started: float) -> TrialResult:
+    """The reference's record: its golden-set answers; no load was replayed, so no figures."""
+    return replace(
+        _failed(config, "", started),
+        status="ok",
+        error=None,
+        capture=answers.to_dict(),
+    )
 
 
 def _served_name(base_url: str) -> str:

@@ -1,0 +1,269 @@
+"""The engine host as a measuring instrument: who holds it, what else loads it, what it is.
+
+A latency figure is only worth signing when nothing else ran on the same cores while it was
+taken. Three pieces make that checkable:
+
+- `HostLock`: at most one measuring engine per host. An advisory `flock` on a file every
+  measuring process of the host agrees on (`TAILGUARD_HOST_LOCK`), so trials of every job and
+  tenant, calibration and benchmarks queue behind each other whatever worker runs them. The
+  kernel drops the lock when its holder dies, so a killed worker never leaves the host locked.
+- `ForeignLoadMeter`: CPU time spent during a measurement by processes that are neither this
+  process nor its descendants (the engine, the load generator), from `/proc`. A live endpoint
+  on the same host, another test suite or a compile shows up here; the trial records it.
+- `cpu_facts` and `fastest_dtype`: the host facts a competent baseline depends on. The fastest
+  dtype is decided by a short matmul probe per host and cached, never assumed per machine
+  (float32 was 2x faster than bfloat16 on one AVX2 host, 2x slower on an AVX512-BF16 one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FACTS_PATH = "~/.cache/tailguard/host-facts.json"
+# Flags that decide which dtype is fast on a CPU (vLLM's CPU backend and oneDNN key on them).
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "fma")
+
+
+class HostBusyError(RuntimeError):
+    """The host stayed held by another measurement for longer than the caller would wait."""
+
+
+def lock_path() -> Path:
+    """One file per host that every measuring process agrees on."""
+    configured = os.environ.get("TAILGUARD_HOST_LOCK")
+    return Path(configured) if configured else Path(tempfile.gettempdir()) / "tailguard-engine-host.lock"
+
+
+@dataclass(frozen=True)
+class HostHold:
+    """How this process came to hold the host."""
+
+    waited_s: float  # time spent queued behind another measurement
+    waited_for: str  # who held it when we arrived ("" when it was free)
+
+
+@contextlib.contextmanager
+def hold_host(
+    *,
+    holder: str,
+    wait_s: float = 6 * 3600.0,
+    path: Path | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    poll_s: float = 1.0,
+) -> Iterator[HostHold]:
+    """Hold the engine host for one measurement; wait (bounded) while another holds it.
+
+    `holder` describes this measurement ("job 1f3a trial 4"); it is written into the lock file
+    so a waiting caller can say what it waits for. `on_wait(description)` is called once when the
+    host is found busy.
+    """
+    target = path or lock_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o666)
+    started = time.monotonic()
+    waited_for = ""
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited_for:
+                    waited_for = _read_holder(target) or "another measurement"
+                    if on_wait:
+                        on_wait(waited_for)
+                if time.monotonic() - started > wait_s:
+                    raise HostBusyError(
+                        f"the engine host stayed busy for {wait_s:,.0f} s ({waited_for}); try again later"
+                    ) from None
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{holder} (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})".encode(), 0)
+        yield HostHold(waited_s=time.monotonic() - started, waited_for=waited_for)
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _read_holder(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace").strip()[:200]
+    return ""
+
+
+# --- foreign load --------------------------------------------------------------------------
+
+
+def _ticks_per_s() -> int:
+    return int(os.sysconf("SC_CLK_TCK"))
+
+
+def _busy_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine since boot (/proc/stat's first line)."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already inside user/nice
+    return total - idle, total
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, own + reaped children's CPU ticks) for every live process."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                raw = fh.read()
+        except OSError:
+            continue  # exited meanwhile
+        rest = raw[raw.rfind(")") + 2 :].split()
+        # state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
+        table[int(entry.name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+    return table
+
+
+def _ours(table: dict[int, tuple[int, int]], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = set(), [root]
+    while stack:
+        pid = stack.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """The machine's CPU use over one measurement window, in cores (1.0 = one core busy)."""
+
+    window_s: float
+    num_cpus: int
+    total_cores: float  # everything
+    ours_cores: float  # this process and its descendants (engine, load generator)
+    foreign_cores: float  # the rest: what could have disturbed the measurement
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+class ForeignLoadMeter:
+    """CPU time spent by other processes between `start()` and `stop()`.
+
+    A process of ours that exits in the window is not lost: its ticks move into its parent's
+    reaped-children counters, and the parent is ours too.
+    """
+
+    def __init__(self, root_pid: int | None = None) -> None:
+        self.root = root_pid or os.getpid()
+        self._start: tuple[float, int, int, int] | None = None
+
+    def _ours_ticks(self) -> int:
+        table = _process_table()
+        return sum(table[pid][1] for pid in _ours(table, self.root) if pid in table)
+
+    def start(self) -> ForeignLoadMeter:
+        busy, total = _busy_ticks()
+        self._start = (time.monotonic(), busy, total, self._ours_ticks())
+        return self
+
+    def stop(self) -> LoadSample:
+        if self._start is None:
+            raise RuntimeError("ForeignLoadMeter.stop() before start()")
+        t0, busy0, _, ours0 = self._start
+        ours1 = self._ours_ticks()
+        busy1, _ = _busy_ticks()
+        window = max(time.monotonic() - t0, 1e-6)
+        hz = _ticks_per_s()
+        total = (busy1 - busy0) / hz / window
+        ours = max(0, ours1 - ours0) / hz / window
+        return LoadSample(
+            window_s=window,
+            num_cpus=os.cpu_count() or 1,
+            total_cores=total,
+            ours_cores=ours,
+            foreign_cores=max(0.0, total - ours),
+        )
+
+
+# --- host facts ------------------------------------------------------------------------------
+
+
+def cpu_facts() -> dict[str, Any]:
+    """CPU model, cores and the ISA flags that decide fast dtypes."""
+    model, flags = "unknown", set[str]()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    return {
+        "cpu_model": model,
+        "num_cpus": os.cpu_count() or 1,
+        "isa": sorted(f for f in _ISA_FLAGS if f in flags),
+    }
+
+
+def facts_path() -> Path:
+    return Path(os.environ.get("TAILGUARD_HOST_FACTS") or DEFAULT_FACTS_PATH).expanduser()
+
+
+def fastest_dtype(
+    *, device_kind: str, checkpoint_dtype: str, probe: Callable[[], dict[str, float]] | None = None
+) -> dict[str, Any]:
+    """The dtype a competent user would serve with on this host, and the evidence.
+
+    GPUs serve the checkpoint's own half precision. On a CPU a short probe (fp32 and bf16 matmul
+    throughput, about a second) decides, once per CPU model and ISA; the answer is cached in
+    `facts_path()` with the figures it rests on.
+    """
+    if device_kind != "cpu":
+        dtype = "bfloat16" if checkpoint_dtype in {"bfloat16", "auto"} else checkpoint_dtype
+        return {"dtype": dtype, "why": f"GPUs serve the checkpoint's own precision ({dtype})"}
+    facts = cpu_facts()
+    key = f"{facts['cpu_model']}|{facts['num_cpus']}|{','.join(facts['isa'])}"
+    path = facts_path()
+    cache: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        cache = json.loads(path.read_text())
+    if key in cache and "dtype" in cache[key]:
+        return dict(cache[key])
+    if probe is None:
+        from serving.perf.calibrate import measure_cpu
+
+        probe = measure_cpu
+    figures = probe()
+    fp32, bf16 = figures["fp32_tflops"], figures["bf16_tflops"]
+    # A tie goes to bf16: it is what vLLM runs a bf16 checkpoint with when given no flag.
+    dtype = "bfloat16" if bf16 >= fp32 else "float32"
+    entry = {
+        **facts,
+        "dtype": dtype,
+        "fp32_tflops": round(fp32, 4),
+        "bf16_tflops": round(bf16, 4),
+        "why": f"matmul probe on this host: bf16 {bf16:.3f} vs fp32 {fp32:.3f} TFLOPS",
+        "probed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    cache[key] = entry
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    return dict(entry)
