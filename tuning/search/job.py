@@ -104,6 +104,9 @@ class JobSpec:
     # A trial during which other processes kept more than this many cores busy is "contended":
     # shown, and excluded from selection and confirmation. None: record only.
     contention_cores: float | None = 0.3
+    # Knobs held at vLLM's default and left out of the search (e.g. `cpu_worker_cores`, whose
+    # gain is an artefact of 2-core hosts and does not carry over to servers).
+    frozen_knobs: tuple[str, ...] = ()
 
     @property
     def target_rps(self) -> float:
@@ -116,6 +119,7 @@ class JobSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
         values = dict(data)
         values["capacity_steps"] = tuple(values.get("capacity_steps", (1.5, 2.0, 3.0, 4.0)))
+        values["frozen_knobs"] = tuple(values.get("frozen_knobs", ()))
         return cls(**values)
 
 
@@ -271,6 +275,10 @@ def plan_job(
     slo, hardware = validate(spec, allowed_regions=allowed_regions)
     model = model_info(spec.model_path)
     space = build_space(model=model, hardware=hardware, max_model_len=spec.max_model_len)
+    unknown = set(spec.frozen_knobs) - {k.name for k in space.knobs}
+    if unknown:
+        raise JobSpecError("frozen_knobs", f"no such knob on {hardware.name}: {', '.join(sorted(unknown))}")
+    space = replace(space, knobs=tuple(k for k in space.knobs if k.name not in spec.frozen_knobs))
     work_dir.mkdir(parents=True, exist_ok=True)
     # The workload is synthesised once per load level (the target rate and each capacity step, the
     # same length each, so every level is sustained load, not a burst); later steps of the same
