@@ -56,6 +56,12 @@ def _django(work: Path) -> None:
         TRAFFIC_STAGING_DIR=str(work / "staging"),
         ENDPOINTS_DIR=str(work / "endpoints"),
         COMPLIANCE_STORAGE_DIR=str(work / "compliance"),
+        # This run drives drift on purpose within minutes, on the one host that also serves: the
+        # loop's evidence floor is lowered and re-tuning on the serving host allowed, explicitly
+        # (the defaults are 200 requests over 600 s, and no re-tuning on the serving host).
+        LOOP_MIN_LIVE_REQUESTS=os.environ.get("LOOP_MIN_LIVE_REQUESTS", "50"),
+        LOOP_MIN_LIVE_SPAN_S=os.environ.get("LOOP_MIN_LIVE_SPAN_S", "60"),
+        LOOP_RETUNE_ON_SERVING_HOST="true",
     )
     import django
 

@@ -2,7 +2,11 @@
 
 One run, one machine, one moment, run alone on a quiet machine:
 
-For each trace, a whole tuning job as the product runs it (`tuning.search.job`):
+For each trace, first the load: the competent baseline's knee (the highest rate on a ladder at
+which it still meets the SLO, one engine) is found, and the job's target rate set at
+`--knee-fraction` of it (peak = target / 1.25 headroom): near the knee, where serving knobs
+matter, and the same load for every configuration. Then a whole tuning job as the product runs
+it (`tuning.search.job`):
 1. the reference (float32 on a CPU) is captured: the correctness gate's yardstick, not a candidate;
 2. the search (TPE, the simulator's favourites first) measures `--search-budget` configurations,
    the competent baseline (vLLM's defaults with this host's fastest dtype, decided by the host
@@ -44,8 +48,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
-from serving.engine.host import ForeignLoadMeter, fastest_dtype  # noqa: E402
+from serving.engine.host import ForeignLoadMeter, fastest_dtype, hold_host  # noqa: E402
+from serving.engine.launcher import start_engine  # noqa: E402
+from serving.loadgen.api import replay_generated, replay_trace  # noqa: E402
 from serving.models.tiny import build_tiny_model  # noqa: E402
 from tuning import __version__  # noqa: E402
 from tuning.search.job import (  # noqa: E402
@@ -55,14 +63,82 @@ from tuning.search.job import (  # noqa: E402
     report,
     run_trials,
 )
+from tuning.search.slo import parse_slo  # noqa: E402
 from tuning.search.space import Knob  # noqa: E402
 from tuning.search.strategies import GridStrategy  # noqa: E402
+from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "tuning_gain.json"
 CACHE = REPO / "benchmarks" / "results" / ".tuning_gain.cache.json"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
 AUTOTUNE_SEQS = (128, 256)  # vLLM's benchmarks/auto_tune value lists
 AUTOTUNE_TOKENS = (512, 1024, 2048, 4096)
+LADDER = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)  # req/s
+
+
+def _knee(args: argparse.Namespace, name: str, trace: Path, cache: dict[str, Any]) -> dict[str, Any]:
+    """The competent baseline's highest ladder rate meeting the SLO, on one fresh engine (each
+    rate replays prompts of its own, so the prefix cache sees no repeats across rates)."""
+    key = f"knee-{name}"
+    if key in cache:
+        return dict(cache[key])
+    spec = _spec(args, trace, 1.0)
+    prepared = plan_job(spec, Path(tempfile.gettempdir()) / "tailguard-tuning-gain" / f"knee-{name}")
+    slo = parse_slo(args.slo)
+    sample = ingest_path(trace, keep_blocks=True)
+    points: list[dict[str, Any]] = []
+    best = 0.0
+    config = prepared.space.to_config(prepared.competent)
+    with (
+        hold_host(holder=f"tuning_gain knee probe {name}"),
+        start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600) as engine,
+    ):
+        url = engine.base_url
+        replay_generated(
+            endpoint=url,
+            num_requests=4,
+            rate_rps=50.0,
+            num_prompt_tokens=64,
+            num_output_tokens=8,
+            progress=False,
+        )
+        for i, rate in enumerate(LADDER):
+            synth = synthesize(
+                sample, target_rps=rate, duration_s=args.duration_s, rng=np.random.default_rng(1000 + i)
+            )
+            path = Path(tempfile.gettempdir()) / "tailguard-tuning-gain" / f"knee-{name}-{rate:g}.jsonl"
+            with path.open("wb") as out:
+                write_mooncake_jsonl(synth, out)
+            result = replay_trace(
+                endpoint=url,
+                trace=path,
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_output_tokens=args.max_output_tokens,
+                seed=1000 + i,
+                slo=slo.per_request(),
+                progress=False,
+            )
+            summary = result.summary
+            met = slo.met_by(summary) and summary.num_errors == 0
+            points.append(
+                {
+                    "rate_rps": rate,
+                    "ttft_p50_ms": summary.ttft_ms.p50,
+                    "ttft_p95_ms": summary.ttft_ms.p95,
+                    "errors": summary.num_errors,
+                    "slo_met": met,
+                }
+            )
+            _log(
+                f"[{name}] knee probe {rate:g} req/s: p50 {summary.ttft_ms.p50:,.0f} ms, SLO {'met' if met else 'missed'}"
+            )
+            if not met:
+                break
+            best = rate
+    knee = {"knee_rps": best, "competent": prepared.competent, "points": points}
+    cache[key] = knee
+    _save(cache)
+    return knee
 
 
 def _cache() -> dict[str, Any]:
@@ -256,9 +332,9 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=12.0, help="seconds of traffic per load level")
     parser.add_argument("--repeats", type=int, default=1, help="replays at the target rate inside one trial")
     parser.add_argument("--capacity-steps", default="1.5,2.0")
-    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--max-output-tokens", type=int, default=32)
-    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--frozen-knobs", default="cpu_worker_cores")
     parser.add_argument("--autotune-grid", default="", help="run vLLM's auto_tune lists on this trace")
     parser.add_argument("--seed", type=int, default=0)
@@ -275,14 +351,20 @@ def main() -> int:
     args.model_dir = work / f"llama-{args.size}"
     if not (args.model_dir / "config.json").exists():
         build_tiny_model(arch="llama", size=args.size, out_dir=args.model_dir, seed=0)
-    peaks = dict(item.split("=") for item in args.peak_rps.split(","))
+    peaks = dict(item.split("=") for item in args.peak_rps.split(",") if item)
     cases = []
     grid_result = None
     for name in args.traces.split(","):
         trace = args.traces_dir / TRACES[name]
+        knee = None
+        if name not in peaks:
+            knee = _knee(args, name, trace, cache)
+            if not knee["knee_rps"]:
+                raise SystemExit(f"{name}: the competent baseline misses the SLO at {LADDER[0]} req/s")
+            peaks[name] = str(knee["knee_rps"] * args.knee_fraction / 1.25)
         spec = _spec(args, trace, float(peaks[name]))
         prepared, history = _job(name, spec, cache, f"job-{name}")
-        cases.append(_trace_case(name, prepared, history))
+        cases.append({**_trace_case(name, prepared, history), "knee_probe": knee})
         if args.autotune_grid == name:
             grid_result = _autotune(args, trace, float(peaks[name]), cache)
     load = meter.stop()

@@ -1049,6 +1049,12 @@ def _totp_throttled(user: Any) -> bool:
     )
 
 
+def _totp_failure_record(*, user: Any, device: Any, kind: str) -> None:
+    """A wrong second factor is sign-in activity: audited (never the code itself)."""
+    with transaction.atomic():
+        audit_record(actor=None, action="auth.two_factor_failed", target=user, data={"kind": kind})
+
+
 def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
     """Checks a code against the user's authenticator (confirming it on first success), or a
     recovery code once the authenticator is confirmed. Replays and too many failures are
@@ -1069,6 +1075,7 @@ def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
             LoginFailure.objects.filter(email_digest=f"totp:{user.pk}").delete()
             return True
         LoginFailure.objects.create(email_digest=f"totp:{user.pk}")
+        _totp_failure_record(user=user, device=device, kind="recovery code")
         return False
     secret = unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
     step = totp.matching_step(
@@ -1076,6 +1083,7 @@ def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
     )
     if step is None:
         LoginFailure.objects.create(email_digest=f"totp:{user.pk}")
+        _totp_failure_record(user=user, device=device, kind="authenticator code")
         return False
     with transaction.atomic():
         # Conditional update: two requests with the same code cannot both pass.

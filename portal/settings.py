@@ -265,6 +265,15 @@ TRAFFIC_WORKLOAD_DIR = Path(env.str("TRAFFIC_WORKLOAD_DIR", str(VAR_DIR / "workl
 TUNING_WORK_DIR = Path(env.str("TUNING_WORK_DIR", str(VAR_DIR / "jobs")) or "")
 TUNING_MODEL_ROOTS = [Path(p) for p in env.list("TUNING_MODEL_ROOTS", [str(VAR_DIR / "models")])]
 TUNING_LEASE_S = env.int("TUNING_LEASE_S", 120, minimum=10)
+# The continual loop judges drift only on evidence: at least this many finished requests over at
+# least this many seconds of observed traffic (a few dozen test calls to a fresh endpoint are not
+# a workload). benchmarks/drift_false_alarm.py measures the false-alarm rate these give.
+LOOP_MIN_LIVE_REQUESTS = env.int("LOOP_MIN_LIVE_REQUESTS", 200, minimum=20)
+LOOP_MIN_LIVE_SPAN_S = env.int("LOOP_MIN_LIVE_SPAN_S", 600, minimum=30)
+# A re-tuning job measures engines; on the host serving the live endpoint those measurements and
+# the live traffic disturb each other. Off unless the operator allows it (its trials then record
+# the live traffic as foreign load and are excluded when contended).
+LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=False)
 # `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps and sample
 # ingests the broker never got or lost, and replaces steps whose worker died; a step the broker
 # took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S, a queued sample after

@@ -31,6 +31,7 @@ from statistics import median
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -55,7 +56,6 @@ from tuning.search.slo import parse_slo
 
 logger = logging.getLogger(__name__)
 
-MIN_LIVE_REQUESTS = 30  # fewer finished requests in the window and nothing is judged
 RETUNE_SAMPLE_REQUESTS = 200  # requests in the synthesised live-like sample (at the live rate)
 
 
@@ -127,11 +127,18 @@ def _tuned_for(endpoint: Endpoint, windows: list[LiveWindow]) -> Any:
 
 def loop_detect(*, endpoint: Endpoint) -> str:
     """Compare the live window with the tuned-for workload; start an iteration on drift or erosion."""
-    since = timezone.now() - timedelta(seconds=endpoint.detect_window_s)
+    # The window is the endpoint's, but never shorter than the evidence the loop needs.
+    span_s = max(endpoint.detect_window_s, settings.LOOP_MIN_LIVE_SPAN_S)
+    since = timezone.now() - timedelta(seconds=span_s)
     windows, p95s = _windows(endpoint, since=since)
     live = live_profile(windows)
-    if live is None or live.num_requests < MIN_LIVE_REQUESTS:
-        return "not enough live traffic"
+    if live is None or live.num_requests < settings.LOOP_MIN_LIVE_REQUESTS:
+        found = 0 if live is None else live.num_requests
+        return f"not enough live traffic ({found} of {settings.LOOP_MIN_LIVE_REQUESTS} requests)"
+    observed_s = sum(w.interval_s for w in windows)
+    # Scrapes are periodic: allow one missed interval's worth short of the span.
+    if observed_s < 0.9 * settings.LOOP_MIN_LIVE_SPAN_S:
+        return f"not enough observed time ({observed_s:,.0f} of {settings.LOOP_MIN_LIVE_SPAN_S:,} s)"
     try:
         baseline = _tuned_for(endpoint, windows)
     except (OSError, StopIteration, ValueError) as exc:
@@ -233,8 +240,15 @@ def _start_retune(it: LoopIteration) -> str:
     since = it.detected_at
     if timezone.now() < since + timedelta(seconds=endpoint.detect_window_s):
         return "confirming"
+    if not settings.LOOP_RETUNE_ON_SERVING_HOST:
+        return _fail(
+            it,
+            "re-tuning would measure engines on the host serving this endpoint (the live traffic and "
+            "the trials would disturb each other); the operator can allow it with "
+            "LOOP_RETUNE_ON_SERVING_HOST=true, or re-tune from the job page on another host",
+        )
     windows, _ = _windows(endpoint, since=since)
-    if sum(w.num_requests for w in windows) < MIN_LIVE_REQUESTS:
+    if sum(w.num_requests for w in windows) < settings.LOOP_MIN_LIVE_REQUESTS:
         if timezone.now() > since + timedelta(seconds=10 * endpoint.detect_window_s):
             return _fail(it, "the live traffic stopped after the detection: nothing to re-tune on")
         return "confirming"

@@ -83,7 +83,12 @@ async def send_streaming(
     completion_tokens: int | None = None
     status: int | None = None
     try:
-        async with session.post(request.url, data=request.body, headers=headers) as response:
+        # Never follow a redirect: a target (a customer-supplied benchmark address among them)
+        # must not bounce the load, or a probe of an internal service, to another host. A 3xx is
+        # reported as the error it is.
+        async with session.post(
+            request.url, data=request.body, headers=headers, allow_redirects=False
+        ) as response:
             status = response.status
             if status != 200:
                 detail = (await response.text())[:300]

@@ -83,6 +83,11 @@ def test_a_code_works_once_and_guessing_is_throttled(alice, settings) -> None:  
     assert not services.totp_verify(user=alice, code=code, now_s=now)  # replay
     for _ in range(2):
         assert not services.totp_verify(user=alice, code="123456", now_s=now)
+    # Each wrong or replayed code is sign-in activity in the audit trail (the code itself never is).
+    failed = AuditEvent.objects.filter(action="auth.two_factor_failed", target_id=str(alice.pk))
+    assert failed.count() == 3 and all(
+        e.data == {"kind": "authenticator code"} for e in failed
+    )  # the replay too
     from django.core.exceptions import ValidationError
 
     with pytest.raises(ValidationError, match="Too many wrong codes"):

@@ -68,6 +68,12 @@ def _trial(job: TuningJob, number: int, assignment: dict[str, object], **result:
 def deployed(alice, alice_org, model_root: Path, settings, tmp_path: Path):  # type: ignore[no-untyped-def]
     """An endpoint serving a job's winner, tuned on short prompts at 3 requests/s."""
     settings.TUNING_MODEL_ROOTS = [model_root]
+    # The scrapes below are two minutes of 72 requests, and this host is where the tests re-tune:
+    # the loop's evidence floor and its serving-host rule are lowered and allowed explicitly (their
+    # defaults have their own tests below).
+    settings.LOOP_MIN_LIVE_REQUESTS = 30
+    settings.LOOP_MIN_LIVE_SPAN_S = 60
+    settings.LOOP_RETUNE_ON_SERVING_HOST = True
     model = ServedModel.objects.create(
         organization=alice_org, name="llama-xs", path=str(model_root / "llama-xs")
     )
@@ -183,6 +189,33 @@ def test_steady_traffic_starts_nothing(deployed: Endpoint) -> None:
     _scrapes(deployed, long=False, p95=700.0, start=timedelta(0))
     assert loop.loop_tick(endpoint_id=str(deployed.id)) == "no drift"
     assert not LoopIteration.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_few_test_calls_to_a_fresh_endpoint_are_not_drift(deployed: Endpoint, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOP_MIN_LIVE_REQUESTS = 200
+    settings.LOOP_MIN_LIVE_SPAN_S = 600
+    # Two minutes of long, prefix-heavy prompts: drift by every measure, but 72 requests.
+    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    assert loop.loop_tick(endpoint_id=str(deployed.id)) == "not enough live traffic (72 of 200 requests)"
+    # Enough requests, but over two minutes, not the ten the loop needs.
+    settings.LOOP_MIN_LIVE_REQUESTS = 50
+    assert loop.loop_tick(endpoint_id=str(deployed.id)) == "not enough observed time (120 of 600 s)"
+    assert not LoopIteration.objects.exists()
+
+
+@pytest.mark.django_db
+def test_retuning_on_the_serving_host_needs_the_operators_leave(
+    deployed: Endpoint, settings, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    settings.LOOP_RETUNE_ON_SERVING_HOST = False
+    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    with django_capture_on_commit_callbacks(execute=False):
+        step = _detect_then_confirm(deployed)
+    it = LoopIteration.objects.get()
+    assert step == "failed" and it.status == LoopIteration.Status.FAILED
+    assert "LOOP_RETUNE_ON_SERVING_HOST" in it.error
+    assert TuningJob.objects.count() == 1  # no re-tuning job was started
 
 
 @pytest.mark.django_db

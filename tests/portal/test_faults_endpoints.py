@@ -64,6 +64,10 @@ def _loop_worker_env(broker_url: str, settings: Any, models: Path) -> dict[str, 
         **_worker_env(broker_url, settings, models),
         "ENDPOINTS_DIR": str(settings.ENDPOINTS_DIR),
         "CELERY_TASK_DEFAULT_QUEUE": _UNREAD_QUEUE,
+        # The loop's evidence floor and serving-host rule, lowered and allowed for these tests.
+        "LOOP_MIN_LIVE_REQUESTS": str(settings.LOOP_MIN_LIVE_REQUESTS),
+        "LOOP_MIN_LIVE_SPAN_S": str(settings.LOOP_MIN_LIVE_SPAN_S),
+        "LOOP_RETUNE_ON_SERVING_HOST": "true" if settings.LOOP_RETUNE_ON_SERVING_HOST else "false",
     }
 
 
