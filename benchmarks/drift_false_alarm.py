@@ -4,12 +4,14 @@ The loop compares a window of live traffic (the engine's scraped histograms) wit
 the running configuration was tuned on (`tuning.continual`). Here both sides come from the same
 public trace, through the same code the loop runs:
 
-- **random halves**: each request goes to A or B at random (seeded); A is the tuned-for workload,
-  B's first requests (as 15 s scrape windows bucketed into vLLM's histogram bounds) the live
-  window. Both halves are draws of one workload, so every alarm is a false alarm.
+- **random halves**: a stretch of the trace at a random offset (long enough for the evidence
+  floor twice over) has its requests split at random (seeded) into A and B; A is the tuned-for
+  workload, B (as 15 s scrape windows bucketed into vLLM's histogram bounds) the live window.
+  Both halves are draws of one workload at one time, so every alarm is a false alarm.
 - **first half vs later windows**: the first half of the trace is the tuned-for workload, windows
-  taken at successive offsets of the second half the live traffic. A real trace is not perfectly
-  stationary, so these alarms are an upper bound on false alarms.
+  taken at successive offsets of the second half the live traffic (what the loop compares: a
+  whole sample against a live window). A real trace is not stationary, so these alarms include
+  real within-trace changes: an upper bound on false alarms.
 
 Each is run at the old evidence floor (30 requests, 60 s) and at the loop's defaults
 (`LOOP_MIN_LIVE_REQUESTS`, `LOOP_MIN_LIVE_SPAN_S`). Rates carry Wilson 95% intervals.
@@ -48,9 +50,9 @@ SCRAPE_S = 15.0
 FLOORS = {"old (30 requests, 60 s)": (30, 60), "default (200 requests, 600 s)": (200, 600)}
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
+def wilson(k: int, n: int) -> tuple[float | None, float | None]:
     if n == 0:
-        return (math.nan, math.nan)
+        return (None, None)
     z = 1.96
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
@@ -148,9 +150,20 @@ def main() -> int:
         order = np.argsort(cols.arrival_ns, kind="stable")
         for floor_name, floor in FLOORS.items():
             alarms, trials, dims = 0, 0, {}  # type: ignore[var-annotated]
+            arrivals = cols.arrival_ns[order]
             for seed in range(args.seeds):
-                mask = np.random.default_rng(seed).random(n) < 0.5
-                out = _check(cols, order[mask[order]], order[~mask[order]], floor, work)
+                # One stretch of the trace long enough for the floor twice over, its requests
+                # split at random: A is the tuned-for workload, B the live traffic.
+                rng = np.random.default_rng(seed)
+                start = int(rng.integers(0, n))
+                need_ns = arrivals[start] + int(1.2 * floor[1] * 1e9)
+                end = int(np.searchsorted(arrivals, need_ns))
+                end = max(end, start + int(2.4 * floor[0]))
+                if end >= n:
+                    continue
+                stretch = order[start:end]
+                mask = rng.random(stretch.size) < 0.5
+                out = _check(cols, stretch[mask], stretch[~mask], floor, work)
                 if out is None:
                     continue
                 trials += 1
