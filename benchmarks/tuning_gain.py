@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -324,8 +325,9 @@ def main() -> int:
     parser.add_argument("--slo", default="ttft_p50_ms<=1000,ttft_p95_ms<=3000")
     parser.add_argument("--traces", default="azure_conv,mooncake")
     parser.add_argument(
-        "--peak-rps", default="azure_conv=2.0,mooncake=1.0", help="TRACE=RPS,... (x1.25 headroom)"
+        "--peak-rps", default="", help="TRACE=RPS,... (x1.25 headroom); default: from the knee probe"
     )
+    parser.add_argument("--knee-fraction", type=float, default=0.8, help="target rate / the competent knee")
     parser.add_argument("--search-budget", type=int, default=4)
     parser.add_argument("--confirm-repeats", type=int, default=3)
     parser.add_argument("--finalists", type=int, default=1)
@@ -344,6 +346,10 @@ def main() -> int:
     cache = {} if args.fresh else _cache()
     if args.fresh:
         _save(cache)
+        # Workloads and trial folders of an earlier run (another rate, other caps) must not be
+        # reused: a job's plan keeps the workload files it finds.
+        for stale in (Path(tempfile.gettempdir()) / "tailguard-tuning-gain").glob("[jka]*-*"):
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
     started = time.monotonic()
     git = git_state(REPO)
     meter = ForeignLoadMeter().start()
