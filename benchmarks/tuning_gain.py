@@ -229,7 +229,9 @@ def _trace_case(name: str, prepared: Any, history: list[TrialRecord]) -> dict[st
     rate = _fig(subject, "vs_competent", "sustainable_multiple")
     ttft_naive = _fig(subject, "vs_naive", "ttft_p50_ms")
     competent = prepared.competent
-    knobs = {k: v for k, v in (subject.get("assignment") or {}).items() if competent.get(k) != v}
+    assignment = subject.get("assignment") or {}
+    mine, base = dict(prepared.space.key(assignment)), dict(prepared.space.key(competent))
+    knobs = {k: mine[k] for k in mine if mine[k] != base[k]}
     phases: dict[str, int] = {}
     for r in history:
         phases[r.phase] = phases.get(r.phase, 0) + 1
@@ -428,7 +430,15 @@ def main() -> int:
         "settings": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in {"fresh"}
         },
-        "foreign_load": load.to_dict(),
+        # What could have disturbed a measurement: other processes' CPU while each trial measured
+        # (per trial, from /proc). The whole-run window below also counts the engines' own worker
+        # processes that outlive their parent for a moment at each shutdown and are reaped by
+        # init, and everything between measurements: an upper bound, not the trials' condition.
+        "foreign_load": {
+            "per_trial_max_cores": max((c["foreign_cores_max"] or 0.0) for c in cases),
+            "contended_trials": sum(c["contended_trials"] for c in cases),
+            "whole_run": load.to_dict(),
+        },
         "wall_s": round(time.monotonic() - started, 1),
         "repeats": args.confirm_repeats,
         "summary": summary,

@@ -341,3 +341,14 @@ def test_job_plan_starts_with_the_reference_then_the_competent_baseline_then_the
     history.append(TrialRecord(3, fourth, done))
     # The budget counts search trials; the reference capture comes on top.
     assert next_assignment(prepared, history) is None
+
+
+def test_golden_prompts_follow_the_traffic_length_mix() -> None:
+    lengths = np.concatenate([np.full(70, 20), np.full(20, 90), np.full(10, 3000)])
+    picked = gates.stratified_lengths(lengths)
+    assert len(picked) == 8 and list(picked) == sorted(picked)
+    # Short prompts dominate the traffic and the golden set alike; long ones are bounded.
+    assert picked.count(20) >= 5 and picked[-1] == gates.GOLDEN_MAX_TOKENS
+    assert gates.stratified_lengths([3]) == (gates.GOLDEN_MIN_TOKENS,) * 8
+    golden = gates.GoldenSet.make(vocab_size=4096, rng=np.random.default_rng(0), prompt_lengths=picked)
+    assert [len(p) for p in golden.prompts] == list(picked)

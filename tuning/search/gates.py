@@ -27,6 +27,24 @@ import numpy as np
 
 from tuning.search.space import LOSSLESS
 
+GOLDEN_MIN_TOKENS = 16
+# Every golden prompt position is compared (top-k log-probabilities each), and the reference's
+# answers are stored with the job: longer prompts than this add storage, not evidence.
+GOLDEN_MAX_TOKENS = 128
+
+
+def stratified_lengths(lengths: Any, num_prompts: int = 8) -> tuple[int, ...]:
+    """One prompt length per stratum of the traffic's own prompt-length distribution (the
+    midpoint quantile of each of `num_prompts` equal-probability strata), bounded to
+    [GOLDEN_MIN_TOKENS, GOLDEN_MAX_TOKENS]: the gate sees short and long prompts in the
+    proportions the customer sends them, not one fixed length."""
+    values = np.asarray(lengths, dtype=np.float64)
+    if values.size == 0:
+        return ()
+    quantiles = (np.arange(num_prompts) + 0.5) / num_prompts
+    picked = np.quantile(values, quantiles)
+    return tuple(int(min(GOLDEN_MAX_TOKENS, max(GOLDEN_MIN_TOKENS, round(v)))) for v in picked)
+
 
 @dataclass(frozen=True)
 class GoldenSet:
@@ -44,12 +62,14 @@ class GoldenSet:
         prompt_tokens: int = 48,
         greedy_tokens: int = 16,
         top_k: int = 10,
+        prompt_lengths: tuple[int, ...] = (),
     ) -> GoldenSet:
+        """`num_prompts` prompts of `prompt_tokens` each, or one per entry of `prompt_lengths`
+        (the customer's length mix: see `stratified_lengths`)."""
         # Ids from the lower vocabulary: real tokens, clear of the special ids at the top.
         high = max(2, min(vocab_size - 64, 30_000))
-        prompts = tuple(
-            tuple(int(t) for t in rng.integers(3, high, size=prompt_tokens)) for _ in range(num_prompts)
-        )
+        lengths = prompt_lengths or (prompt_tokens,) * num_prompts
+        prompts = tuple(tuple(int(t) for t in rng.integers(3, high, size=n)) for n in lengths)
         return cls(prompts=prompts, greedy_tokens=greedy_tokens, top_k=top_k)
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,7 +138,11 @@ def capture(
 
 @dataclass(frozen=True)
 class Thresholds:
-    min_top1_agreement: float = 0.90
+    # A precision change must keep the reference's next token at 95% of positions: one wrong
+    # argmax in ten is not "preserved". Against float32 references on this project's random-weight
+    # Llamas, bfloat16 agreed at 0.984 (llama-m, benchmarks/results/tuning_gain.json) and an fp8
+    # KV cache fell below 0.95 (llama-s, tests/tuning/test_gate_live.py, which asserts the rejection).
+    min_top1_agreement: float = 0.95
     max_mean_kl: float = 0.05  # nats
     lossless_min_top1_agreement: float = 0.98  # batching can flip exact ties even when lossless
 

@@ -309,7 +309,18 @@ def plan_job(
                 write_mooncake_jsonl(trace, out)
             tmp.replace(path)
     workload = files[1.0]
-    golden = gates.GoldenSet.make(vocab_size=model.vocab_size, rng=np.random.default_rng(spec.seed + 1))
+    # The golden set follows the traffic's prompt-length mix (the synthesised workload's lengths,
+    # capped as the trials cap them). The sample keeps numbers only, never prompt text, so the
+    # prompts are token ids drawn at random: the gate compares configurations on the same inputs.
+    with workload.open() as fh:
+        workload_lengths = [json.loads(line)["input_length"] for line in fh if line.strip()]
+    if spec.max_prompt_tokens is not None:
+        workload_lengths = [min(n, spec.max_prompt_tokens) for n in workload_lengths]
+    golden = gates.GoldenSet.make(
+        vocab_size=model.vocab_size,
+        rng=np.random.default_rng(spec.seed + 1),
+        prompt_lengths=gates.stratified_lengths(workload_lengths),
+    )
     plan = TrialPlan(
         model_path=spec.model_path,
         workload_trace=str(workload),
@@ -444,19 +455,22 @@ def strategy_for(prepared: Prepared) -> Strategy:
     # favourite, the naive defaults and the simulator's next favourites.
     ranked = prepared.sim_ranked[:SIM_PRIORS]
     incumbent = (spec.incumbent,) if spec.incumbent else ()
+    # The naive defaults only where they run something else than the competent baseline (with
+    # no dtype flag vLLM runs the checkpoint's, which may be the host's fastest already).
+    naive = (
+        ()
+        if _key(prepared.defaults, prepared) == _key(prepared.competent, prepared)
+        else (prepared.defaults,)
+    )
     return TPEStrategy(
         seed=spec.seed,
-        priors=(*incumbent, prepared.competent, *ranked[:1], prepared.defaults, *ranked[1:]),
+        priors=(*incumbent, prepared.competent, *ranked[:1], *naive, *ranked[1:]),
         n_startup_trials=max(2, spec.budget_trials // 4),
     )
 
 
 def _key(assignment: Mapping[str, Any], prepared: Prepared) -> tuple[Any, ...]:
-    """What the engine actually runs: vLLM's "auto" dtype is the checkpoint's own."""
-    full = {**prepared.space.baseline(), **assignment}
-    if full.get("dtype") in (None, "auto"):
-        full["dtype"] = prepared.space.model.checkpoint_dtype
-    return tuple((k.name, full.get(k.name)) for k in prepared.space.knobs)
+    return prepared.space.key(assignment)
 
 
 def _usable(record: TrialRecord) -> bool:
@@ -525,10 +539,16 @@ def ablation_subjects(prepared: Prepared, winner: Mapping[str, Any]) -> dict[str
     """ "without KNOB" -> the winner with that knob reverted to the competent baseline's value,
     for each knob the winner changed (none when it changed only one: reverting it gives the
     baseline itself, measured already)."""
-    changed = [k for k in prepared.space.knobs if winner.get(k.name) != prepared.competent.get(k.name)]
+    changed = _changed(prepared, winner)
     if len(changed) < 2:
         return {}
-    return {f"without {k.name}": {**winner, k.name: prepared.competent.get(k.name)} for k in changed}
+    return {f"without {k}": {**winner, k: prepared.competent.get(k)} for k in changed}
+
+
+def _changed(prepared: Prepared, assignment: Mapping[str, Any]) -> list[str]:
+    """The knobs where `assignment` runs something other than the competent baseline."""
+    mine, base = dict(prepared.space.key(assignment)), dict(prepared.space.key(prepared.competent))
+    return [k.name for k in prepared.space.knobs if mine.get(k.name) != base.get(k.name)]
 
 
 def next_trial(
@@ -634,11 +654,9 @@ def _ablation(
     winner_result: confirm.SubjectResult,
 ) -> dict[str, Any]:
     variants = ablation_subjects(prepared, winner)
-    changed = (
-        prepared.space.changed_knobs(winner) if not variants else [v[len("without ") :] for v in variants]
-    )
+    changed = _changed(prepared, winner)
     if not variants:
-        knob = [k.name for k in prepared.space.knobs if winner.get(k.name) != prepared.competent.get(k.name)]
+        knob = changed
         return {
             "knobs": knob,
             "note": "one knob changed: reverting it gives the competent baseline, so it carries the whole gain",

@@ -185,6 +185,10 @@ class SearchSpace:
                 f"without chunked prefill max_num_batched_tokens ({budget}) must cover max_model_len ({self.max_model_len})"
             )
         kv_dtype = values.get("kv_cache_dtype") or "auto"
+        if kv_dtype.startswith("fp8") and self.hardware.device_kind == "cpu" and self.model.head_dim % 32:
+            problems.append(
+                f"an fp8 KV cache on a CPU needs a head size divisible by 32 (this model's: {self.model.head_dim})"
+            )
         dtype = values.get("dtype") or self.model.checkpoint_dtype
         per_token = self.model.kv_bytes_per_token(dtype if kv_dtype == "auto" else kv_dtype)
         kv_tokens = int(self.hardware.kv_cache_gib * (1 << 30) // per_token)
@@ -202,6 +206,14 @@ class SearchSpace:
         if spec and not str(spec).startswith("ngram:"):
             problems.append(f"speculative method {spec!r} needs a draft model, which this job has none of")
         return problems
+
+    def key(self, assignment: Mapping[str, Any]) -> tuple[Any, ...]:
+        """What the engine actually runs, as a hashable key: vLLM's "auto" dtype (no flag) is
+        the checkpoint's own, so both spellings are one point."""
+        full = {**self.baseline(), **assignment}
+        if "dtype" in full and full["dtype"] in (None, "auto"):
+            full["dtype"] = self.model.checkpoint_dtype
+        return tuple((k.name, full.get(k.name)) for k in self.knobs)
 
     def changed_knobs(self, assignment: Mapping[str, Any]) -> list[str]:
         base = self.baseline()
@@ -240,6 +252,16 @@ class SearchSpace:
             values = ", ".join("default" if v is None else str(v) for v in k.values)
             lines.append(f"  {k.name:<24} {{{values}}}  baseline={k.baseline}  [{k.change_type}] {k.why}")
         return "\n".join(lines)
+
+
+def _cpu_has_fp8_kv() -> bool:
+    """vLLM's CPU attention stores an fp8 KV cache only on x86 with AVX-512 or AMX."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512f" in flags or "amx_tile" in flags
 
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM CPU: the cores its worker's OpenMP threads run on
@@ -298,6 +320,17 @@ def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: in
             "n-gram speculative decoding: faster decode where outputs echo the prompt",
         ),
     ]
+    if hardware.device_kind != "cpu" or _cpu_has_fp8_kv():
+        knobs.append(
+            Knob(
+                "kv_cache_dtype",
+                (None, "fp8"),
+                None,
+                PRECISION,
+                "fp8 KV cache: half the KV memory and bandwidth per token, at some precision "
+                "(the gate decides whether the model tolerates it)",
+            )
+        )
     all_cores = local_worker_cores() if hardware.device_kind == "cpu" else None
     if all_cores is not None:
         knobs.append(

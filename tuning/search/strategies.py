@@ -36,8 +36,7 @@ class Observation:
 
 
 def _key(assignment: Mapping[str, Any], space: SearchSpace) -> tuple[Any, ...]:
-    full = {**space.baseline(), **assignment}
-    return tuple(full[k.name] for k in space.knobs)
+    return space.key(assignment)
 
 
 class Strategy(Protocol):
