@@ -132,6 +132,30 @@ def _check(cols: Any, tuned_idx: np.ndarray, live_idx: np.ndarray, floor: tuple[
     return [d.dimension for d in report.dimensions if d.drifted]
 
 
+def _case(
+    trace: str, split: str, floor_name: str, outcomes: list[list[str] | None], alarms_key: str
+) -> dict[str, Any]:
+    """One row of the result: checks that had enough evidence, how many alarmed, on what."""
+    done = [o for o in outcomes if o is not None]
+    alarms = sum(1 for o in done if o)
+    dims: dict[str, int] = {}
+    for out in done:
+        for d in out:
+            dims[d] = dims.get(d, 0) + 1
+    low, high = wilson(alarms, len(done))
+    return {
+        "trace": trace,
+        "split": split,
+        "evidence": floor_name,
+        "checks": len(done),
+        alarms_key: alarms,
+        "rate": alarms / len(done) if done else None,
+        "rate_ci_low": low,
+        "rate_ci_high": high,
+        "dimensions": dims,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,7 +173,7 @@ def main() -> int:
         n = cols.num_requests
         order = np.argsort(cols.arrival_ns, kind="stable")
         for floor_name, floor in FLOORS.items():
-            alarms, trials, dims = 0, 0, {}  # type: ignore[var-annotated]
+            outcomes = []
             arrivals = cols.arrival_ns[order]
             for seed in range(args.seeds):
                 # One stretch of the trace long enough for the floor twice over, its requests
@@ -163,55 +187,18 @@ def main() -> int:
                     continue
                 stretch = order[start:end]
                 mask = rng.random(stretch.size) < 0.5
-                out = _check(cols, stretch[mask], stretch[~mask], floor, work)
-                if out is None:
-                    continue
-                trials += 1
-                alarms += bool(out)
-                for d in out:
-                    dims[d] = dims.get(d, 0) + 1
-            low, high = wilson(alarms, trials)
-            cases.append(
-                {
-                    "trace": name,
-                    "split": "random halves",
-                    "evidence": floor_name,
-                    "checks": trials,
-                    "false_alarms": alarms,
-                    "rate": alarms / trials if trials else None,
-                    "rate_ci_low": low,
-                    "rate_ci_high": high,
-                    "dimensions": dims,
-                }
-            )
+                outcomes.append(_check(cols, stretch[mask], stretch[~mask], floor, work))
+            cases.append(_case(name, "random halves", floor_name, outcomes, "false_alarms"))
             half = n // 2
             first, second = order[:half], order[half:]
-            alarms, trials, dims = 0, 0, {}
             span = max(1, second.size - 1)
+            outcomes = []
             for o in range(args.offsets):
                 live = second[(o * span) // args.offsets :]
-                out = _check(cols, first, live, floor, work) if live.size > 1 else None
-                if out is None:
-                    continue
-                trials += 1
-                alarms += bool(out)
-                for d in out:
-                    dims[d] = dims.get(d, 0) + 1
-            low, high = wilson(alarms, trials)
-            cases.append(
-                {
-                    "trace": name,
-                    "split": "first half vs later windows",
-                    "evidence": floor_name,
-                    "checks": trials,
-                    "alarms": alarms,
-                    "rate": alarms / trials if trials else None,
-                    "rate_ci_low": low,
-                    "rate_ci_high": high,
-                    "dimensions": dims,
-                    "note": "upper bound on false alarms: a real trace is not perfectly stationary",
-                }
-            )
+                outcomes.append(_check(cols, first, live, floor, work) if live.size > 1 else None)
+            case = _case(name, "first half vs later windows", floor_name, outcomes, "alarms")
+            case["note"] = "upper bound on false alarms: a real trace is not perfectly stationary"
+            cases.append(case)
     load = meter.stop()
     random = [c for c in cases if c["split"] == "random halves" and c["evidence"].startswith("default")]
     k = sum(c["false_alarms"] for c in random)

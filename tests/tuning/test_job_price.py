@@ -13,26 +13,8 @@ from tuning.search.space import LOCAL_CPU
 
 
 @pytest.fixture
-def spec(tmp_path: Path, shared_traces: Path) -> JobSpec:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "hidden_size": 128,
-                "num_hidden_layers": 4,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": 4096,
-                "intermediate_size": 384,
-                "max_position_embeddings": 16384,
-                "torch_dtype": "bfloat16",
-            }
-        )
-    )
-    (model / "tokenizer.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"\0" * 16)
+def spec(model_dir: Path, shared_traces: Path) -> JobSpec:
+    model = model_dir
     return JobSpec(
         trace_path=str(shared_traces / "mooncake_synthetic.jsonl"),
         model_path=str(model),
