@@ -344,6 +344,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the result goes")
     args = parser.parse_args()
     cache = {} if args.fresh else _cache()
     if args.fresh:
@@ -428,7 +429,9 @@ def main() -> int:
         "command": "python benchmarks/tuning_gain.py " + " ".join(sys.argv[1:]),
         "model": f"random-weight llama preset {args.size} (built locally)",
         "settings": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in {"fresh"}
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k not in {"fresh", "results"}
         },
         # What could have disturbed a measurement: other processes' CPU while each trial measured
         # (per trial, from /proc). The whole-run window below also counts the engines' own worker
@@ -445,8 +448,8 @@ def main() -> int:
         "autotune_grid": grid_result,
         "cases": cases,
     }
-    RESULTS.write_text(json.dumps(out, indent=1, allow_nan=False, default=str) + "\n")
-    _log(f"wrote {RESULTS}: {json.dumps(summary, default=str)[:800]}")
+    args.results.write_text(json.dumps(out, indent=1, allow_nan=False, default=str) + "\n")
+    _log(f"wrote {args.results}: {json.dumps(summary, default=str)[:800]}")
     return 0
 
 
