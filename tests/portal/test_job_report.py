@@ -409,7 +409,7 @@ def test_report_page_for_members_only(report_job, alice_client, bob_client, char
     assert "Trial 2: <strong>max_num_seqs=8</strong>" in html
     assert "winner: lowest cost per million tokens ($1.2000)" in html
     assert "top-1 agreement 0.810 &lt; 0.9" in html  # the gate's own numbers
-    assert "(≥ 0.9)" in html and "(≤ 0.05)" in html and "(not used: lossless)" in html
+    assert "(≥ 0.95)" in html and "(≤ 0.05)" in html and "(not used: lossless)" in html
     assert "engine did not start: out of memory" in html
     # A viewer reads it too, and the job page links to it.
     assert bob_client.get(url).status_code == 200
