@@ -250,7 +250,7 @@ def main() -> int:
     )
     parser.add_argument("--after-s", type=float, default=90.0, help="seconds measured after the promotion")
     parser.add_argument("--timeout-s", type=float, default=2400.0)
-    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
     args = parser.parse_args()
     import shutil
 

@@ -77,7 +77,7 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=60.0, help="of each trace per configuration")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
     args = parser.parse_args()
     everything = local_worker_cores()
     if everything is None:

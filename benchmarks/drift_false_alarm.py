@@ -162,7 +162,7 @@ def main() -> int:
     )
     parser.add_argument("--seeds", type=int, default=40, help="random splits per trace")
     parser.add_argument("--offsets", type=int, default=20, help="later windows per trace")
-    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
     args = parser.parse_args()
     started = time.monotonic()
     meter = ForeignLoadMeter().start()

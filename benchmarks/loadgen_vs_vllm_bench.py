@@ -57,7 +57,7 @@ from serving.loadgen import (  # noqa: E402
 from serving.loadgen.api import replay_generated  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
 
-TRACE = REPO.parent / "shared" / "traces" / "azure2023_conv.csv"
+TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
 
 

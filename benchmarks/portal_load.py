@@ -56,7 +56,7 @@ from benchmarks._machine import versions as common_versions  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "portal_load.json"
 LOCUSTFILE = REPO / "benchmarks" / "portal_load_locustfile.py"
-TRACES = REPO.parent / "shared" / "traces"
+TRACES = REPO / "data" / "traces"
 DB_NAME = "tailguard_load"
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
 PASSWORD = "load-test-password-9f3k"

@@ -1,7 +1,7 @@
 """How fast, and in how much memory, `tailguard profile` reads a million-request trace.
 
 Generates (in a temporary directory) a 1,000,000-request Mooncake trace and an Azure CSV of the
-same size, both synthesized from the public samples in ../shared/traces (so lengths, gaps and
+same size, both synthesized from the public samples in data/traces (so lengths, gaps and
 prefix structure look like real traffic), then profiles each file in a fresh subprocess, three
 times (the summary takes the fastest: the cores are shared, and other work only slows a run
 down). The subprocess reports its own peak RSS (VmHWM: that run alone, the interpreter and numpy
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument(
         "--traces",
         type=Path,
-        default=Path(os.environ.get("TAILGUARD_TRACES_DIR", REPO.parent / "shared" / "traces")),
+        default=Path(os.environ.get("TAILGUARD_TRACES_DIR", REPO / "data" / "traces")),
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "profile_speed.json")
     args = parser.parse_args()
@@ -183,7 +183,7 @@ def main() -> None:
         + (f" --runs {args.runs}" if args.runs != RUNS else ""),
         "summary": summary,
         "cases": cases,
-        "notes": "Traces synthesized (tuning.workload.synthesize) from ../shared/traces: Mooncake FAST'25 "
+        "notes": "Traces synthesized (tuning.workload.synthesize) from data/traces: Mooncake FAST'25 "
         "synthetic trace (kvcache-ai/Mooncake, Apache-2.0) and Azure LLM inference trace 2023 conversation "
         "(Azure/AzurePublicDataset, CC-BY 4.0). Wall time is the ingest call in a fresh process (fastest of "
         f"{args.runs}; median and CPU time in cases); peak RSS is that process's VmHWM (max of {args.runs}). The machine's 2 cores are "

@@ -63,7 +63,7 @@ from serving.models import build_tiny_model  # noqa: E402
 from serving.perf.machine import check_local_machine  # noqa: E402
 from serving.sim import simulate_trace  # noqa: E402
 
-TRACES = REPO.parent / "shared" / "traces"
+TRACES = REPO / "data" / "traces"
 RESULT = REPO / "benchmarks" / "results" / "sim_accuracy.json"
 LIVE_DIR = RESULT.parent / "sim_accuracy_live"  # every full live run, kept whole
 MODEL = "tiny-llama-s"
@@ -72,7 +72,7 @@ MAX_MODEL_LEN = 4096
 
 @dataclass(frozen=True)
 class Case:
-    trace: str  # file name under ../shared/traces
+    trace: str  # file name under data/traces
     load: str  # "light" or "heavy"
     time_scale: float
     max_requests: int

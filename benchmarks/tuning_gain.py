@@ -342,7 +342,7 @@ def main() -> int:
     parser.add_argument("--frozen-knobs", default="cpu_worker_cores")
     parser.add_argument("--autotune-grid", default="", help="run vLLM's auto_tune lists on this trace")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--traces-dir", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the result goes")
     args = parser.parse_args()

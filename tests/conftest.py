@@ -19,9 +19,10 @@ def _truthy(name: str) -> bool:
 
 
 def traces_dir() -> Path:
-    """The public traces shipped beside the checkout (`../shared/traces`), or TAILGUARD_TRACES_DIR."""
+    """The public traces vendored in the repository (`data/traces`, with their licences and
+    attribution in TRACES.md), or TAILGUARD_TRACES_DIR."""
     configured = os.environ.get("TAILGUARD_TRACES_DIR")
-    return Path(configured) if configured else REPO_ROOT.parent / "shared" / "traces"
+    return Path(configured) if configured else REPO_ROOT / "data" / "traces"
 
 
 @pytest.fixture(scope="session")

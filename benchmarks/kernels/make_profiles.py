@@ -1,6 +1,6 @@
 """Write the workload profiles of the two shared traces that the kernel benchmark tunes for.
 
-The device machine that runs the benchmark sees only the repository, not ../shared/traces, so
+The device machine that runs the benchmark sees only the repository, not data/traces, so
 the profiles travel as small JSON files in benchmarks/kernels/profiles/. They hold the fields of
 the `tailguard profile TRACE --json` contract (DESIGN.md) that the kernel bucket model reads:
 length percentiles (numpy's linear method) and arrival rates.
@@ -75,7 +75,7 @@ def mooncake(path: Path) -> dict[str, object]:
 
 
 def main() -> None:
-    traces = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[2] / "shared" / "traces"
+    traces = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[1] / "data" / "traces"
     out_dir = HERE / "profiles"
     out_dir.mkdir(exist_ok=True)
     for name, fn in (("azure2023_conv.csv", azure), ("mooncake_synthetic.jsonl", mooncake)):

@@ -1,4 +1,4 @@
-"""Attribution lines for reports whose traffic is a public trace (see shared/traces/TRACES.md).
+"""Attribution lines for reports whose traffic is a public trace (see data/traces/TRACES.md).
 
 Published traces must keep their attribution in any report that shows results on them; a
 prospect's own upload needs none beyond saying whose traffic it is.

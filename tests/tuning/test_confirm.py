@@ -369,7 +369,7 @@ def test_one_measurement_per_host_and_the_waiter_says_what_it_waits_for(tmp_path
     seen: list[str] = []
     waiting = hold_host(holder="job B trial 0", path=lock, wait_s=0.3, poll_s=0.05, on_wait=seen.append)
     with pytest.raises(HostBusyError, match="job A trial 3"), waiting:
-        pass
+        pytest.fail("the host was handed over while another measurement held it")
     assert seen and "job A trial 3" in seen[0]
     release.set()
     thread.join(30)
