@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from serving.engine.host import ForeignLoadMeter, fastest_dtype, hold_host  # noqa: E402
 from serving.engine.launcher import start_engine  # noqa: E402
-from serving.loadgen.api import replay_generated, replay_trace  # noqa: E402
+from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.models.tiny import build_tiny_model  # noqa: E402
 from tuning import __version__  # noqa: E402
 from tuning.search.job import (  # noqa: E402
@@ -67,6 +67,7 @@ from tuning.search.job import (  # noqa: E402
 from tuning.search.slo import parse_slo  # noqa: E402
 from tuning.search.space import Knob  # noqa: E402
 from tuning.search.strategies import GridStrategy  # noqa: E402
+from tuning.search.trial import warm_up  # noqa: E402
 from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "tuning_gain.json"
@@ -95,14 +96,7 @@ def _knee(args: argparse.Namespace, name: str, trace: Path, cache: dict[str, Any
         start_engine(model=str(args.model_dir), config=config, startup_timeout_s=600) as engine,
     ):
         url = engine.base_url
-        replay_generated(
-            endpoint=url,
-            num_requests=4,
-            rate_rps=50.0,
-            num_prompt_tokens=64,
-            num_output_tokens=8,
-            progress=False,
-        )
+        warm_up(url)
         for i, rate in enumerate(LADDER):
             synth = synthesize(
                 sample, target_rps=rate, duration_s=args.duration_s, rng=np.random.default_rng(1000 + i)

@@ -237,16 +237,7 @@ def _run_held(
     rng = np.random.default_rng(plan.seed)
     try:
         url = engine.base_url
-        # Warm-up: the first requests pay for lazy initialisation; they are not measured.
-        replay_generated(
-            endpoint=url,
-            num_requests=4,
-            rate_rps=50.0,
-            num_prompt_tokens=64,
-            num_output_tokens=8,
-            seed=plan.seed,
-            progress=False,
-        )
+        warm_up(url, seed=plan.seed)
         answers = gates.capture(url, _served_name(url), plan.golden)
         if not measure or reference is None:
             return _captured(config, answers, started)
@@ -341,6 +332,19 @@ def _captured(config: EngineConfig, answers: gates.Capture, started: float) -> T
         status="ok",
         error=None,
         capture=answers.to_dict(),
+    )
+
+
+def warm_up(url: str, *, seed: int = 0) -> None:
+    """The first requests pay for lazy initialisation: sent before anything is measured."""
+    replay_generated(
+        endpoint=url,
+        num_requests=4,
+        rate_rps=50.0,
+        num_prompt_tokens=64,
+        num_output_tokens=8,
+        seed=seed,
+        progress=False,
     )
 
 
