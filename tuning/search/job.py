@@ -459,7 +459,7 @@ def strategy_for(prepared: Prepared) -> Strategy:
     # no dtype flag vLLM runs the checkpoint's, which may be the host's fastest already).
     naive = (
         ()
-        if _key(prepared.defaults, prepared) == _key(prepared.competent, prepared)
+        if prepared.space.key(prepared.defaults) == prepared.space.key(prepared.competent)
         else (prepared.defaults,)
     )
     return TPEStrategy(
@@ -467,10 +467,6 @@ def strategy_for(prepared: Prepared) -> Strategy:
         priors=(*incumbent, prepared.competent, *ranked[:1], *naive, *ranked[1:]),
         n_startup_trials=max(2, spec.budget_trials // 4),
     )
-
-
-def _key(assignment: Mapping[str, Any], prepared: Prepared) -> tuple[Any, ...]:
-    return prepared.space.key(assignment)
 
 
 def _usable(record: TrialRecord) -> bool:
@@ -492,11 +488,11 @@ def finalists(prepared: Prepared, history: Sequence[TrialRecord]) -> list[dict[s
     search = [r for r in history if r.phase == SEARCH and _usable(r) and _gates_ok(r)]
     met = [r for r in search if r.result.get("slo_met")]
     pool = met or search
-    baselines = {_key(prepared.competent, prepared), _key(prepared.defaults, prepared)}
+    baselines = {prepared.space.key(prepared.competent), prepared.space.key(prepared.defaults)}
     out: list[dict[str, Any]] = []
     seen = set(baselines)
     for record in sorted(pool, key=lambda r: (float(r.result["ttft_p50_ms"]), r.number)):
-        key = _key(record.assignment, prepared)
+        key = prepared.space.key(record.assignment)
         if key not in seen:
             seen.add(key)
             out.append(dict(record.assignment))
@@ -512,7 +508,7 @@ def confirmation_subjects(prepared: Prepared, history: Sequence[TrialRecord]) ->
     if not chosen or prepared.spec.confirm_repeats == 0:
         return {}
     subjects = {confirm.COMPETENT: dict(prepared.competent)}
-    if _key(prepared.defaults, prepared) != _key(prepared.competent, prepared):
+    if prepared.space.key(prepared.defaults) != prepared.space.key(prepared.competent):
         subjects[confirm.NAIVE] = dict(prepared.defaults)
     for i, assignment in enumerate(chosen, 1):
         subjects[f"finalist-{i}"] = assignment
@@ -723,10 +719,13 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-def summarize_job(prepared: Prepared, history: Sequence[TrialRecord]) -> Selection:
+def summarize_job(
+    prepared: Prepared, history: Sequence[TrialRecord], confirmed: dict[str, Any] | None = None
+) -> Selection:
     """The search's selection, overruled by the confirmation's verdict once it is complete."""
     selection = select(candidates(prepared, history))
-    confirmed = confirmation(prepared, history)
+    if confirmed is None:
+        confirmed = confirmation(prepared, history)
     if confirmed is None:
         note = (
             "Unconfirmed: the search's single measurements, no interval"
@@ -751,7 +750,8 @@ def summarize_job(prepared: Prepared, history: Sequence[TrialRecord]) -> Selecti
 
 
 def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]:
-    selection = summarize_job(prepared, history)
+    confirmed = confirmation(prepared, history)
+    selection = summarize_job(prepared, history, confirmed)
     return {
         "spec": prepared.spec.to_dict(),
         "slo": str(prepared.slo),
@@ -776,7 +776,7 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
             for r in history
         ],
         "selection": selection.to_dict(),
-        "confirmation": confirmation(prepared, history),
+        "confirmation": confirmed,
         "simulator": {
             "note": prepared.sim_note,
             "calibrated_from_trials": prepared.sim.num_pairs if prepared.sim else 0,
