@@ -78,6 +78,12 @@ def _cost(c: Candidate) -> float:
     return math.inf if c.cost_per_mtok_usd is None else c.cost_per_mtok_usd
 
 
+def _within(cost: float, base_cost: float, fraction: float) -> bool:
+    """Whether `cost` is within `fraction` of `base_cost` (the cheapest). Multiplied, never
+    divided: hardware the catalog prices at $0 gives a cost of 0, and 0 ties only with 0."""
+    return cost - base_cost <= fraction * base_cost
+
+
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
@@ -120,8 +126,8 @@ def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) 
     if len(eligible) > 1:
         runner = eligible[1]
         base_cost = _cost(winner)
-        if (_cost(runner) - base_cost) / base_cost <= cost_tie_fraction:
-            tied = [c for c in eligible if (_cost(c) - base_cost) / base_cost <= cost_tie_fraction]
+        if _within(_cost(runner), base_cost, cost_tie_fraction):
+            tied = [c for c in eligible if _within(_cost(c), base_cost, cost_tie_fraction)]
             fastest = min(tied, key=lambda c: c.ttft_p95_ms)
             others = [c for c in tied if c is not fastest]
             if all(
