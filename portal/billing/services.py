@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -517,29 +518,52 @@ def usage_report_run(*, now: datetime | None = None) -> dict[str, int]:
 # --- Webhooks --------------------------------------------------------------------------------------
 
 
+# Stripe's timestamps are Unix seconds; anything outside these years is not a real delivery
+# (and a huge integer would overflow the float and datetime arithmetic below).
+_EARLIEST_TIMESTAMP = 946_684_800  # 2000-01-01T00:00:00Z
+_LATEST_TIMESTAMP = 32_503_680_000  # 3000-01-01T00:00:00Z
+_TIMESTAMP = re.compile(r"[0-9]{1,11}")
+
+
 def _signature_timestamp(header: str) -> int:
-    for part in header.split(","):
-        key, _, value = part.strip().partition("=")
-        if key == "t":
-            return int(value)
-    raise ValueError("no timestamp")
+    """The header's `t=` value: one timestamp of ASCII digits in the accepted years."""
+    values = [
+        value.strip()
+        for key, _, value in (part.strip().partition("=") for part in header.split(","))
+        if key == "t"
+    ]
+    if not values:
+        raise WebhookRejected("The Stripe-Signature header has no timestamp (t=...).")
+    if len(values) > 1:
+        raise WebhookRejected("The Stripe-Signature header has more than one timestamp (t=...).")
+    if not _TIMESTAMP.fullmatch(values[0]):
+        raise WebhookRejected("The Stripe-Signature timestamp (t=...) is not a Unix time in seconds.")
+    timestamp = int(values[0])
+    if not _EARLIEST_TIMESTAMP <= timestamp < _LATEST_TIMESTAMP:
+        raise WebhookRejected("The Stripe-Signature timestamp (t=...) is not a time in years 2000-2999.")
+    return timestamp
 
 
 def webhook_verify(*, payload: bytes, signature_header: str | None) -> dict[str, Any]:
-    """The event, if the payload is signed with the configured secret at about this moment."""
+    """The event, if the payload is signed with the configured secret at about this moment.
+
+    Anything else is `WebhookRejected` with the reason (answered 400), never an exception that
+    would answer 500: Stripe retries 5xx for days, and a 400 tells a sender what is wrong."""
     config = _require_config()
     tolerance = config.webhook_tolerance_s
+    if not signature_header:
+        raise WebhookRejected("Signature verification failed: the Stripe-Signature header is missing.")
+    # The timestamp is checked before the SDK sees it: the SDK accepts any integer, and one far
+    # in the future is refused here too, so a signature cannot be prepared now and replayed later.
+    timestamp = _signature_timestamp(signature_header)
+    skew = timestamp - int(time.time())
+    if abs(skew) > tolerance:
+        raise WebhookRejected(f"Signature timestamp is {skew:+d} s from now (tolerance {tolerance} s).")
     try:
         text = payload.decode("utf-8")
         stripe.WebhookSignature.verify_header(text, signature_header, config.webhook_secret, tolerance)
-        # The SDK refuses only old timestamps; one from the future is refused here as well, so a
-        # signature cannot be prepared now and replayed later.
-        timestamp = _signature_timestamp(signature_header or "")
     except (stripe.SignatureVerificationError, UnicodeDecodeError, ValueError) as exc:
         raise WebhookRejected(f"Signature verification failed: {exc}") from None
-    skew = timestamp - time.time()
-    if abs(skew) > tolerance:
-        raise WebhookRejected(f"Signature timestamp is {skew:+.0f} s from now (tolerance {tolerance} s).")
     try:
         event = json.loads(text)
         if not isinstance(event, dict):
@@ -547,9 +571,15 @@ def webhook_verify(*, payload: bytes, signature_header: str | None) -> dict[str,
         for key in ("id", "type", "created"):
             if key not in event:
                 raise ValueError(f"missing {key!r}")
-        if not isinstance(event["created"], int) or not isinstance(event["type"], str):
+        if not isinstance(event["id"], str) or not 0 < len(event["id"]) <= 255:
+            raise ValueError("'id' must be a string of 1 to 255 characters")
+        created = event["created"]
+        if not isinstance(created, int) or isinstance(created, bool) or not isinstance(event["type"], str):
             raise ValueError("'created' must be a timestamp and 'type' a string")
-        if not isinstance((event.get("data") or {}).get("object"), dict):
+        if not _EARLIEST_TIMESTAMP <= created < _LATEST_TIMESTAMP:
+            raise ValueError("'created' is not a Unix time in years 2000-2999")
+        data = event.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("object"), dict):
             raise ValueError("missing data.object")
     except ValueError as exc:
         raise WebhookRejected(f"Not a Stripe event: {exc}") from None
