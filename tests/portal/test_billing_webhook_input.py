@@ -43,7 +43,7 @@ def _signed_with(payload: str, t: str) -> str:
             lambda p: _signed_with(p, str(int(time.time())) + "0" * 30), "not a Unix time", id="overflow"
         ),
         pytest.param(lambda p: _signed_with(p, "-1"), "not a Unix time", id="negative"),
-        pytest.param(lambda p: _signed_with(p, "１２３"), "not a Unix time", id="unicode-digits"),
+        pytest.param(lambda p: _signed_with(p, "\uff11\uff12\uff13"), "not a Unix time", id="unicode-digits"),
         pytest.param(lambda p: _signed_with(p, "12"), "years 2000-2999", id="1970"),
         pytest.param(lambda p: f"t=1,{sign(p)}", "more than one timestamp", id="two-t"),
     ],
