@@ -61,6 +61,14 @@ def test_enrol_in_a_browser_then_sign_in_with_a_recovery_code(live_server, page_
     assert bounced == []
     assert page.get_attribute("link[rel='icon']", "href")
     secret = (page.text_content("#totp-secret") or "").strip()
+    # The QR code beside it carries the same key: read from a screenshot, as a phone's camera does.
+    import cv2
+    import numpy as np
+
+    shot = cv2.imdecode(np.frombuffer(page.locator("#totp-qr").screenshot(), np.uint8), cv2.IMREAD_GRAYSCALE)
+    scanned, _, _ = cv2.QRCodeDetector().detectAndDecode(shot)
+    assert scanned == (page.text_content("#totp-uri") or "").strip()
+    assert scanned.startswith("otpauth://totp/") and f"secret={secret}" in scanned
 
     # The person types the code their app shows for that key (a fresh time step, so a code
     # at the edge of its 30 s is not typed after it has expired).
