@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from benchmarks._job_case import trace_case  # noqa: E402
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from serving.engine.host import ForeignLoadMeter, fastest_dtype, hold_host  # noqa: E402
 from serving.engine.launcher import start_engine  # noqa: E402
@@ -61,7 +62,6 @@ from tuning.search.job import (  # noqa: E402
     JobSpec,
     TrialRecord,
     plan_job,
-    report,
     run_trials,
 )
 from tuning.search.slo import parse_slo  # noqa: E402
@@ -201,90 +201,6 @@ def _job(
     return prepared, history
 
 
-def _fig(subject: dict[str, Any] | None, ratio_key: str, figure: str) -> dict[str, Any]:
-    return ((subject or {}).get(ratio_key) or {}).get(figure) or {}
-
-
-def _trace_case(name: str, prepared: Any, history: list[TrialRecord]) -> dict[str, Any]:
-    data = report(prepared, history)
-    conf = data.get("confirmation") or {}
-    subjects = conf.get("subjects") or {}
-    finalist_names = [s for s in subjects if s.startswith("finalist-")]
-    # The winner when there is one; otherwise the best-looking finalist, reported with its interval
-    # (which then includes 1: "no significant gain").
-    chosen = conf.get("winner_subject")
-    if chosen in (None, "competent") and finalist_names:
-        chosen = min(
-            finalist_names,
-            key=lambda s: _fig(subjects[s], "vs_competent", "ttft_p50_ms").get("value") or math.inf,
-        )
-    subject = subjects.get(chosen or "", {})
-    ttft = _fig(subject, "vs_competent", "ttft_p50_ms")
-    rate = _fig(subject, "vs_competent", "sustainable_multiple")
-    ttft_naive = _fig(subject, "vs_naive", "ttft_p50_ms")
-    competent = prepared.competent
-    assignment = subject.get("assignment") or {}
-    mine, base = dict(prepared.space.key(assignment)), dict(prepared.space.key(competent))
-    knobs = {k: mine[k] for k in mine if mine[k] != base[k]}
-    phases: dict[str, int] = {}
-    for r in history:
-        phases[r.phase] = phases.get(r.phase, 0) + 1
-    loads = [
-        (r.result.get("foreign_load") or {}).get("foreign_cores")
-        for r in history
-        if r.result.get("foreign_load")
-    ]
-    return {
-        "trace": name,
-        "outcome": conf.get("outcome", data["selection"].get("outcome")),
-        "line": conf.get("line") or data["selection"]["summary"],
-        "compared_subject": chosen,
-        "compared_knobs_vs_competent": knobs,
-        "ttft_p50_ratio_vs_competent": ttft,
-        "sustainable_rate_ratio_vs_competent": rate,
-        "ttft_p50_ratio_vs_naive": ttft_naive,
-        "naive_differs_from_competent": "naive" in subjects,
-        "competent": competent,
-        "competent_why": prepared.competent_why,
-        "reference": prepared.reference,
-        "caps": prepared.caps,
-        "target_rps": prepared.spec.target_rps,
-        "space_size": prepared.space.size,
-        "space": prepared.space.to_dict(),
-        "trials_by_phase": phases,
-        "contended_trials": sum(1 for r in history if r.result.get("contended")),
-        "foreign_cores_max": max((x for x in loads if x is not None), default=None),
-        "subjects": subjects,
-        "ablation": conf.get("ablation"),
-        "selection": data["selection"],
-        "trials": [
-            {
-                "number": t["number"],
-                "phase": t["phase"],
-                "subject": t["subject"],
-                "label": t["label"],
-                **{
-                    k: t["result"].get(k)
-                    for k in (
-                        "status",
-                        "error",
-                        "ttft_p50_ms",
-                        "ttft_p95_ms",
-                        "tpot_p50_ms",
-                        "sustainable_multiple",
-                        "slo_met",
-                        "contended",
-                        "foreign_load",
-                        "host_wait_s",
-                        "correctness",
-                    )
-                },
-            }
-            for t in data["trials"]
-        ],
-    }
-
-
 def _autotune(args: argparse.Namespace, trace: Path, peak: float, cache: dict[str, Any]) -> dict[str, Any]:
     spec = _spec(
         args, trace, peak, confirm_repeats=0, budget_trials=len(AUTOTUNE_SEQS) * len(AUTOTUNE_TOKENS)
@@ -367,7 +283,7 @@ def main() -> int:
             peaks[name] = str(knee["knee_rps"] * args.knee_fraction / 1.25)
         spec = _spec(args, trace, float(peaks[name]))
         prepared, history = _job(name, spec, cache, f"job-{name}")
-        cases.append({**_trace_case(name, prepared, history), "knee_probe": knee})
+        cases.append({**trace_case(name, prepared, history), "knee_probe": knee})
         if args.autotune_grid == name:
             grid_result = _autotune(args, trace, float(peaks[name]), cache)
     load = meter.stop()

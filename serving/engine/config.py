@@ -50,6 +50,15 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # share of each GPU's memory vLLM may take
     cpu_kv_cache_space_gib: int | None = None  # CPU build: KV cache size (VLLM_CPU_KVCACHE_SPACE)
     enforce_eager: bool = False  # skip graph capture/compilation (fast start; the CPU default here)
+    # GPU knobs. block_size: tokens per KV-cache page; cudagraph_mode: what CUDA graphs capture
+    # (vLLM's compilation config, e.g. "FULL_AND_PIECEWISE", "PIECEWISE", "FULL_DECODE_ONLY");
+    # async_scheduling: schedule step n+1 while step n runs on the device.
+    block_size: int | None = None
+    cudagraph_mode: str | None = None
+    async_scheduling: bool | None = None
+    # "dummy": random weights from config.json alone (shapes, memory and timings of the real
+    # model; meaningless text). None: the checkpoint's weights.
+    load_format: str | None = None
     seed: int | None = None
     served_model_name: str | None = None
     api_key: str | None = field(default=None, repr=False)  # required from clients when set
@@ -60,7 +69,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise InvalidEngineConfig("tensor_parallel_size must be >= 1", flag="--tensor-parallel-size")
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "num_speculative_tokens",
+            "block_size",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidEngineConfig(f"{name} must be >= 1, got {value}", flag=_flag(name))
@@ -82,11 +97,13 @@ class EngineConfig:
         args += ["--dtype", self.dtype, "--kv-cache-dtype", self.kv_cache_dtype]
         if self.quantization:
             args += ["--quantization", self.quantization]
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "seed"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "seed"):
             value = getattr(self, name)
             if value is not None:
                 args += [_flag(name), str(value)]
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        if self.load_format:
+            args += ["--load-format", self.load_format]
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"):
             value = getattr(self, name)
             if value is not None:
                 args.append(_flag(name) if value else _flag(name).replace("--", "--no-", 1))
@@ -108,6 +125,8 @@ class EngineConfig:
             args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.cudagraph_mode:
+            args += ["--compilation-config", json.dumps({"cudagraph_mode": self.cudagraph_mode})]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
         if self.api_key:

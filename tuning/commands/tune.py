@@ -74,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-output-tokens", type=int, help="cap on generated tokens (default: as prompts)")
     p.add_argument("--max-model-len", type=int, help="engine context (default: the caps, within the model's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--load-format",
+        choices=("dummy",),
+        help="dummy: random weights from the model's config.json (timings of the architecture, "
+        "meaningless text; the correctness gate then compares random models)",
+    )
     p.add_argument("--json", required=True, type=Path, help="write the job report here")
     p.add_argument("--work-dir", type=Path, help="state and engine logs (default: OUT's name + .work)")
     p.add_argument("--print-space", action="store_true", help="print the search space and exit")
@@ -104,6 +110,7 @@ def _tune(args: argparse.Namespace) -> int:
         max_output_tokens=caps.max_output_tokens,
         max_model_len=caps.max_model_len,
         seed=args.seed,
+        load_format=args.load_format,
     )
     work_dir: Path = args.work_dir or args.json.with_name(args.json.name + ".work")
     try:
@@ -144,7 +151,9 @@ def _caps(args: argparse.Namespace) -> Caps:
     return caps_for(
         input_p99=profile.input_tokens.p99 if profile else 0,
         output_p99=profile.output_tokens.p99 if profile else 0,
-        model_max_len=model_info(args.model).max_position_embeddings,
+        model_max_len=model_info(
+            args.model, require_weights=args.load_format is None
+        ).max_position_embeddings,
         hardware=HARDWARE[args.hardware],
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.catalog.hardware import local_region_code
 from serving.engine.host import fastest_dtype
 from serving.loadgen.results import json_finite
 from serving.perf.feedback import Pair
@@ -32,7 +33,9 @@ from tuning.search.space import (
     ModelLoadError,
     SearchSpace,
     build_space,
+    gpu_target,
     model_info,
+    on_this_host,
 )
 from tuning.search.strategies import PENALTY, GridStrategy, Observation, Strategy, TPEStrategy
 from tuning.search.trial import TrialPlan, TrialResult, describe, run_trial
@@ -58,7 +61,13 @@ MAX_TOKENS = 1_000_000
 REFERENCE, SEARCH, CONFIRM, ABLATION = "reference", "search", "confirm", "ablation"
 REFERENCE_ATTEMPTS = 2  # the reference is retried once on a fresh engine, then the job stops
 
-HARDWARE: dict[str, HardwareTarget] = {LOCAL_CPU.name: LOCAL_CPU}
+# Where trials can run. GPU targets come from the hardware catalog (memory, price per
+# device-hour); their engine hosts are the pools' agents, each with its own CUDA vLLM.
+HARDWARE: dict[str, HardwareTarget] = {
+    LOCAL_CPU.name: LOCAL_CPU,
+    **{name: gpu_target(name, region=local_region_code()) for name in ("h100", "h200")},
+}
+LOAD_FORMATS = ("dummy",)  # besides the checkpoint's weights (None)
 
 
 class JobSpecError(ValueError):
@@ -107,6 +116,10 @@ class JobSpec:
     # Knobs held at vLLM's default and left out of the search (e.g. `cpu_worker_cores`, whose
     # gain is an artefact of 2-core hosts and does not carry over to servers).
     frozen_knobs: tuple[str, ...] = ()
+    # "dummy": random weights from the model's config.json (vLLM's --load-format dummy): shapes,
+    # memory and timings of the real model without its checkpoint; the gate then compares random
+    # models, which the report says. None: the checkpoint's own weights.
+    load_format: str | None = None
 
     @property
     def target_rps(self) -> float:
@@ -205,12 +218,16 @@ def validate(
             f"{hardware.name} runs in region {hardware.region!r}, outside the organization's allowed regions "
             f"({', '.join(allowed_regions) or 'none'})",
         )
+    if spec.load_format is not None and spec.load_format not in LOAD_FORMATS:
+        raise JobSpecError(
+            "load_format", f"unknown load format {spec.load_format!r}; known: {', '.join(LOAD_FORMATS)}"
+        )
     try:
-        model = model_info(spec.model_path)
+        model = model_info(spec.model_path, require_weights=spec.load_format is None)
     except ModelLoadError as exc:
         raise JobSpecError("model_path", str(exc)) from None
     _validate_caps(spec, model.max_position_embeddings)
-    return slo, hardware
+    return slo, on_this_host(hardware)
 
 
 def _validate_caps(spec: JobSpec, model_max_len: int) -> None:
@@ -273,8 +290,10 @@ def plan_job(
     simulator that ranks candidates before the first trial and forecasts each one.
     """
     slo, hardware = validate(spec, allowed_regions=allowed_regions)
-    model = model_info(spec.model_path)
-    space = build_space(model=model, hardware=hardware, max_model_len=spec.max_model_len)
+    model = model_info(spec.model_path, require_weights=spec.load_format is None)
+    space = build_space(
+        model=model, hardware=hardware, max_model_len=spec.max_model_len, load_format=spec.load_format
+    )
     unknown = set(spec.frozen_knobs) - {k.name for k in space.knobs}
     if unknown:
         raise JobSpecError("frozen_knobs", f"no such knob on {hardware.name}: {', '.join(sorted(unknown))}")

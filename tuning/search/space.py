@@ -43,8 +43,11 @@ class ModelInfo:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _BYTES.get(kv_dtype, 2)
 
 
-def model_info(path: str | Path) -> ModelInfo:
-    """Read a Hugging Face style model directory (config.json + tokenizer) without loading weights."""
+def model_info(path: str | Path, *, require_weights: bool = True) -> ModelInfo:
+    """Read a Hugging Face style model directory (config.json + tokenizer) without loading weights.
+
+    `require_weights=False` accepts a directory without weight files: the engine then fills
+    every weight at random (vLLM's `--load-format dummy`)."""
     root = Path(path)
     config_file = root / "config.json"
     if not root.is_dir():
@@ -57,8 +60,11 @@ def model_info(path: str | Path) -> ModelInfo:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
     if not any((root / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise ModelLoadError(f"{root} has no tokenizer (tokenizer.json)")
-    if not list(root.glob("*.safetensors")) and not list(root.glob("*.bin")):
-        raise ModelLoadError(f"{root} has no weights (*.safetensors)")
+    if require_weights and not list(root.glob("*.safetensors")) and not list(root.glob("*.bin")):
+        raise ModelLoadError(
+            f"{root} has no weights (*.safetensors); for timings of the architecture alone, "
+            "use random weights (load format 'dummy')"
+        )
     try:
         hidden = int(cfg["hidden_size"])
         layers = int(cfg["num_hidden_layers"])
@@ -100,6 +106,86 @@ class HardwareTarget:
     # at a customer's rate would make each trial take many minutes.
     replay_prompt_tokens: int | None = None
     replay_output_tokens: int | None = None
+    # GPUs: memory of one device (the host's reported figure where known, else the catalog's);
+    # the KV cache is what `gpu_memory_utilization` of it leaves after weights and activations.
+    device_memory_gib: float | None = None
+    catalog_name: str | None = None  # the accelerator in serving.catalog.hardware
+
+    def kv_cache_gib_for(self, model: ModelInfo, values: Mapping[str, Any]) -> float:
+        """The KV cache one replica gets with these knob values (GPUs: memory x utilisation,
+        less the weights and an activation reserve; CPUs: the configured KV space)."""
+        if self.device_kind == "cpu" or self.device_memory_gib is None:
+            return self.kv_cache_gib
+        return gpu_budget(self, model, values)["kv_gib"]
+
+
+# What vLLM keeps besides weights and KV on a GPU (activations of the largest step, CUDA graphs,
+# the allocator's slack); vLLM measures it by a profiling run at start-up, this is the estimate
+# the search uses to refuse points that cannot fit before any engine starts.
+GPU_ACTIVATION_RESERVE_GIB = 4.0
+GPU_DEFAULT_MEMORY_UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
+
+
+def gpu_budget(hardware: HardwareTarget, model: ModelInfo, values: Mapping[str, Any]) -> dict[str, float]:
+    """The memory arithmetic of one GPU replica: usable, weights, reserve and KV cache (GiB)."""
+    util = values.get("gpu_memory_utilization") or GPU_DEFAULT_MEMORY_UTILIZATION
+    tp = values.get("tensor_parallel_size") or 1
+    dtype = values.get("dtype") or model.checkpoint_dtype
+    weight_bytes = 1 if values.get("quantization") == "fp8" else _BYTES.get(dtype, 2)
+    usable = float(hardware.device_memory_gib or 0.0) * float(util)
+    weights = model.num_params * weight_bytes / tp / (1 << 30)
+    kv = usable - weights - GPU_ACTIVATION_RESERVE_GIB
+    return {
+        "usable_gib": usable,
+        "weights_gib": weights,
+        "reserve_gib": GPU_ACTIVATION_RESERVE_GIB,
+        "kv_gib": kv,
+    }
+
+
+def _host_gpu_memory_gib() -> float | None:
+    """Memory of this host's first GPU as the driver reports it (torch), or None without one."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        total = torch.cuda.get_device_properties(0).total_memory
+    except (RuntimeError, AssertionError):
+        return None
+    return float(total) / (1 << 30)
+
+
+def on_this_host(target: HardwareTarget) -> HardwareTarget:
+    """`target` with the device memory this host's driver reports, when this host has a GPU of
+    about the catalog's size (within 15%); else unchanged. Trials then plan the KV cache from the
+    memory they will actually get."""
+    if target.device_kind == "cpu" or target.device_memory_gib is None:
+        return target
+    host = _host_gpu_memory_gib()
+    if host is None or abs(host - target.device_memory_gib) / target.device_memory_gib > 0.15:
+        return target
+    return replace(target, device_memory_gib=round(host, 1))
+
+
+def gpu_target(name: str, *, region: str, num_devices: int = 1) -> HardwareTarget:
+    """A GPU target from the hardware catalog (device memory, price per device-hour)."""
+    from serving.catalog.hardware import get_hardware
+
+    spec = get_hardware(name)
+    memory = spec.memory_bytes / (1 << 30)
+    return HardwareTarget(
+        name=name,
+        region=region,
+        num_devices=num_devices,
+        kv_cache_gib=0.0,
+        price_per_hour_usd=float(spec.price_per_hour_usd.value) * num_devices,
+        device_kind="gpu",
+        device_memory_gib=round(memory, 1),
+        catalog_name=spec.name,
+    )
 
 
 LOCAL_CPU = HardwareTarget(
@@ -173,8 +259,11 @@ class SearchSpace:
         for knob in self.knobs:
             if values[knob.name] not in knob.values:
                 problems.append(f"{knob.name}={values[knob.name]!r} is not one of {list(knob.values)}")
-        seqs = values.get("max_num_seqs") or 256
-        budget = values.get("max_num_batched_tokens") or 2048
+        gpu = self.hardware.device_kind != "cpu"
+        # vLLM's own defaults for its API server: 1024 sequences and an 8192-token step on a GPU
+        # of >= 70 GiB, 256 and 2048 on a CPU.
+        seqs = values.get("max_num_seqs") or (1024 if gpu else 256)
+        budget = values.get("max_num_batched_tokens") or (8192 if gpu else 2048)
         chunked = values.get("enable_chunked_prefill")
         if budget < seqs:
             problems.append(
@@ -191,10 +280,20 @@ class SearchSpace:
             )
         dtype = values.get("dtype") or self.model.checkpoint_dtype
         per_token = self.model.kv_bytes_per_token(dtype if kv_dtype == "auto" else kv_dtype)
-        kv_tokens = int(self.hardware.kv_cache_gib * (1 << 30) // per_token)
-        if kv_tokens < self.max_model_len:
+        kv_gib = self.hardware.kv_cache_gib_for(self.model, values)
+        if self.hardware.device_kind != "cpu" and self.hardware.device_memory_gib is not None:
+            budget_gib = gpu_budget(self.hardware, self.model, values)
+            if budget_gib["kv_gib"] <= 0:
+                problems.append(
+                    f"the model does not fit: {budget_gib['usable_gib']:.1f} GiB usable "
+                    f"({self.hardware.device_memory_gib:g} GiB x {values.get('gpu_memory_utilization') or GPU_DEFAULT_MEMORY_UTILIZATION}) "
+                    f"- {budget_gib['weights_gib']:.1f} GiB of weights - {budget_gib['reserve_gib']:g} GiB of "
+                    f"activations leaves {budget_gib['kv_gib']:.1f} GiB for the KV cache"
+                )
+        kv_tokens = int(max(0.0, kv_gib) * (1 << 30) // per_token)
+        if kv_gib > 0 and kv_tokens < self.max_model_len:
             problems.append(
-                f"the KV cache ({self.hardware.kv_cache_gib:g} GiB = {kv_tokens:,} tokens) cannot hold one "
+                f"the KV cache ({kv_gib:.4g} GiB = {kv_tokens:,} tokens) cannot hold one "
                 f"{self.max_model_len:,}-token sequence"
             )
         tp = values.get("tensor_parallel_size") or 1
@@ -278,20 +377,24 @@ def local_worker_cores() -> str | None:
     return ",".join(str(c) for c in cores)
 
 
-def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: int) -> SearchSpace:
-    """The knobs worth searching for this model on this hardware, with vLLM's defaults as baseline."""
-    dtypes: tuple[str | None, ...] = (
-        (None, "float32", "bfloat16")
-        if hardware.device_kind == "cpu"
-        else (
-            None,
-            "bfloat16",
+def build_space(
+    *, model: ModelInfo, hardware: HardwareTarget, max_model_len: int, load_format: str | None = None
+) -> SearchSpace:
+    """The knobs worth searching for this model on this hardware, with vLLM's defaults as baseline.
+
+    CPU pools search the CPU build's knobs (float32, the worker's cores, eager mode); GPU pools
+    the knobs that move latency on a GPU (weight and KV precision, memory share, batch shape,
+    KV page size, CUDA-graph capture, asynchronous scheduling), judged against the checkpoint's
+    own precision with CUDA graphs on.
+    """
+    if hardware.device_kind != "cpu":
+        return _gpu_space(
+            model=model, hardware=hardware, max_model_len=max_model_len, load_format=load_format
         )
-    )
     knobs = [
         Knob(
             "dtype",
-            dtypes,
+            (None, "float32", "bfloat16"),
             None,
             PRECISION,
             "activation/weight precision; float32 prefill is faster on AVX2 CPUs",
@@ -306,32 +409,13 @@ def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: in
             LOSSLESS,
             "tokens per step: long prefills in one step vs decode stalls behind them",
         ),
-        Knob(
-            "enable_chunked_prefill", (None, True, False), None, LOSSLESS, "split long prompts across steps"
-        ),
-        Knob(
-            "enable_prefix_caching", (None, True, False), None, LOSSLESS, "reuse KV of shared prompt prefixes"
-        ),
-        Knob(
-            "speculative",
-            (None, "ngram:3"),
-            None,
-            LOSSLESS,
-            "n-gram speculative decoding: faster decode where outputs echo the prompt",
-        ),
+        _CHUNKED,
+        _PREFIX,
+        _NGRAM,
     ]
-    if hardware.device_kind != "cpu" or _cpu_has_fp8_kv():
-        knobs.append(
-            Knob(
-                "kv_cache_dtype",
-                (None, "fp8"),
-                None,
-                PRECISION,
-                "fp8 KV cache: half the KV memory and bandwidth per token, at some precision "
-                "(the gate decides whether the model tolerates it)",
-            )
-        )
-    all_cores = local_worker_cores() if hardware.device_kind == "cpu" else None
+    if _cpu_has_fp8_kv():
+        knobs.append(_FP8_KV)
+    all_cores = local_worker_cores()
     if all_cores is not None:
         knobs.append(
             Knob(
@@ -343,13 +427,108 @@ def build_space(*, model: ModelInfo, hardware: HardwareTarget, max_model_len: in
                 "scheduler; every core speeds long compute-bound prefills, which then share it",
             )
         )
+    base = EngineConfig(
+        enforce_eager=True,
+        cpu_kv_cache_space_gib=max(1, int(hardware.kv_cache_gib)),
+        load_format=load_format,
+    )
+    return SearchSpace(
+        model=model, hardware=hardware, base=base, knobs=tuple(knobs), max_model_len=max_model_len
+    )
+
+
+_CHUNKED = Knob(
+    "enable_chunked_prefill", (None, True, False), None, LOSSLESS, "split long prompts across steps"
+)
+_PREFIX = Knob(
+    "enable_prefix_caching", (None, True, False), None, LOSSLESS, "reuse KV of shared prompt prefixes"
+)
+_NGRAM = Knob(
+    "speculative",
+    (None, "ngram:3"),
+    None,
+    LOSSLESS,
+    "n-gram speculative decoding: faster decode where outputs echo the prompt",
+)
+_FP8_KV = Knob(
+    "kv_cache_dtype",
+    (None, "fp8"),
+    None,
+    PRECISION,
+    "fp8 KV cache: half the KV memory and bandwidth per token, at some precision "
+    "(the gate decides whether the model tolerates it)",
+)
+
+
+def _gpu_space(
+    *, model: ModelInfo, hardware: HardwareTarget, max_model_len: int, load_format: str | None
+) -> SearchSpace:
+    half = model.checkpoint_dtype in {"bfloat16", "float16", "auto"}
+    knobs = [
+        Knob(
+            "dtype",
+            (None, "float16") if model.checkpoint_dtype != "float16" else (None, "bfloat16"),
+            None,
+            PRECISION,
+            "the other 16-bit format: same speed on Hopper, different rounding (the gate judges it)",
+        ),
+        Knob(
+            "max_num_seqs",
+            (None, 64, 128, 256, 512),
+            None,
+            LOSSLESS,
+            "batch width (vLLM's default on a large GPU: 1024): queueing vs per-step time",
+        ),
+        Knob(
+            "max_num_batched_tokens",
+            (None, 2048, 4096, 16384, 32768),
+            None,
+            LOSSLESS,
+            "tokens per step (default 8192 on a large GPU): long prefills in fewer steps vs decode "
+            "stalls behind them",
+        ),
+        Knob("enable_chunked_prefill", (None, False), None, LOSSLESS, "split long prompts across steps"),
+        Knob("enable_prefix_caching", (None, False), None, LOSSLESS, "reuse KV of shared prompt prefixes"),
+        Knob(
+            "gpu_memory_utilization",
+            (None, 0.95),
+            None,
+            LOSSLESS,
+            "share of device memory vLLM takes (default 0.9): more KV pages, fewer preemptions",
+        ),
+        Knob("block_size", (None, 32, 64), None, LOSSLESS, "tokens per KV page (default 16)"),
+        Knob(
+            "cudagraph_mode",
+            (None, "PIECEWISE", "FULL_DECODE_ONLY"),
+            None,
+            LOSSLESS,
+            "what CUDA graphs capture (default: full graphs for decode, piecewise for mixed steps)",
+        ),
+        Knob(
+            "async_scheduling",
+            (None, False),
+            None,
+            LOSSLESS,
+            "schedule the next step while the device runs this one (on by default)",
+        ),
+        _NGRAM,
+        _FP8_KV,
+    ]
+    if half:
+        knobs.append(
+            Knob(
+                "quantization",
+                (None, "fp8"),
+                None,
+                PRECISION,
+                "dynamic fp8 weights and activations: half the weight bytes, twice the matrix "
+                "throughput on Hopper, at some precision (the gate decides)",
+            )
+        )
     if hardware.num_devices > 1:
         tps = tuple(n for n in (1, 2, 4, 8) if n <= hardware.num_devices and model.num_kv_heads % n == 0)
         knobs.append(Knob("tensor_parallel_size", tps, 1, PRECISION, "split each layer over devices"))
-    base = EngineConfig(
-        enforce_eager=hardware.device_kind == "cpu",
-        cpu_kv_cache_space_gib=max(1, int(hardware.kv_cache_gib)) if hardware.device_kind == "cpu" else None,
-    )
+    base = EngineConfig(enforce_eager=False, load_format=load_format)
     return SearchSpace(
         model=model, hardware=hardware, base=base, knobs=tuple(knobs), max_model_len=max_model_len
     )
