@@ -46,6 +46,7 @@ def git_state(repo: Path) -> dict[str, object]:
             "commit": os.environ["TAILGUARD_GIT_COMMIT"],
             "dirty": os.environ.get("TAILGUARD_GIT_DIRTY", "1") != "0",
             "source": "stated by the launcher (the copy on this host has no .git)",
+            "note": os.environ.get("TAILGUARD_GIT_NOTE", ""),
         }
     return {
         "commit": git("rev-parse", "HEAD"),
