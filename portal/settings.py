@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "portal.billing",
     "portal.benchmarks",
     "portal.catalog",
+    "portal.onboarding",
     "compliance",
 ]
 

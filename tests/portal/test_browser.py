@@ -159,7 +159,10 @@ def test_upload_a_shared_trace_and_read_its_profile(  # type: ignore[no-untyped-
     page.fill("#id_password", PASSWORD)
     page.click("button:has-text('Sign in')")
     page.wait_for_url(re.compile(r"/dashboard/$"))
-    page.click("nav >> text=Traffic")
+    # A new organization's dashboard says what to do first, and its button leads there.
+    assert page.get_attribute("#step-sample-uploaded", "data-state") == "todo"
+    page.click("#step-sample-uploaded a.button")
+    page.wait_for_url(re.compile(r"/traffic/#upload-form$"))
     page.fill("#id_name", "mooncake sample")
     page.set_input_files("#id_file", str(shared_traces / "mooncake_synthetic.jsonl"))
     page.click("button:has-text('Upload')")
@@ -167,3 +170,9 @@ def test_upload_a_shared_trace_and_read_its_profile(  # type: ignore[no-untyped-
     assert page.text_content("#num-requests") == "3993"
     for chart in ("arrival", "input", "output", "interarrival", "reuse", "concurrency"):
         page.wait_for_selector(f"#chart-{chart}[data-rendered='true'] .main-svg")
+    # The checklist has moved on: the sample is in and profiled; registering a model is next.
+    page.click("nav >> text=Dashboard")
+    page.wait_for_url(re.compile(r"/dashboard/$"))
+    assert page.get_attribute("#step-sample-uploaded", "data-state") == "done"
+    assert page.get_attribute("#step-sample-ready", "data-state") == "done"
+    assert "step-next" in (page.get_attribute("#step-model", "class") or "")
