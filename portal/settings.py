@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "portal.benchmarks",
     "portal.catalog",
     "portal.onboarding",
+    "portal.pools",
     "compliance",
 ]
 
@@ -294,6 +295,12 @@ REPORT_PDF_TIMEOUT_S = env.int("REPORT_PDF_TIMEOUT_S", 60, minimum=5)
 # Dedicated endpoints: their config, key and logs on the serving host. (How long their metric
 # snapshots are kept is each organization's retention policy, in the compliance app.)
 ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
+# Engine-host agents (`tailguard agent --pool NAME`, portal/pools): how often each reports its
+# host, and how long a silent host still counts as live (work for its pool otherwise shows
+# "waiting for a host of pool X"). Work for a pool goes to its queue through Celery routing.
+AGENT_HEARTBEAT_S = env.int("AGENT_HEARTBEAT_S", 15, minimum=1)
+POOL_HOST_LIVE_S = env.int("POOL_HOST_LIVE_S", 60, minimum=2)
+CELERY_TASK_ROUTES = ("portal.pools.routing.route_task",)
 # Bounded broker calls: a request that enqueues work must not hang on a broker that is down or
 # stuck (connecting, then each command); work it could not enqueue stays queued in the database.
 CELERY_BROKER_CONNECTION_TIMEOUT = env.int("CELERY_BROKER_CONNECT_TIMEOUT_S", 3, minimum=1)

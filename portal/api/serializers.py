@@ -156,6 +156,9 @@ class TrialSerializer(api_fields.ModelSerializer):
 
 class TuningJobSerializer(api_fields.ModelSerializer):
     trials = TrialSerializer(many=True, read_only=True)
+    pool = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, help_text="The hardware pool's name."
+    )
     selection = serializers.SerializerMethodField()
     confirmation = serializers.SerializerMethodField()
     caps = serializers.SerializerMethodField()
@@ -173,6 +176,7 @@ class TuningJobSerializer(api_fields.ModelSerializer):
             "error",
             "winner_trial",
             "phase",
+            "pool",
             "selection",
             "confirmation",
             "caps",
@@ -204,6 +208,13 @@ class TuningJobCreateSerializer(serializers.Serializer):
     peak_rps = serializers.FloatField(min_value=0.001, max_value=MAX_PEAK_RPS)
     headroom = serializers.FloatField(default=1.25, min_value=1.0, max_value=10.0)
     hardware = api_fields.CharField(default="local-cpu")
+    pool = api_fields.CharField(
+        max_length=63,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Hardware pool whose hosts run the trials (GET /api/v1/pools/); it sets the hardware. Null: this deployment's workers.",
+    )
     budget_trials = serializers.IntegerField(
         default=6,
         min_value=1,

@@ -62,3 +62,12 @@ urlpatterns += [
     path("billing/checkout/", views.BillingCheckoutView.as_view(), name="billing_checkout"),
     path("billing/portal/", views.BillingPortalView.as_view(), name="billing_portal"),
 ]
+
+# Hardware pools (issue 20): the pools an organization may choose, its own pools, their hosts.
+from portal.pools import api as pools_api  # noqa: E402
+
+urlpatterns += [
+    path("pools/", pools_api.PoolListCreateView.as_view(), name="pools"),
+    path("pools/<slug:name>/", pools_api.PoolDetailView.as_view(), name="pool_detail"),
+    path("pools/<slug:name>/hosts/", pools_api.PoolHostListView.as_view(), name="pool_hosts"),
+]

@@ -29,6 +29,14 @@ class Endpoint(models.Model):
     job = models.ForeignKey(
         "jobs.TuningJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="endpoints"
     )
+    # The hardware pool it serves on, and the host of that pool whose agent started it (its
+    # operations go to that host's queue). Both empty: served by this deployment's own workers.
+    pool = models.ForeignKey(
+        "pools.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="endpoints"
+    )
+    host = models.ForeignKey(
+        "pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="endpoints"
+    )
     config = models.JSONField()  # the EngineConfig mapping now serving (no key in it)
     port = models.IntegerField(unique=True)  # the stable address's port on the serving host
     api_key_prefix = models.CharField(max_length=16)

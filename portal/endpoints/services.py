@@ -38,6 +38,8 @@ from portal.accounts.models import Role, User
 from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
+from portal.pools.models import Pool
+from portal.pools.services import pool_require_usable
 from serving.engine.launcher import free_port
 from serving.metrics import MetricsFormatError, snapshot_delta, snapshot_from_text
 from tuning.continual import LiveWindow
@@ -91,16 +93,34 @@ def endpoint_deploy_once(*, actor: User, job: TuningJob, deploy_token: str) -> t
 
 
 def endpoint_deploy(
-    *, actor: User, job: TuningJob, name: str = "", deploy_token: str | None = None
+    *,
+    actor: User,
+    job: TuningJob,
+    name: str = "",
+    deploy_token: str | None = None,
+    pool: str | None = None,
 ) -> tuple[Endpoint, str]:
     """A new endpoint serving the job's winner. Returns the endpoint and its API key (shown once).
-    Pages deploy through `endpoint_deploy_once`, which passes the form's token."""
+    Pages deploy through `endpoint_deploy_once`, which passes the form's token. It serves on
+    `pool` (default: the pool the job was tuned on), which the organization's residency must allow."""
     require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
-    residency_require_hardware(
-        organization=job.organization,
-        hardware=str((job.spec or {}).get("hardware", "local-cpu")),
-        doing="this endpoint",
-    )
+    pool_name = pool or (job.pool.name if job.pool_id else None)
+    chosen: Pool | None = None
+    if pool_name:
+        chosen = pool_require_usable(organization=job.organization, name=pool_name, doing="this endpoint")
+        if chosen.accelerator != (job.spec or {}).get("hardware"):
+            raise ValidationError(
+                {
+                    "pool": f"Pool {chosen.name} is {chosen.accelerator}; the job tuned for "
+                    f"{(job.spec or {}).get('hardware')}: deploy on a pool of the same hardware."
+                }
+            )
+    else:
+        residency_require_hardware(
+            organization=job.organization,
+            hardware=str((job.spec or {}).get("hardware", "local-cpu")),
+            doing="this endpoint",
+        )
     number, result = _winner(job)
     config = dict(result["config"])  # type: ignore[call-overload]
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
@@ -113,6 +133,7 @@ def endpoint_deploy(
             name=(name or f"{job.served_model.name} (tuned)")[:120],
             served_model=job.served_model,
             job=job,
+            pool=chosen,
             config=config,
             port=port,
             api_key_prefix=prefix,

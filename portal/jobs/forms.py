@@ -6,6 +6,7 @@ from django import forms
 
 from portal.accounts.models import Organization
 from portal.jobs import selectors
+from portal.pools.selectors import pools_for
 from tuning.search.job import HARDWARE, MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
 
 
@@ -24,6 +25,11 @@ class TuningJobForm(forms.Form):
     peak_rps = forms.FloatField(min_value=0.001, max_value=MAX_PEAK_RPS, label="Peak request rate (req/s)")
     headroom = forms.FloatField(min_value=1.0, max_value=10.0, initial=1.25)
     hardware = forms.ChoiceField(choices=[(name, name) for name in HARDWARE])
+    pool = forms.ChoiceField(
+        required=False,
+        label="Hardware pool",
+        help_text="Engine hosts that run the trials (their hardware replaces the choice above). Blank: this deployment's own workers.",
+    )
     budget_trials = forms.IntegerField(
         min_value=1,
         max_value=MAX_BUDGET_TRIALS,
@@ -82,6 +88,10 @@ class TuningJobForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["traffic_sample"].queryset = selectors.ready_samples(organization=organization)  # type: ignore[attr-defined]
         self.fields["served_model"].queryset = selectors.served_model_list(organization=organization)  # type: ignore[attr-defined]
+        pools = pools_for(organization=organization)
+        self.fields["pool"].choices = [("", "—")] + [  # type: ignore[attr-defined]
+            (p.name, f"{p.name} ({p.accelerator} x{p.devices_per_host}, {p.region})") for p in pools
+        ]
 
     def trial_length(self) -> dict[str, Any]:
         """The trial-length settings the user gave (the service defaults the rest)."""

@@ -58,6 +58,11 @@ class TuningJob(models.Model):
         "traffic.TrafficSample", on_delete=models.PROTECT, related_name="tuning_jobs"
     )
     served_model = models.ForeignKey(ServedModel, on_delete=models.PROTECT, related_name="tuning_jobs")
+    # The hardware pool whose hosts run the trials (their agents take the steps from its queue);
+    # empty: this deployment's own workers run them (the embedded setup).
+    pool = models.ForeignKey(
+        "pools.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="tuning_jobs"
+    )
     # `tuning.search.job.JobSpec.to_dict()`: everything a worker needs to run the job.
     spec = models.JSONField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)

@@ -36,6 +36,9 @@ from portal.accounts.services import require_role
 from portal.billing.services import billing_assert_can_start_jobs
 from portal.catalog.selectors import job_price_per_hour
 from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.pools import selectors as pool_selectors
+from portal.pools.models import Pool
+from portal.pools.services import pool_require_usable
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tuning.search.job import (
@@ -119,6 +122,7 @@ def tuning_job_create(
     capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
     confirm_repeats: int = 3,
     finalists: int = 2,
+    pool: str | None = None,
 ) -> TuningJob:
     """Create a job. Caps left as None come from the sample's profile (its p99 lengths) within
     the hardware's replay limit and the model's context; the job page states what they clip."""
@@ -143,6 +147,7 @@ def tuning_job_create(
         capacity_steps=capacity_steps,
         confirm_repeats=confirm_repeats,
         finalists=finalists,
+        pool=pool,
     )
 
 
@@ -181,6 +186,7 @@ def tuning_job_create_for_loop(
         confirm_repeats=spec.confirm_repeats,
         finalists=spec.finalists,
         incumbent=incumbent,
+        pool=base.pool.name if base.pool_id else None,
     )
 
 
@@ -206,8 +212,15 @@ def _job_create(
     confirm_repeats: int = 3,
     finalists: int = 2,
     incumbent: dict[str, Any] | None = None,
+    pool: str | None = None,
 ) -> TuningJob:
     billing_assert_can_start_jobs(organization=organization)
+    chosen: Pool | None = None
+    if pool:
+        # The pool decides the hardware and its price; a pool outside the organization's
+        # residency (or not its to use) is refused here, before anything is written.
+        chosen = pool_require_usable(organization=organization, name=pool, doing="this tuning job")
+        hardware = chosen.accelerator
     if traffic_sample.organization_id != organization.id or served_model.organization_id != organization.id:
         # Never reachable through the views (they look objects up in the organization); kept
         # as the last wall.
@@ -262,7 +275,11 @@ def _job_create(
         finalists=finalists,
         incumbent=incumbent,
         # An admin's price override (catalog pages) prices this job; None: the target's own.
-        price_per_hour_usd=job_price_per_hour(hardware),
+        price_per_hour_usd=(
+            float(chosen.price_per_device_hour_usd) * chosen.devices_per_host
+            if chosen is not None
+            else job_price_per_hour(hardware)
+        ),
     )
     try:
         # The organization's data-residency rule decides which hardware regions are possible.
@@ -276,6 +293,7 @@ def _job_create(
             name=name[:120],
             traffic_sample=traffic_sample,
             served_model=served_model,
+            pool=chosen,
             spec=spec.to_dict(),
             created_by=actor,
         )
@@ -284,7 +302,13 @@ def _job_create(
             organization=organization,
             action="tuning_job.create",
             target=job,
-            data={"slo": slo, "peak_rps": peak_rps, "budget_trials": budget_trials, "strategy": strategy},
+            data={
+                "slo": slo,
+                "peak_rps": peak_rps,
+                "budget_trials": budget_trials,
+                "strategy": strategy,
+                **({"pool": chosen.name} if chosen else {}),
+            },
         )
         job_id = str(job.id)
         # The job is durably queued (dispatch PENDING) once this commits, whatever the broker does.
@@ -297,8 +321,13 @@ def _step_send(job_id: str) -> bool:
     broker that is down or stuck: the job stays PENDING and `jobs_redispatch` sends it later."""
     from portal.jobs.tasks import tuning_job_step
 
+    pool = Pool.objects.filter(tuning_jobs__id=job_id).first()
     try:
-        tuning_job_step.apply_async((job_id,), retry=True, retry_policy=SEND_RETRY_POLICY)
+        # A pool's job goes to the pool's queue (Celery routing on the `pool` argument), where
+        # only that pool's agents take it.
+        tuning_job_step.apply_async(
+            (job_id,), {"pool": pool.name} if pool else {}, retry=True, retry_policy=SEND_RETRY_POLICY
+        )
     except (BrokerError, OSError) as exc:
         logger.warning(
             "tuning job %s: the task queue did not take its next step (%s); it stays queued", job_id, exc
@@ -308,6 +337,11 @@ def _step_send(job_id: str) -> bool:
     TuningJob.objects.filter(id=job_id, dispatch=TuningJob.Dispatch.PENDING).update(
         dispatch=TuningJob.Dispatch.SENT, dispatched_at=timezone.now()
     )
+    if pool is not None:
+        # Never silent: with no live host the step waits in the pool's queue, and the job says so.
+        waiting = pool_selectors.pool_waiting_reason(pool=pool)
+        if waiting:
+            TuningJob.objects.filter(id=job_id, dispatch=TuningJob.Dispatch.SENT).update(phase=waiting[:300])
     return True
 
 

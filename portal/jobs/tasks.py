@@ -9,8 +9,9 @@ from portal.traffic import services as traffic_services
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
-def tuning_job_step(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
+def tuning_job_step(self, job_id: str, pool: str | None = None) -> str:  # type: ignore[no-untyped-def]
     # The lease owner names this delivery, for the record; see services.tuning_job_step.
+    # `pool` only routes the message to the pool's queue (portal.pools.routing).
     return services.tuning_job_step(job_id=job_id, owner=str(self.request.id))
 
 

@@ -52,6 +52,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
                 peak_rps=data["peak_rps"],
                 headroom=data["headroom"],
                 hardware=data["hardware"],
+                pool=data.get("pool") or None,
                 budget_trials=data["budget_trials"],
                 strategy=data["strategy"],
                 **form.trial_length(),
