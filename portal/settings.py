@@ -73,9 +73,12 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # One transaction per request, its row-level security scope set before the view.
     "portal.accounts.middleware.RequestScopeMiddleware",
+    # Inside the request's scope: the 404 page it draws reads the signed-in user's organizations.
+    "portal.errors.FriendlyNotFoundMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
+CSRF_FAILURE_VIEW = "portal.errors.csrf_failure"
 WSGI_APPLICATION = "portal.wsgi.application"
 
 TEMPLATES = [

@@ -41,3 +41,5 @@ urlpatterns = [
 
 # The API answers an unmatched path in JSON; pages get the HTML 404 page.
 handler404 = "portal.api.errors.page_not_found"
+# A crash keeps the site's navigation (or falls back to plain HTML), never a traceback.
+handler500 = "portal.errors.server_error"
