@@ -211,8 +211,17 @@ def validate_args(args: Sequence[str]) -> None:
     `AsyncEngineArgs.add_cli_args`, then vLLM's pre-load checks of the parsed arguments. Nothing
     is started. Needs vLLM importable in this interpreter (see `vllm_importable`).
     """
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # vLLM before 0.30 kept the server's parser beside the OpenAI server
+        from vllm.entrypoints.openai.cli_args import (  # type: ignore[no-redef]
+            make_arg_parser,
+            validate_parsed_serve_args,
+        )
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm.entrypoints.openai.api_server"))
     stderr = io.StringIO()
