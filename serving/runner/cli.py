@@ -42,6 +42,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--check-interval-s", type=float, default=2.0)
     serve.set_defaults(func=_serve)
     _register_render_k8s(sub)
+    _register_agent(subparsers)
+
+
+def _register_agent(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agent = subparsers.add_parser(
+        "agent",
+        help="run this machine as an engine host of a hardware pool (a Celery worker on the pool's queue)",
+    )
+    agent.add_argument("--pool", required=True, help="the pool this host serves (its queue is pool.NAME)")
+    agent.add_argument("--name", help="this host's name in the pool (default: the host name)")
+    agent.add_argument(
+        "--engine-command",
+        help="how this host starts vLLM (shell words; default TAILGUARD_ENGINE_COMMAND or this Python's "
+        "vLLM), e.g. a GPU host's CUDA build",
+    )
+    agent.add_argument("--loglevel", default="INFO")
+    agent.set_defaults(func=_agent)
+
+
+def _agent(args: argparse.Namespace) -> int:
+    """The agent is the portal's Celery worker (it runs the portal's tasks against its database
+    and broker), so it runs as the portal's own process: this library hands over to it with the
+    same arguments instead of importing the Django side (the layers forbid that)."""
+    command = [sys.executable, "-m", "portal.pools.agent", "--pool", args.pool, "--loglevel", args.loglevel]
+    if args.name:
+        command += ["--name", args.name]
+    if args.engine_command:
+        command += ["--engine-command", args.engine_command]
+    os.execv(command[0], command)  # noqa: S606 (a fixed argv: this Python, a module, parsed arguments)
+    return 0  # not reached: execv replaces this process
 
 
 def _load(path: Path, api_key: str | None) -> EngineConfig:

@@ -1,0 +1,214 @@
+"""The engine-host agent as a real second Celery worker process, on its pool's own queue.
+
+Real Redis (the test database TAILGUARD_TEST_REDIS_URL) and the real PostgreSQL test database:
+a job on a pool with no live host waits, visibly, in that pool's queue (not the default one);
+the agent started with `tailguard agent --pool NAME` registers its host with its facts, takes the
+step from the pool's queue and runs it; a host whose hardware contradicts its pool is
+quarantined and takes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from portal.accounts.models import User
+from portal.jobs import services as job_services
+from portal.jobs.models import TuningJob
+from portal.pools import services
+from portal.pools.models import Host
+from tests.conftest import REPO_ROOT
+from tests.portal.test_pools import SLO, _sample
+
+pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+WAIT_S = 120  # an upper bound on each awaited event (polled), never a sleep the test relies on
+
+
+def _database_url() -> str:
+    s = connection.settings_dict
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def broker(settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """This test's Redis database, empty; `_send_through(broker)` switches the portal onto it."""
+    import redis
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the agent shares the test database only on PostgreSQL")
+    url = os.environ.get("TAILGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs Redis at {url}: {exc}")
+        pytest.skip(f"Redis not reachable at {url}")
+    client.flushdb()
+    from portal.celery import app
+
+    try:
+        yield url
+    finally:
+        app.conf.update(task_always_eager=True)
+        client.flushdb()
+
+
+def _send_through(broker: str, settings) -> None:  # type: ignore[no-untyped-def]
+    from portal.celery import app
+
+    app.conf.update(task_always_eager=False, broker_url=broker)
+    # Drop connections made to the embedded broker earlier in this process.
+    app._pool = None
+    app.amqp._producer_pool = None
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+
+
+def _agent(pool: str, name: str, broker: str, tmp_path: Path, settings) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=_database_url(),
+        CELERY_BROKER_URL=broker,
+        CELERY_TASK_ALWAYS_EAGER="false",
+        AGENT_HEARTBEAT_S="1",
+        TUNING_WORK_DIR=str(settings.TUNING_WORK_DIR),
+        TRAFFIC_WORKLOAD_DIR=str(settings.TRAFFIC_WORKLOAD_DIR),
+        ENDPOINTS_DIR=str(tmp_path / f"endpoints-{name}"),
+        TUNING_MODEL_ROOTS=str(settings.TUNING_MODEL_ROOTS[0]),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuning.cli", "agent", "--pool", pool, "--name", name],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    return output
+
+
+def _await(condition, process: subprocess.Popen[str], what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    pytest.fail(f"{what} did not happen; agent said:\n{_stop(process)[-4000:]}")
+
+
+def test_a_pool_job_waits_visibly_then_the_pools_agent_takes_it(
+    alice, alice_org, broker, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    settings.TRAFFIC_STAGING_DIR = tmp_path / "staging"
+    settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
+    settings.TUNING_WORK_DIR = tmp_path / "jobs"
+    from serving.models.tiny import build_tiny_model
+
+    build_tiny_model(arch="llama", size="xs", out_dir=tmp_path / "models" / "llama-xs", seed=0)
+    settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
+    ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
+    pool = services.pool_create(actor=ops, name="cpu-a", region="local", accelerator="local-cpu")
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = job_services.served_model_register(
+        actor=alice, organization=alice_org, name="llama-xs", path=str(tmp_path / "models" / "llama-xs")
+    )
+    _send_through(broker, settings)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = job_services.tuning_job_create(
+            actor=alice,
+            organization=alice_org,
+            name="",
+            traffic_sample=sample,
+            served_model=model,
+            slo=SLO,
+            peak_rps=1.0,
+            pool=pool.name,
+        )
+    job.refresh_from_db()
+    # No host of the pool: never silent. The step waits in the pool's queue, not the default one.
+    assert job.dispatch == TuningJob.Dispatch.SENT
+    assert job.phase.startswith("waiting for a host of pool cpu-a"), job.phase
+    queues = redis.Redis.from_url(broker, socket_timeout=5)
+    assert queues.llen("pool.cpu-a") == 1
+    assert queues.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+    # The job is cancelled while it waits, so the agent's step runs the job's planning on its host
+    # and ends it there, without starting an engine.
+    TuningJob.objects.filter(pk=job.pk).update(cancel_requested=True)
+
+    agent = _agent("cpu-a", "engine-a", broker, tmp_path, settings)
+    try:
+        _await(
+            lambda: Host.objects.filter(name="engine-a", state=Host.State.ACTIVE).exists(),
+            agent,
+            "host registration",
+        )
+        host = Host.objects.get(name="engine-a")
+        assert host.facts["cpu_model"] and host.facts["num_cpus"] >= 1
+        assert "gpus" in host.facts and "engine_command" in host.facts
+        _await(
+            lambda: TuningJob.objects.filter(pk=job.pk, status=TuningJob.Status.CANCELLED).exists(),
+            agent,
+            "the agent running the job's step",
+        )
+        host.refresh_from_db()
+        assert str(job.id) in host.last_task and host.tasks_done == 1
+        assert queues.llen("pool.cpu-a") == 0
+        first_beat = host.last_heartbeat_at
+        _await(
+            lambda: Host.objects.filter(pk=host.pk, last_heartbeat_at__gt=first_beat).exists(),
+            agent,
+            "a heartbeat",
+        )
+    finally:
+        output = _stop(agent)
+    assert "tuning_job_step" in output
+    assert Host.objects.get(pk=host.pk).state == Host.State.STOPPED
+
+
+def test_an_agent_whose_hardware_contradicts_its_pool_is_quarantined(broker, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tuning.search.job import HARDWARE
+
+    settings.TUNING_MODEL_ROOTS = [tmp_path]
+    gpu = next((name for name, t in HARDWARE.items() if t.device_kind == "gpu"), None)
+    if gpu is None:
+        pytest.skip("no GPU hardware target in the tuning registry")
+    from serving.runner.hostfacts import gpu_facts
+
+    if gpu_facts()[0]:
+        pytest.skip("this machine has GPUs: the contradiction is made on a CPU-only host")
+    ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
+    services.pool_create(actor=ops, name="gpu-pool", region="local", accelerator=gpu, devices_per_host=8)
+    agent = _agent("gpu-pool", "cpu-box", broker, tmp_path, settings)
+    try:
+        output = agent.communicate(timeout=WAIT_S)[0]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a quarantined agent kept running:\n" + _stop(agent)[-4000:])
+    assert agent.returncode == 3, output
+    host = Host.objects.get(name="cpu-box")
+    assert host.state == Host.State.QUARANTINED
+    assert "reports no GPU" in host.quarantine_reason and "quarantined" in output
