@@ -22,7 +22,7 @@ from collections.abc import Callable
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 
-from portal.accounts import rls
+from portal.accounts import acting, rls
 from portal.accounts.tenancy import current_membership
 
 ADMIN_PREFIX = "/admin/"
@@ -33,14 +33,19 @@ class RequestScopeMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if connection.vendor != "postgresql":
-            return self.get_response(request)
-        with transaction.atomic():
-            request_scope(request)
-            response = self.get_response(request)
-            if response.status_code >= 500:
-                transaction.set_rollback(True)
-        return response
+        # An API token's role cap (set when the token is accepted) ends with its request.
+        cap = acting.begin_request()
+        try:
+            if connection.vendor != "postgresql":
+                return self.get_response(request)
+            with transaction.atomic():
+                request_scope(request)
+                response = self.get_response(request)
+                if response.status_code >= 500:
+                    transaction.set_rollback(True)
+            return response
+        finally:
+            acting.end_request(cap)
 
 
 def request_scope(request: HttpRequest) -> None:

@@ -106,8 +106,17 @@ class Membership(models.Model):
     def __str__(self) -> str:
         return f"{self.user} in {self.organization} ({self.role})"
 
+    @property
+    def acting_role(self) -> str | None:
+        """The role this membership acts with now: its own, capped by an API token's role when
+        the request is signed with one (None outside the token's organization)."""
+        from portal.accounts.acting import effective_role
+
+        return effective_role(organization_id=self.organization_id, role=self.role)
+
     def has_role(self, minimum: str) -> bool:
-        return ROLE_RANK[self.role] >= ROLE_RANK[minimum]
+        acting = self.acting_role
+        return acting is not None and ROLE_RANK[acting] >= ROLE_RANK[minimum]
 
 
 class Invitation(models.Model):
@@ -142,6 +151,12 @@ class ApiToken(models.Model):
     # Public, non-secret part of the token, shown in lists so people can tell tokens apart.
     prefix = models.CharField(max_length=16, unique=True)
     token_hash = models.CharField(max_length=64, unique=True)
+    # The membership the token was made under. A token works only while that very membership
+    # exists: removing the member ends it for good (a later re-invitation makes a new membership,
+    # which none of the old tokens name).
+    membership = models.ForeignKey(
+        Membership, null=True, blank=True, on_delete=models.SET_NULL, related_name="api_tokens"
+    )
     # The role the token acts with: never more than its creator had when it was made.
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)

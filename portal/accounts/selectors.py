@@ -34,6 +34,14 @@ def member_list(*, organization: Organization) -> QuerySet[Membership]:
     return Membership.objects.filter(organization=organization).select_related("user").order_by("user__email")
 
 
+def member_get(*, organization: Organization, membership_id: int) -> Membership | None:
+    return (
+        Membership.objects.filter(organization=organization, pk=membership_id)
+        .select_related("user", "organization")
+        .first()
+    )
+
+
 def invitation_list_pending(*, organization: Organization) -> QuerySet[Invitation]:
     return Invitation.objects.filter(
         organization=organization, accepted_at__isnull=True, revoked_at__isnull=True

@@ -38,8 +38,12 @@ def _require_role(membership: Membership | None, minimum: str, doing: str) -> Me
         raise PermissionDenied("You are not a member of this organization.")
     if not membership.has_role(minimum):
         article = "an" if minimum[0] in "aeiou" else "a"
+        acting = membership.acting_role
+        if acting is None:
+            raise PermissionDenied("This API token belongs to another organization.")
+        as_token = " (capped by this API token)" if acting != membership.role else ""
         raise PermissionDenied(
-            f"Only {article} {minimum} or above can {doing}; your role is {membership.role}."
+            f"Only {article} {minimum} or above can {doing}; you act as {acting}{as_token}."
         )
     return membership
 
@@ -274,7 +278,9 @@ def api_token_create(*, actor: User, organization: Organization, name: str) -> I
             name=name,
             prefix=prefix,
             token_hash=tokens.digest(secret),
-            role=membership.role,
+            membership=membership,
+            # What the request acts with: a token cannot mint a token above its own cap.
+            role=membership.acting_role or Role.VIEWER,
         )
         audit_record(
             actor=actor,
@@ -319,7 +325,9 @@ def api_token_authenticate(*, secret: str) -> ApiToken:
 def _api_token_authenticate(secret: str) -> ApiToken:
     prefix = tokens.split_api_token(secret)
     token = (
-        ApiToken.objects.select_related("organization", "created_by").filter(prefix=prefix).first()
+        ApiToken.objects.select_related("organization", "created_by", "membership")
+        .filter(prefix=prefix)
+        .first()
         if prefix
         else None
     )
@@ -329,10 +337,57 @@ def _api_token_authenticate(secret: str) -> ApiToken:
         raise TokenError("This API token has been revoked. Create a new one on the Tokens page.")
     if not token.created_by.is_active:
         raise TokenError("The user who created this API token is deactivated.")
-    if not Membership.objects.filter(organization=token.organization, user=token.created_by).exists():
+    membership = token.membership
+    if (
+        membership is None
+        or membership.user_id != token.created_by_id
+        or membership.organization_id != token.organization_id
+    ):
         raise TokenError("The user who created this API token is no longer a member of its organization.")
     now = timezone.now()
     # Throttled write: at most one last-used update a minute per token.
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def membership_remove(*, actor: User, membership: Membership) -> int:
+    """Removes a member from an organization (or the actor leaves it). Their API tokens for it are
+    revoked in the same transaction and can never work again, not even if they are invited back.
+
+    An admin may remove members up to their own role; anyone may leave; the last owner stays.
+    Returns how many tokens were revoked."""
+    organization = membership.organization
+    if membership.user_id != actor.pk:
+        actor_membership = _require_role(_membership(actor, organization), Role.ADMIN, "remove members")
+        if ROLE_RANK[membership.role] > ROLE_RANK[actor_membership.role]:
+            raise PermissionDenied(
+                f"You cannot remove a member whose role ({membership.role}) is above yours "
+                f"({actor_membership.role})."
+            )
+    else:
+        _require_role(_membership(actor, organization), Role.VIEWER, "leave the organization")
+    with transaction.atomic():
+        # Locked, so two owners removing each other at once cannot leave the organization ownerless.
+        owners = list(
+            Membership.objects.select_for_update()
+            .filter(organization=organization, role=Role.OWNER)
+            .values_list("pk", flat=True)
+        )
+        if membership.role == Role.OWNER and owners == [membership.pk]:
+            raise ValidationError(
+                "An organization needs an owner: make someone else owner before this one leaves."
+            )
+        now = timezone.now()
+        revoked = ApiToken.objects.filter(
+            organization=organization, created_by_id=membership.user_id, revoked_at__isnull=True
+        ).update(revoked_at=now)
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="membership.remove",
+            target=membership.user,
+            data={"email": membership.user.email, "role": membership.role, "tokens_revoked": revoked},
+        )
+        membership.delete()
+    return revoked

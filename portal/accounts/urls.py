@@ -13,6 +13,7 @@ urlpatterns = [
     path("organizations/new/", views.organization_create, name="organization_create"),
     path("organizations/switch/", views.organization_switch, name="organization_switch"),
     path("members/", views.members, name="members"),
+    path("members/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
     path("invitations/<uuid:invitation_id>/revoke/", views.invitation_revoke, name="invitation_revoke"),
     path("invitations/accept/<str:secret>/", views.invitation_accept, name="invitation_accept"),
     path("tokens/", views.api_tokens, name="api_tokens"),

@@ -170,6 +170,28 @@ def members(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
+def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+    membership = selectors.member_get(
+        organization=request.membership.organization,  # type: ignore[attr-defined]
+        membership_id=membership_id,
+    )
+    if membership is None:
+        raise Http404
+    leaving = membership.user_id == request.user.pk
+    try:
+        services.membership_remove(actor=request.user, membership=membership)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("accounts:members")
+    if leaving:
+        messages.success(request, f"You left {membership.organization.name}.")
+        return redirect("accounts:dashboard")
+    messages.success(request, f"Removed {membership.user.email}; their API tokens no longer work.")
+    return redirect("accounts:members")
+
+
+@member_required
+@require_POST
 def invitation_revoke(request: HttpRequest, invitation_id: str) -> HttpResponse:
     invitation = get_object_for_member(request, Invitation.objects.all(), invitation_id)
     try:

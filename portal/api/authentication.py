@@ -9,7 +9,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from portal.accounts import rls, services
+from portal.accounts import acting, rls, services
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -29,9 +29,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             token = services.api_token_authenticate(secret=secret)
         except services.TokenError as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from None
-        # From here on the request acts in the token's organization (row-level security).
+        # From here on the request acts in the token's organization (row-level security), and
+        # the services' role checks see the token's cap, not only its creator's current role.
         if transaction.get_connection().in_atomic_block:
             rls.scope_transaction(organization_id=token.organization_id, user_id=token.created_by_id)
+        acting.cap_role(organization_id=token.organization_id, role=token.role)
         return token.created_by, token
 
     def authenticate_header(self, request: Request) -> str:

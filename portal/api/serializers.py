@@ -47,7 +47,7 @@ class MembershipSerializer(api_fields.ModelSerializer):
 
     class Meta:
         model = Membership
-        fields = ["email", "full_name", "role", "created_at"]
+        fields = ["id", "email", "full_name", "role", "created_at"]
         read_only_fields = fields
 
 

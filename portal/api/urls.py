@@ -10,6 +10,7 @@ urlpatterns = [
     path("me/active-organization/", views.ActiveOrganizationView.as_view(), name="active_organization"),
     path("organizations/", views.OrganizationListCreateView.as_view(), name="organizations"),
     path("members/", views.MemberListView.as_view(), name="members"),
+    path("members/<int:pk>/", views.MemberDetailView.as_view(), name="member_detail"),
     path("invitations/", views.InvitationListCreateView.as_view(), name="invitations"),
     path("invitations/accept/", views.InvitationAcceptView.as_view(), name="invitation_accept"),
     path("invitations/<uuid:pk>/", views.InvitationDetailView.as_view(), name="invitation_detail"),

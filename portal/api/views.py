@@ -121,6 +121,20 @@ class MemberListView(TenantScopedMixin, generics.ListAPIView):
         return Membership.objects.select_related("user").order_by("user__email")
 
 
+class MemberDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
+    """DELETE removes the member (or, on one's own membership, leaves); the service decides who may."""
+
+    serializer_class = s.MembershipSerializer
+    write_role = Role.VIEWER
+
+    def tenant_queryset(self) -> QuerySet[Membership]:
+        return Membership.objects.select_related("user", "organization")
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.membership_remove(actor=request.user, membership=self.get_object())  # type: ignore[arg-type]
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 class InvitationListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
     serializer_class = s.InvitationSerializer
     write_role = Role.ADMIN

@@ -236,6 +236,9 @@ def world(  # type: ignore[no-untyped-def]
     o["token"] = account_services.api_token_create(
         actor=alice, organization=alice_org, name="acme-ci-token"
     ).token
+    # A third member of Alice's organization: the object of the member-removal routes.
+    dana = User.objects.create_user(email="dana@acme.test", password="x", full_name="Dana")
+    o["member"] = Membership.objects.create(organization=alice_org, user=dana, role="member")
     compliance_services.residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["us"])
     compliance_services.retention_policy_set(actor=alice, organization=alice_org, sample_retention_days=90)
     today = timezone.now().date()
@@ -374,6 +377,9 @@ ROUTES: dict[str, Route] = {
     "accounts:invitation_revoke": Route(
         objects=_obj("invitation", "invitation_id"), reads=(), writes={"POST": _no_body}
     ),
+    "accounts:member_remove": Route(
+        objects=_obj("member", "membership_id"), reads=(), writes={"POST": _no_body}
+    ),
     "accounts:api_tokens": Route(writes={"POST": lambda w: {"name": "sweep token"}}),
     "accounts:api_token_revoke": Route(
         objects=_obj("token", "token_id"), reads=(), writes={"POST": _no_body}
@@ -485,6 +491,7 @@ ROUTES: dict[str, Route] = {
     ),
     "api:organizations": Route(writes={"POST": lambda w: {"name": "sweep api org"}}, bob_write=201),
     "api:members": Route(),
+    "api:member_detail": Route(objects=_obj("member", "pk"), writes={"DELETE": _no_body}),
     "api:invitations": Route(writes={"POST": lambda w: {"email": "sweep@example.test", "role": "member"}}),
     # A random secret: accepting needs the emailed one, whoever asks.
     "api:invitation_accept": Route(
