@@ -100,3 +100,45 @@ def test_the_checklist_advances_with_real_state_and_ignores_other_tenants(  # ty
     # All done: the checklist steps aside.
     page = alice_client.get(reverse("accounts:dashboard")).content.decode()
     assert 'id="onboarding"' not in page and "Recent activity" in page
+
+
+def test_pages_a_first_time_user_reads_explain_their_numbers_and_empty_states(  # type: ignore[no-untyped-def]
+    alice_org, alice_client, bob_client, shared_traces
+) -> None:
+    from tuning.workload import ingest_path
+
+    jobs_page = alice_client.get(reverse("jobs:list")).content.decode()
+    assert "A job needs a profiled traffic sample and a registered model" in jobs_page
+    assert "Register one below" in jobs_page
+    # A viewer cannot register models, so the page tells them who can.
+    assert (
+        "An owner or admin of the organization registers models"
+        in bob_client.get(reverse("jobs:list")).content.decode()
+    )
+    assert "can upload one" in bob_client.get(reverse("traffic:list")).content.decode()
+
+    profile = ingest_path(str(shared_traces / "mooncake_synthetic.jsonl")).profile
+    sample = TrafficSample.objects.create(
+        organization=alice_org,
+        name="calls",
+        status=TrafficSample.Status.READY,
+        profile=profile.to_json_dict(),
+    )
+    page = alice_client.get(reverse("traffic:detail", args=[sample.id])).content.decode()
+    assert f"{profile.arrival.peak_rps_60s:.2f} req/s" in page and "busiest 60 s" in page
+    assert f"the average is {profile.arrival.mean_rps:.2f} req/s" in page
+    assert "p99 is exceeded by 1 request in 100" in page
+    assert "what a prefix cache can skip" in page
+    assert 'href="/jobs/#job-form">start a tuning job</a>' in page
+
+    model = ServedModel.objects.create(organization=alice_org, name="llama-8b", path="/models/llama-8b")
+    job = TuningJob.objects.create(
+        organization=alice_org,
+        name="first",
+        traffic_sample=sample,
+        served_model=model,
+        spec={"slo": "p95_ttft_ms<=800"},
+    )
+    page = alice_client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    assert "What do these columns mean?" in page and "Time to first token" in page
+    assert "No trials yet. The first one captures the reference answers" in page
