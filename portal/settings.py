@@ -58,6 +58,8 @@ INSTALLED_APPS = [
     "portal.catalog",
     "portal.onboarding",
     "portal.pools",
+    "portal.sla",
+    "portal.alerts",
     "compliance",
 ]
 
@@ -490,3 +492,34 @@ BENCHMARK_MAX_REQUESTS_PER_LEVEL = env.int("BENCHMARK_MAX_REQUESTS_PER_LEVEL", 2
 # Benchmark targets must resolve to public addresses; these networks (CIDRs, e.g. the
 # 10.0.0.0/8 of an internal endpoint, or 127.0.0.0/8 for a local one) are allowed besides.
 BENCHMARK_ALLOWED_NETWORKS = env.networks("BENCHMARK_ALLOWED_NETWORKS", [])
+
+# --- SLA agreements measured at the edge, and alerts (issue 23) ------------------------------
+# The measuring point in front of the endpoints (router or proxy) posts its request records to
+# /sla/edge/<endpoint id>/ with "Authorization: Bearer <this>"; unset, that ingest is off (404).
+SLA_EDGE_INGEST_TOKEN = env.str("SLA_EDGE_INGEST_TOKEN", "") or ""
+# "SLA at risk" when the last hour spends the month's error budget this many times faster than
+# the month allows (14.4: a 30-day budget gone in about two days), in tenths.
+SLA_BURN_RATE_ALERT = env.int("SLA_BURN_RATE_ALERT_TENTHS", 144, minimum=10) / 10
+CELERY_BEAT_SCHEDULE["sla-periods-close"] = {"task": "portal.sla.tasks.sla_periods_close", "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["sla-alerts-check"] = {
+    "task": "portal.sla.tasks.sla_alerts_check",
+    "schedule": float(env.int("SLA_ALERTS_CHECK_INTERVAL_S", 300, minimum=30)),
+}
+# Alert webhooks must resolve to public addresses, like benchmark targets; these networks (CIDRs)
+# are allowed besides (e.g. 10.0.0.0/8 for an in-house receiver).
+ALERT_WEBHOOK_ALLOWED_NETWORKS = env.networks("ALERT_WEBHOOK_ALLOWED_NETWORKS", [])
+ALERT_WEBHOOK_TIMEOUT_S = env.int("ALERT_WEBHOOK_TIMEOUT_S", 10, minimum=1)
+# Retries: after attempt n the next waits ALERT_RETRY_BASE_S x 2^(n-1); the delivery is kept as
+# abandoned (with its last error, and can be sent again) after ALERT_MAX_ATTEMPTS.
+ALERT_MAX_ATTEMPTS = env.int("ALERT_MAX_ATTEMPTS", 6, minimum=1)
+ALERT_RETRY_BASE_S = env.int("ALERT_RETRY_BASE_S", 30, minimum=1)
+# How far back each scan looks for finished jobs, loop steps and payment failures.
+ALERT_SCAN_LOOKBACK_S = env.int("ALERT_SCAN_LOOKBACK_S", 86400, minimum=60)
+CELERY_BEAT_SCHEDULE["alerts-redispatch"] = {
+    "task": "portal.alerts.tasks.alert_deliveries_due",
+    "schedule": float(env.int("ALERT_REDISPATCH_INTERVAL_S", 30, minimum=5)),
+}
+CELERY_BEAT_SCHEDULE["alerts-scan"] = {
+    "task": "portal.alerts.tasks.alerts_scan",
+    "schedule": float(env.int("ALERT_SCAN_INTERVAL_S", 30, minimum=5)),
+}

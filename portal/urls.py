@@ -30,6 +30,8 @@ urlpatterns = [
     path("benchmarks/", include("portal.benchmarks.urls")),
     path("catalog/", include("portal.catalog.urls")),
     path("compliance/", include("compliance.urls")),
+    path("sla/", include("portal.sla.urls")),
+    path("alerts/", include("portal.alerts.urls")),
     path("api/v1/", include("portal.api.urls")),
     path("vendor/plotly.min.js", plotly_js, name="plotly-js"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

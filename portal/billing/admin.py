@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from portal.billing.models import BillingAccount, UsageRecord, UsageReport, WebhookEvent
+from portal.billing.models import BillingAccount, InvoiceCredit, UsageRecord, UsageReport, WebhookEvent
 
 
 @admin.register(BillingAccount)
@@ -26,3 +26,10 @@ class UsageRecordAdmin(admin.ModelAdmin):
 class WebhookEventAdmin(admin.ModelAdmin):
     list_display = ["stripe_event_id", "event_type", "outcome", "organization", "created_at"]
     readonly_fields = [f.name for f in WebhookEvent._meta.fields]
+
+
+@admin.register(InvoiceCredit)
+class InvoiceCreditAdmin(admin.ModelAdmin):
+    list_display = ["organization", "key", "amount_cents", "currency", "period_start", "status", "sent_at"]
+    list_filter = ["status"]
+    readonly_fields = [f.name for f in InvoiceCredit._meta.fields]

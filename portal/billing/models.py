@@ -161,3 +161,49 @@ class WebhookEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stripe_event_id} {self.event_type} ({self.outcome})"
+
+
+class InvoiceCredit(models.Model):
+    """A credit owed to the customer (e.g. an SLA period's service credit), sent to Stripe as a
+    negative invoice item on the customer's next invoice.
+
+    `key` names the business event ("sla:<endpoint id>:2026-11"): it is unique, so a period's
+    credit is recorded once however often the period is closed, and it derives the Stripe
+    idempotency key, so a retried send never credits twice.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Waiting to be sent"
+        SENT = "sent", "On the next invoice"
+        # Billing is off, or the organization has no Stripe customer: kept, shown, not sent.
+        HELD = "held", "Held (no Stripe customer)"
+        FAILED = "failed", "Refused by Stripe"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=100, unique=True)
+    # Positive: what is taken off the invoice, in the currency's smallest unit.
+    amount_cents = models.BigIntegerField()
+    currency = models.CharField(max_length=3, default="usd")
+    description = models.CharField(max_length=300)
+    # The period it is for (the credit's own window), for the billing page and the evidence pack.
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    stripe_invoice_item_id = models.CharField(max_length=255, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering: ClassVar = ["-period_start", "key"]
+
+    def __str__(self) -> str:
+        return f"credit {self.key}: {self.amount}"
+
+    @property
+    def amount(self) -> str:
+        # Two decimals suit the currencies Stripe bills here (zero-decimal ones would need more).
+        return f"{self.amount_cents / 100:,.2f} {self.currency.upper()}"

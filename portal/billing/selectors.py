@@ -10,7 +10,7 @@ from django.db.models import QuerySet, Sum
 
 from portal.accounts.models import Organization
 from portal.billing.config import BILLING_OFF_NOTICE, HOW_TO_ENABLE
-from portal.billing.models import BillingAccount, Meter, UsageRecord, UsageReport
+from portal.billing.models import BillingAccount, InvoiceCredit, Meter, UsageRecord, UsageReport
 from portal.billing.usage import billable_minutes, month_start, next_month
 
 
@@ -114,3 +114,8 @@ def billing_off_notice(*, user: Any) -> str:
     """Why billing is off, as `user` should read it: the settings to set for an operator, a plain
     sentence for a customer (who can neither see nor change the server's environment)."""
     return HOW_TO_ENABLE if billing_operator(user=user) else BILLING_OFF_NOTICE
+
+
+def invoice_credit_list(*, organization: Organization) -> QuerySet[InvoiceCredit]:
+    """The organization's credits, newest period first (SLA service credits and any others)."""
+    return InvoiceCredit.objects.filter(organization=organization).order_by("-period_start", "key")

@@ -29,6 +29,7 @@ from portal.billing import stripe_api
 from portal.billing.config import BILLING_OFF_NOTICE, BillingConfig, billing_config
 from portal.billing.models import (
     BillingAccount,
+    InvoiceCredit,
     Meter,
     SubscriptionStatus,
     UsageRecord,
@@ -512,6 +513,158 @@ def usage_report_run(*, now: datetime | None = None) -> dict[str, int]:
     for report_id in list(pending.values_list("id", flat=True)):
         result = usage_report_send(report_id=report_id, now=now)
         outcome[result] = outcome.get(result, 0) + 1
+    outcome.update(invoice_credits_send_pending(now=now))
+    return outcome
+
+
+# --- Credits on the invoice --------------------------------------------------------------------
+
+# The most one credit may take off an invoice (a typo in a fee must not wipe out a year's billing).
+CREDIT_MAX_CENTS = 100_000_000
+
+
+def invoice_credit_add(
+    *,
+    organization: Organization,
+    key: str,
+    amount_cents: int,
+    currency: str,
+    description: str,
+    period_start: datetime,
+    period_end: datetime,
+    data: dict[str, Any] | None = None,
+) -> InvoiceCredit:
+    """Records a credit owed (idempotent by `key`: the same key returns the first record) and
+    sends it to Stripe after the commit. Call inside the transaction that decided the credit."""
+    key = (key or "").strip()
+    errors: dict[str, str] = {}
+    if not key or len(key) > 100:
+        errors["key"] = "Name the credit's business event in 1 to 100 characters."
+    if not 0 < int(amount_cents) <= CREDIT_MAX_CENTS:
+        errors["amount_cents"] = f"A credit must be between 1 and {CREDIT_MAX_CENTS} cents."
+    if not re.fullmatch(r"[a-z]{3}", currency or ""):
+        errors["currency"] = "Use a three-letter ISO currency code in lower case, e.g. usd."
+    if period_end <= period_start:
+        errors["period_end"] = "The period ends before it starts."
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        credit, created = InvoiceCredit.objects.get_or_create(
+            key=key,
+            defaults={
+                "organization": organization,
+                "amount_cents": int(amount_cents),
+                "currency": currency,
+                "description": description[:300],
+                "period_start": period_start,
+                "period_end": period_end,
+            },
+        )
+        if created:
+            audit_record(
+                actor=None,
+                organization=organization,
+                action="billing.credit.record",
+                target=credit,
+                data={
+                    "key": key,
+                    "amount_cents": credit.amount_cents,
+                    "currency": currency,
+                    "period_start": period_start.isoformat(),
+                    **(data or {}),
+                },
+            )
+            credit_id = str(credit.id)
+            transaction.on_commit(lambda: _send_credit_later(credit_id))
+    return credit
+
+
+def _send_credit_later(credit_id: str) -> None:
+    from portal.billing.tasks import invoice_credit_send
+
+    # A broker outage loses nothing: the credit stays pending and the scheduled billing run
+    # (usage_report_run) sends every pending credit.
+    try:
+        invoice_credit_send.delay(credit_id)
+    except Exception:
+        logger.warning("credit %s stays pending until the next billing run", credit_id, exc_info=True)
+
+
+def invoice_credit_send(*, credit_id: object, now: datetime | None = None) -> str:
+    """Sends one pending credit to Stripe as a negative invoice item. Returns "sent", "held",
+    "retry", "failed" or "busy-or-done"; claimed first, so a duplicated task sends nothing."""
+    now = now or timezone.now()
+    config = billing_config()
+    credit = InvoiceCredit.objects.filter(id=credit_id).select_related("organization").first()
+    if credit is None:
+        return "busy-or-done"
+    account = BillingAccount.objects.filter(organization_id=credit.organization_id).first()
+    if config is None or account is None or not account.stripe_customer_id:
+        InvoiceCredit.objects.filter(id=credit_id, status=InvoiceCredit.Status.PENDING).update(
+            status=InvoiceCredit.Status.HELD
+        )
+        return "held"
+    claimed = (
+        InvoiceCredit.objects.filter(
+            id=credit_id, status__in=[InvoiceCredit.Status.PENDING, InvoiceCredit.Status.HELD]
+        )
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .update(claimed_until=now + _SEND_LEASE, attempts=credit.attempts + 1)
+    )
+    if not claimed:
+        return "busy-or-done"
+    try:
+        item_id = stripe_api.credit_invoice_item_create(
+            config,
+            customer_id=account.stripe_customer_id,
+            amount_cents=credit.amount_cents,
+            currency=credit.currency,
+            description=credit.description,
+            metadata={"tailguard_credit": credit.key, "organization_id": str(credit.organization_id)},
+            key=f"tg:credit:{credit.key}",
+        )
+    except stripe_api.StripeCallError as exc:
+        if not exc.permanent:
+            InvoiceCredit.objects.filter(id=credit_id).update(claimed_until=None, error=str(exc))
+            return "retry"
+        with transaction.atomic():
+            InvoiceCredit.objects.filter(id=credit_id).update(
+                status=InvoiceCredit.Status.FAILED, claimed_until=None, error=str(exc)
+            )
+            audit_record(
+                actor=None,
+                organization=credit.organization,
+                action="billing.credit.failed",
+                target=credit,
+                data={"key": credit.key, "error": str(exc)[:300]},
+            )
+        return "failed"
+    with transaction.atomic():
+        InvoiceCredit.objects.filter(id=credit_id).update(
+            status=InvoiceCredit.Status.SENT,
+            stripe_invoice_item_id=item_id,
+            sent_at=timezone.now(),
+            claimed_until=None,
+            error="",
+        )
+        audit_record(
+            actor=None,
+            organization=credit.organization,
+            action="billing.credit.sent",
+            target=credit,
+            data={"key": credit.key, "amount_cents": credit.amount_cents, "invoice_item": item_id},
+        )
+    return "sent"
+
+
+def invoice_credits_send_pending(*, now: datetime | None = None) -> dict[str, int]:
+    outcome: dict[str, int] = {}
+    waiting = InvoiceCredit.objects.filter(
+        status__in=[InvoiceCredit.Status.PENDING, InvoiceCredit.Status.HELD]
+    ).order_by("created_at")
+    for credit_id in list(waiting.values_list("id", flat=True)[:500]):
+        result = invoice_credit_send(credit_id=credit_id, now=now)
+        outcome[f"credit_{result}"] = outcome.get(f"credit_{result}", 0) + 1
     return outcome
 
 

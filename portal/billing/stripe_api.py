@@ -119,3 +119,31 @@ def meter_event_create(
         },
         {"idempotency_key": key},
     )
+
+
+def credit_invoice_item_create(
+    config: BillingConfig,
+    *,
+    customer_id: str,
+    amount_cents: int,
+    currency: str,
+    description: str,
+    metadata: dict[str, str],
+    key: str,
+) -> str:
+    # A negative pending invoice item: Stripe takes it off the customer's next invoice. The key
+    # derived from the business event makes a retry after a lost response a replay, not a second
+    # credit.
+    item = _call(
+        "add the credit to the invoice",
+        _client(config).v1.invoice_items.create,
+        {
+            "customer": customer_id,
+            "amount": -abs(int(amount_cents)),
+            "currency": currency,
+            "description": description,
+            "metadata": metadata,
+        },
+        {"idempotency_key": key},
+    )
+    return str(item.id)

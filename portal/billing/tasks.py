@@ -16,3 +16,8 @@ def usage_report() -> dict[str, int]:
 @shared_task(autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
 def billing_status_notify(account_id: str, status: str) -> int:
     return services.billing_status_notify(account_id=account_id, status=status)
+
+
+@shared_task(acks_late=True)
+def invoice_credit_send(credit_id: str) -> str:
+    return services.invoice_credit_send(credit_id=credit_id)

@@ -58,6 +58,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "plans": sorted(config.plans),
         "checkout": request.GET.get("checkout", ""),
         "lines": selectors.usage_month(organization=organization, month=timezone.now()),
+        "credits": selectors.invoice_credit_list(organization=organization)[:24],
     }
     return render(request, "billing/overview.html", context)
 

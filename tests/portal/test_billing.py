@@ -162,6 +162,16 @@ class FakeStripe:
                 "livemode": False,
                 "payload": {"stripe_customer_id": params.get("payload[stripe_customer_id]")},
             }
+        if path == "/v1/invoiceitems":
+            # A pending invoice item (negative for a credit) on the customer's next invoice.
+            return 200, {
+                "id": f"ii_test_{n}",
+                "object": "invoiceitem",
+                "customer": params.get("customer"),
+                "amount": int(params["amount"]),
+                "currency": params.get("currency"),
+                "description": params.get("description"),
+            }
         return 404, {"error": {"type": "invalid_request_error", "message": f"no route {path}"}}
 
     def close(self) -> None:

@@ -1,0 +1,103 @@
+"""Alert pages: the organization's channels (who hears about what), recent alerts and the
+delivery log. Owners and admins manage channels; members may look."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from portal.accounts.models import Role
+from portal.accounts.tenancy import get_object_for_member, member_required
+from portal.alerts import selectors, services
+from portal.alerts.models import AlertChannel, AlertDelivery, AlertKind
+
+
+def _page(
+    request: HttpRequest, *, status: int = 200, errors: dict[str, list[str]] | None = None
+) -> HttpResponse:
+    organization = request.membership.organization  # type: ignore[attr-defined]
+    context = {
+        "channels": selectors.alert_channel_list(organization=organization),
+        "alerts": selectors.alert_recent(organization=organization),
+        "kinds": AlertKind.choices,
+        "can_manage": request.membership.has_role(Role.ADMIN),  # type: ignore[attr-defined]
+        "errors": errors or {},
+        "posted": request.POST if request.method == "POST" else {},
+        "new_secret": request.session.pop("alerts_new_secret", None),
+    }
+    return render(request, "alerts/overview.html", context, status=status)
+
+
+@member_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@member_required
+@require_POST
+def channel_create(request: HttpRequest) -> HttpResponse:
+    try:
+        channel = services.alert_channel_create(
+            actor=request.user,  # type: ignore[arg-type]
+            organization=request.membership.organization,  # type: ignore[attr-defined]
+            kind=request.POST.get("kind", ""),
+            name=request.POST.get("name", ""),
+            target=request.POST.get("target", ""),
+            kinds=request.POST.getlist("kinds"),
+        )
+    except ValidationError as exc:
+        return _page(
+            request,
+            status=400,
+            errors=exc.message_dict if hasattr(exc, "error_dict") else {"__all__": exc.messages},
+        )
+    if channel.secret:
+        # Shown once, on the next page, then gone from the session.
+        request.session["alerts_new_secret"] = {"name": channel.name, "secret": channel.secret}
+    messages.success(request, f"Alert channel {channel.name} added.")
+    return redirect("alerts:overview")
+
+
+@member_required
+@require_POST
+def channel_update(request: HttpRequest, channel_id: str) -> HttpResponse:
+    channel = get_object_for_member(request, AlertChannel.objects.all(), channel_id)
+    try:
+        services.alert_channel_update(
+            actor=request.user,  # type: ignore[arg-type]
+            channel=channel,
+            kinds=request.POST.getlist("kinds"),
+            enabled=request.POST.get("enabled") == "on",
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Alert channel {channel.name} updated.")
+    return redirect("alerts:overview")
+
+
+@member_required
+@require_POST
+def channel_delete(request: HttpRequest, channel_id: str) -> HttpResponse:
+    channel = get_object_for_member(request, AlertChannel.objects.all(), channel_id)
+    name = channel.name
+    services.alert_channel_delete(actor=request.user, channel=channel)  # type: ignore[arg-type]
+    messages.success(request, f"Alert channel {name} removed.")
+    return redirect("alerts:overview")
+
+
+@member_required
+@require_POST
+def delivery_retry(request: HttpRequest, delivery_id: str) -> HttpResponse:
+    delivery = get_object_for_member(request, AlertDelivery.objects.all(), delivery_id)
+    try:
+        services.alert_delivery_retry(actor=request.user, delivery=delivery)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, "The alert will be sent again.")
+    return redirect("alerts:overview")
