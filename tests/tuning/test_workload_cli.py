@@ -99,3 +99,70 @@ def test_the_console_entry_point_runs(mooncake_path: Path) -> None:
         timeout=120,
     )
     assert json.loads(done.stdout)["num_requests"] == 3993
+
+
+def _run_on_a_terminal(args: list[str], cwd: Path) -> tuple[str, str]:
+    """Run `tailguard ARGS` with stderr on a pseudo-terminal (as in a shell) and stdout on a pipe."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tuning.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+    )
+    os.close(slave)
+    terminal = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    os.close(master)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, terminal.decode(errors="replace")
+    return stdout.decode(), terminal.decode(errors="replace")
+
+
+def test_workload_commands_show_progress_on_a_terminal_and_keep_stdout_clean(
+    mooncake_path: Path, tmp_path: Path
+) -> None:
+    stdout, terminal = _run_on_a_terminal(["profile", str(mooncake_path), "--json"], tmp_path)
+    assert json.loads(stdout)["num_requests"] == 3993  # the bar never reaches stdout
+    assert "reading mooncake_synthetic.jsonl" in terminal and "profiling mooncake_synthetic.jsonl" in terminal
+    from rich.filesize import decimal
+
+    assert f"/{decimal(mooncake_path.stat().st_size)}" in terminal  # the bar counts the file's bytes
+
+    out = tmp_path / "synthetic.jsonl"
+    args = [
+        "synth",
+        str(mooncake_path),
+        "--target-rps",
+        "5",
+        "--duration-s",
+        "120",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+    ]
+    stdout, terminal = _run_on_a_terminal(args, tmp_path)
+    assert "wrote 600 requests" in stdout
+    assert "synthesising 120 s at 5 req/s" in terminal and "writing 600 requests" in terminal
+
+    # Without a terminal (a pipe, a CI log) nothing is drawn.
+    done = subprocess.run(
+        [sys.executable, "-m", "tuning.cli", "profile", str(mooncake_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stderr == "" and "3,993 requests" in done.stdout

@@ -1,5 +1,7 @@
 """`tailguard profile`, `tailguard drift` and `tailguard synth`: the workload commands.
 
+On a terminal each shows its progress on stderr (reading, profiling, synthesising, writing).
+
 Exit status: 0 on success, 1 when a trace cannot be read (the message names the line and the
 problem), 2 for usage errors (argparse).
 """
@@ -16,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from tuning.commands.progress import console, ingest_with_progress, working
 from tuning.workload import (
     FORMATS,
     TraceError,
     WorkloadProfile,
     drift_report,
-    ingest_path,
     synthesize,
     write_mooncake_jsonl,
 )
@@ -77,7 +79,7 @@ def _fail(command: str, path: str, problem: str) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     try:
-        result = ingest_path(args.trace, trace_format=args.format)
+        result = ingest_with_progress(args.trace, out=console(), trace_format=args.format)
     except TraceError as exc:
         return _fail("profile", args.trace, str(exc))
     except OSError as exc:
@@ -134,7 +136,7 @@ def _load_profile(path: str, trace_format: str) -> WorkloadProfile:
                 return WorkloadProfile.from_json_dict(data)
             except (KeyError, TypeError, ValueError):
                 raise TraceError(None, "not a complete saved profile") from None
-    return ingest_path(path, trace_format=trace_format).profile
+    return ingest_with_progress(path, out=console(), trace_format=trace_format).profile
 
 
 def _drift(args: argparse.Namespace) -> int:
@@ -164,22 +166,26 @@ def _synth(args: argparse.Namespace) -> int:
         print("tailguard synth: error: --target-rps and --duration-s must be positive", file=sys.stderr)
         return 2
     try:
-        sample = ingest_path(args.trace, trace_format=args.format, keep_blocks=True)
+        sample = ingest_with_progress(args.trace, out=console(), trace_format=args.format, keep_blocks=True)
     except TraceError as exc:
         return _fail("synth", args.trace, str(exc))
     except OSError as exc:
         return _fail("synth", args.trace, exc.strerror or "cannot read the file")
-    trace = synthesize(
-        sample,
-        target_rps=args.target_rps,
-        duration_s=args.duration_s,
-        rng=np.random.default_rng(args.seed),
-    )
+    with working(console(), f"synthesising {args.duration_s:g} s at {args.target_rps:g} req/s"):
+        trace = synthesize(
+            sample,
+            target_rps=args.target_rps,
+            duration_s=args.duration_s,
+            rng=np.random.default_rng(args.seed),
+        )
     out = Path(args.out)
     # Written beside the target and renamed, so a reader never sees half a file.
     handle, temporary = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
     try:
-        with os.fdopen(handle, "wb") as stream:
+        with (
+            os.fdopen(handle, "wb") as stream,
+            working(console(), f"writing {trace.num_requests:,} requests"),
+        ):
             write_mooncake_jsonl(trace, stream)
         umask = os.umask(0)
         os.umask(umask)
