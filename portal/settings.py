@@ -306,6 +306,9 @@ ENDPOINTS_DIR = Path(env.str("ENDPOINTS_DIR", str(VAR_DIR / "endpoints")) or "")
 AGENT_HEARTBEAT_S = env.int("AGENT_HEARTBEAT_S", 15, minimum=1)
 POOL_HOST_LIVE_S = env.int("POOL_HOST_LIVE_S", 60, minimum=2)
 CELERY_TASK_ROUTES = ("portal.pools.routing.route_task",)
+# Where clients reach an endpoint that has no pool (this deployment's own machine): {port} is the
+# endpoint's port, {endpoint} its short name. Pools carry their own.
+ENDPOINT_URL_TEMPLATE = env.str("ENDPOINT_URL_TEMPLATE", "http://127.0.0.1:{port}") or ""
 # Bounded broker calls: a request that enqueues work must not hang on a broker that is down or
 # stuck (connecting, then each command); work it could not enqueue stays queued in the database.
 CELERY_BROKER_CONNECTION_TIMEOUT = env.int("CELERY_BROKER_CONNECT_TIMEOUT_S", 3, minimum=1)

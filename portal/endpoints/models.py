@@ -16,6 +16,7 @@ class Endpoint(models.Model):
         RESTARTING = "restarting", "Restarting"
         DEGRADED = "degraded", "Degraded"
         FAILED = "failed", "Failed to start"
+        STOPPING = "stopping", "Stopping"
         STOPPED = "stopped", "Stopped"
 
     ACTIVE: ClassVar[set[str]] = {Status.STARTING, Status.HEALTHY, Status.RESTARTING, Status.DEGRADED}
@@ -43,7 +44,17 @@ class Endpoint(models.Model):
     api_key_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTING, db_index=True)
     status_detail = models.TextField(blank=True)  # the runner's last error, if any
-    supervisor_pid = models.IntegerField(null=True, blank=True)
+    # How the endpoint runs: the runner's kind ("local" supervisor on a host, "kubernetes"), its
+    # handle (`serving.runner.base.RunnerHandle.to_dict()`: where it runs, how to find it) and its
+    # last reported state. The portal keeps nothing else about the process.
+    runner_kind = models.CharField(max_length=16, default="local")
+    runner_handle = models.JSONField(null=True, blank=True)
+    runner_state = models.JSONField(null=True, blank=True)
+    # Where clients reach it: from the pool's configured public address (no /v1).
+    base_url = models.CharField(max_length=300, blank=True)
+    # The key, sealed with the deployment's storage key, for the host that starts the engine;
+    # dropped when the endpoint stops. Clients' keys are checked against `api_key_hash`.
+    api_key_sealed = models.BinaryField(null=True, blank=True, editable=False)
     # The engine's last /metrics text: the next scrape's interval is computed against it.
     last_metrics_text = models.TextField(blank=True)
     last_metrics_at = models.DateTimeField(null=True, blank=True)

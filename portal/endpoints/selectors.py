@@ -67,8 +67,13 @@ def range_key(value: str | None) -> str:
 
 
 def endpoint_base_url(endpoint: Endpoint) -> str:
-    # The local runner's router listens on the serving host's loopback at the endpoint's port.
-    return f"http://127.0.0.1:{endpoint.port}/v1"
+    """The OpenAI base URL clients use: the endpoint's public address (from its pool) + /v1."""
+    from portal.endpoints.services import public_base_url
+
+    base = endpoint.base_url or public_base_url(
+        pool=endpoint.pool, port=endpoint.port, endpoint_id=str(endpoint.id)
+    )
+    return f"{base}/v1"
 
 
 def _finite(value: Any) -> float | None:

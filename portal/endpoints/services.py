@@ -1,47 +1,57 @@
-"""Writes of the endpoints app: deploy a job's winner, watch it, stop it.
+"""Writes of the endpoints app: deploy a job's winner, watch it, promote, stop it.
 
-The endpoint runs as its own supervisor process on the serving host (`tailguard endpoint
-serve`), detached from the Celery worker that started it: the router keeps the address, the
-supervisor restarts crashed engines and re-deploys without failing requests when its config
-file changes. The portal talks to it through files (config in, state out) and the engine's
-metrics.
+The portal holds no engine process. An endpoint is run by a runner (`serving.runner.base`): the
+local supervisor (`tailguard endpoint serve`: router at the stable address, crash restarts,
+zero-failure swaps) started on an engine host by that host's agent, or Kubernetes. The database
+stores the runner's handle and its last state, nothing else about the process. Start, stop, a
+new configuration and the watch's scrape are Celery tasks routed where the endpoint runs: a
+pool's start to the pool's queue (any of its hosts), everything after it to the queue of the host
+that started it; an endpoint without a pool runs on this deployment's own workers.
 
-The database holds the configuration the endpoint should serve; `config.json` follows it. A
-switch writes the file once its transaction commits, and every watch round writes it again if
+The database holds the configuration the endpoint should serve; the runner follows it. A
+switch hands it over once its transaction commits, and every watch round hands it over again if
 it differs, so a worker killed between the commit and the write (or a write that failed) delays
 the hand-over by one round instead of losing it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import secrets
-import signal
-import subprocess
-import sys
-import time
+import socket
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from compliance.selectors import allowed_regions
 from compliance.services import audit_record, residency_require_hardware
+from compliance.storage import seal, unseal
 from portal.accounts import tokens
 from portal.accounts.models import Role, User
 from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
 from portal.pools.models import Pool
+from portal.pools.selectors import pool_waiting_reason
 from portal.pools.services import pool_require_usable
 from serving.engine.launcher import free_port
-from serving.metrics import MetricsFormatError, snapshot_delta, snapshot_from_text
+from serving.runner.base import (
+    EndpointLaunch,
+    EndpointRunner,
+    MetricsReading,
+    RunnerError,
+    RunnerHandle,
+    RunnerState,
+)
+from serving.runner.k8s_runner import ClusterTarget, KubernetesRunner, object_name
+from serving.runner.supervisor import LocalSupervisorRunner, process_alive
 from tuning.continual import LiveWindow
 
 logger = logging.getLogger(__name__)
@@ -127,17 +137,23 @@ def endpoint_deploy(
     api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
     used = set(Endpoint.objects.values_list("port", flat=True))
     port = next(p for p in (free_port() for _ in range(20)) if p not in used)
+    endpoint_id = uuid.uuid4()
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
+            id=endpoint_id,
             organization=job.organization,
             name=(name or f"{job.served_model.name} (tuned)")[:120],
             served_model=job.served_model,
             job=job,
             pool=chosen,
+            runner_kind=runner_kind_for(chosen),
+            base_url=public_base_url(pool=chosen, port=port, endpoint_id=str(endpoint_id)),
             config=config,
             port=port,
             api_key_prefix=prefix,
             api_key_hash=tokens.digest(api_key),
+            # The host that starts it reads the key from here (never from a message or a command line).
+            api_key_sealed=seal(api_key.encode(), purpose=_KEY_PURPOSE),
             created_by=actor,
             deploy_token=deploy_token,
         )
@@ -157,11 +173,7 @@ def endpoint_deploy(
             target=endpoint,
             data={"job": str(job.id), "trial": number, "port": port},
         )
-        _write_files(endpoint, config, api_key)
-        from portal.endpoints.tasks import endpoint_start
-
-        endpoint_id = str(endpoint.id)
-        transaction.on_commit(lambda: endpoint_start.delay(endpoint_id))
+        transaction.on_commit(lambda: _send("endpoint_start", endpoint, start=True))
     return endpoint, api_key
 
 
@@ -205,9 +217,9 @@ def endpoint_switch(
     actor: User | None,
     action: str,
 ) -> EndpointRevision:
-    """Record a new generation and hand its config to the supervisor (after the commit).
+    """Record a new generation and hand its config to the runner (after the commit).
 
-    The supervisor swaps engines without failing a request; callers check permissions.
+    The runner swaps engines without failing a request; callers check permissions.
     """
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
@@ -224,40 +236,175 @@ def endpoint_switch(
             data={"job": str(job.id) if job else None, "trial": trial_number, "generation": generation},
         )
         endpoint_id = str(endpoint.pk)
-        transaction.on_commit(lambda: endpoint_config_sync(endpoint_id=endpoint_id))
+        if _route(locked):
+            # Served on a pool's host: its agent writes the new configuration there.
+            transaction.on_commit(lambda: _send("endpoint_apply", locked))
+        else:
+            transaction.on_commit(lambda: endpoint_config_sync(endpoint_id=endpoint_id))
     return revision
 
 
+# --- the runner --------------------------------------------------------------------------------
+
+_KEY_PURPOSE = "endpoint-api-key"
+# Set by `tailguard agent` in its own process: the host whose agent runs this code.
+AGENT_HOST_ENV = "TAILGUARD_AGENT_HOST_ID"
+
+
+def runner_kind_for(pool: Pool | None) -> str:
+    return pool.runner if pool is not None else "local"
+
+
+def public_base_url(*, pool: Pool | None, port: int, endpoint_id: str) -> str:
+    """Where clients reach the endpoint: the pool's configured public address (a host's address
+    or an ingress; TLS at the proxy), or this deployment's ENDPOINT_URL_TEMPLATE without a pool."""
+    template = pool.endpoint_url_template if pool is not None else settings.ENDPOINT_URL_TEMPLATE
+    return template.format(port=port, endpoint=object_name(endpoint_id)).rstrip("/")
+
+
+def runner_for(endpoint: Endpoint) -> EndpointRunner:
+    """The runner that serves this endpoint (the pool's kind; the local supervisor without a pool)."""
+    pool = endpoint.pool
+    if endpoint.runner_kind == "kubernetes" and pool is not None:
+        return KubernetesRunner(
+            ClusterTarget(
+                namespace=pool.k8s_namespace,
+                hardware=pool.accelerator,
+                region=pool.k8s_region,
+                allowed_regions=frozenset(allowed_regions(organization=endpoint.organization)),
+                kubeconfig=pool.k8s_kubeconfig or None,
+            )
+        )
+    return LocalSupervisorRunner(Path(settings.ENDPOINTS_DIR), cwd=Path(settings.BASE_DIR))
+
+
+def _handle(endpoint: Endpoint, runner: EndpointRunner) -> RunnerHandle | None:
+    if endpoint.runner_handle:
+        return RunnerHandle.from_dict(endpoint.runner_handle)
+    if isinstance(runner, LocalSupervisorRunner):
+        # Not started here yet, or recorded before handles were: its folder is known.
+        return runner.handle_for(str(endpoint.id))
+    return None
+
+
+def _route(endpoint: Endpoint, *, start: bool = False) -> dict[str, str]:
+    """Where the endpoint's operations run (Celery routing on these arguments, see
+    portal.pools.routing): on the host that started it; its start on any host of its pool. A
+    Kubernetes endpoint's, and one without a pool, run on this deployment's own workers."""
+    if endpoint.runner_kind != "local" or endpoint.pool_id is None:
+        return {}
+    if start or endpoint.host_id is None:
+        return {"pool": endpoint.pool.name}  # type: ignore[union-attr]
+    return {"host": str(endpoint.host_id)}
+
+
+def _send(task_name: str, endpoint: Endpoint, *, start: bool = False) -> None:
+    from portal.endpoints import tasks
+
+    route = _route(endpoint, start=start)
+    getattr(tasks, task_name).apply_async(kwargs={"endpoint_id": str(endpoint.id), **route})
+    if start and endpoint.pool is not None and route:
+        waiting = pool_waiting_reason(pool=endpoint.pool)
+        if waiting:
+            # Never silent: the start waits in the pool's queue, and the endpoint says so.
+            Endpoint.objects.filter(id=endpoint.id, status=Endpoint.Status.STARTING).update(
+                status_detail=waiting
+            )
+
+
+def endpoint_start(*, endpoint_id: str) -> str:
+    """Start the endpoint through its runner, on the machine running this (a pool's agent, or
+    this deployment's worker without a pool). Idempotent: a running supervisor is kept."""
+    endpoint = Endpoint.objects.select_related("served_model", "pool", "organization").get(id=endpoint_id)
+    if endpoint.status in {Endpoint.Status.STOPPED, Endpoint.Status.STOPPING}:
+        return "stopped"
+    if not endpoint.api_key_sealed:
+        Endpoint.objects.filter(id=endpoint_id).update(
+            status=Endpoint.Status.FAILED, status_detail="the endpoint's key is gone; deploy it again"
+        )
+        return "failed"
+    runner = runner_for(endpoint)
+    launch = EndpointLaunch(
+        endpoint_id=str(endpoint.id),
+        model=endpoint.served_model.path,
+        config=dict(endpoint.config),
+        port=endpoint.port,
+        bind_address=endpoint.pool.bind_address if endpoint.pool else "127.0.0.1",
+        api_key=unseal(bytes(endpoint.api_key_sealed), purpose=_KEY_PURPOSE).decode(),
+    )
+    host_id = os.environ.get(AGENT_HOST_ENV) if endpoint.pool_id else None
+    try:
+        if isinstance(runner, LocalSupervisorRunner):
+            existing = _handle(endpoint, runner)
+            if existing is not None and existing.data.get("hostname") not in {None, socket.gethostname()}:
+                existing = None  # another machine's supervisor: its pid means nothing here
+            if existing is not None and runner.supervisor_alive(existing):
+                return "running"
+            handle = runner.start(launch, existing=existing)
+        else:
+            handle = runner.start(launch)
+    except RunnerError as exc:
+        Endpoint.objects.filter(id=endpoint_id).update(
+            status=Endpoint.Status.FAILED, status_detail=str(exc)[-2000:]
+        )
+        return "failed"
+    Endpoint.objects.filter(id=endpoint_id).update(
+        runner_handle=handle.to_dict(),
+        host_id=host_id,
+        status=Endpoint.Status.STARTING,
+        status_detail="",
+    )
+    return "started"
+
+
 def endpoint_config_sync(*, endpoint_id: str) -> bool:
-    """Make the supervisor's config file say what the database says the endpoint serves.
-    Returns whether it had to write (the supervisor then switches engines)."""
-    endpoint = Endpoint.objects.filter(id=endpoint_id).only("id", "config", "status").first()
+    """Make what the runner serves follow what the database says the endpoint serves. Returns
+    whether it had to hand over a new configuration (the runner then switches engines)."""
+    endpoint = Endpoint.objects.filter(id=endpoint_id).select_related("pool", "organization").first()
     if endpoint is None or not endpoint.is_active:
         return False
-    folder = endpoint_dir(endpoint)
-    if not folder.is_dir():
-        return False  # served from another host, or not deployed here yet
-    path = folder / "config.json"
-    try:
-        current = json.loads(path.read_text())
-    except (OSError, ValueError):
-        current = None
-    if current == endpoint.config:
+    runner = runner_for(endpoint)
+    handle = _handle(endpoint, runner)
+    if handle is None:
         return False
     try:
-        _atomic_write(path, json.dumps(endpoint.config))
-    except OSError as exc:
-        # The next watch round tries again; one endpoint's folder must not stop the watch.
-        logger.warning("endpoint %s: could not write its config file (%s)", endpoint_id, exc)
+        changed = runner.apply_config(handle, dict(endpoint.config))
+    except (RunnerError, OSError) as exc:
+        # The next watch round tries again; one endpoint's failure must not stop the watch.
+        logger.warning("endpoint %s: configuration not handed over (%s)", endpoint_id, exc)
         return False
-    logger.info("endpoint %s: config file brought in line with the database", endpoint_id)
-    return True
+    if changed:
+        logger.info("endpoint %s: the runner's configuration brought in line with the database", endpoint_id)
+    return changed
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    return process_alive(pid)
+
+
+def _supervisor_alive(endpoint: Endpoint) -> bool:
+    """Whether the endpoint's recorded local supervisor is still running here (never a process
+    that merely reuses its pid: see serving.runner.supervisor)."""
+    runner = runner_for(endpoint)
+    handle = _handle(endpoint, runner)
+    return (
+        isinstance(runner, LocalSupervisorRunner) and handle is not None and runner.supervisor_alive(handle)
+    )
+
+
+def read_state(endpoint: Endpoint) -> dict[str, object]:
+    """The runner's own report: read live where it runs on this machine, else the last one an
+    agent stored."""
+    runner = runner_for(endpoint)
+    handle = _handle(endpoint, runner)
+    here = handle is not None and handle.data.get("hostname") in {None, socket.gethostname()}
+    if isinstance(runner, LocalSupervisorRunner) and handle is not None and here:
+        live = runner.read_state_file(handle)
+        if live:
+            return live
+    stored = endpoint.runner_state
+    return dict(stored) if isinstance(stored, dict) else {}
 
 
 def _revision(
@@ -289,143 +436,20 @@ def _tokens_per_s(result: dict[str, object]) -> float | None:
     return float(sum(at_target) / len(at_target)) if at_target else None
 
 
-def _write_files(endpoint: Endpoint, config: dict[str, object], api_key: str) -> None:
-    folder = endpoint_dir(endpoint)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key_file = folder / "api_key"
-    key_file.write_text(api_key)
-    key_file.chmod(0o600)
-    (folder / "config.json").write_text(json.dumps(config))
-
-
-def endpoint_start(*, endpoint_id: str) -> str:
-    """Start the endpoint's supervisor process (idempotent: a running supervisor is kept)."""
-    endpoint = Endpoint.objects.get(id=endpoint_id)
-    if endpoint.status == Endpoint.Status.STOPPED:
-        return "stopped"
-    if _supervisor_alive(endpoint):
-        return "running"
-    folder = endpoint_dir(endpoint)
-    command = [
-        sys.executable,
-        "-m",
-        "tuning.cli",
-        "endpoint",
-        "serve",
-        "--model",
-        endpoint.served_model.path,
-        "--config",
-        str(folder / "config.json"),
-        "--port",
-        str(endpoint.port),
-        "--work-dir",
-        str(folder / "logs"),
-        "--state-file",
-        str(folder / "state.json"),
-        "--api-key-file",
-        str(folder / "api_key"),
-    ]
-    with (folder / "supervisor.log").open("ab") as log:
-        # A new session: the endpoint outlives the worker that started it.
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=str(Path(settings.BASE_DIR)),
-        )
-    Endpoint.objects.filter(id=endpoint_id).update(
-        supervisor_pid=process.pid, status=Endpoint.Status.STARTING
-    )
-    return "started"
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
-
-
-def _supervisor_alive(endpoint: Endpoint) -> bool:
-    """Whether the process recorded as the endpoint's supervisor is still that supervisor.
-
-    The stored pid outlives the process it named (a crash, a reboot), and the kernel hands pids
-    out again (32768 of them on a default Linux): by then the number may belong to anything, a
-    database session included. Only a live process whose command line is this endpoint's
-    `endpoint serve` (its own state file) counts; anything else is never signalled.
-    """
-    pid = endpoint.supervisor_pid
-    if not pid or not _alive(pid):
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    state_file = str(endpoint_dir(endpoint) / "state.json").encode()
-    return b"serve" in argv and state_file in argv
-
-
-def read_state(endpoint: Endpoint) -> dict[str, object]:
-    path = endpoint_dir(endpoint) / "state.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-# The supervisor's states and what the endpoint shows for them. While its engine is down and
-# being restarted the endpoint is not serving: degraded, with the cause in `status_detail`.
-_STATUS_FROM_SUPERVISOR = {
-    "starting": Endpoint.Status.STARTING,
-    "healthy": Endpoint.Status.HEALTHY,
-    "restarting": Endpoint.Status.DEGRADED,
-    "degraded": Endpoint.Status.DEGRADED,
-    "failed": Endpoint.Status.FAILED,
-    "stopped": Endpoint.Status.STOPPED,
-}
-
-
-def _counters_went_back(earlier: Any, later: Any) -> bool:
-    """Whether `later` comes from another engine than `earlier` (its totals started again)."""
-    pairs = [
-        (earlier.requests_finished_total, later.requests_finished_total),
-        (earlier.prompt_tokens_total, later.prompt_tokens_total),
-        (earlier.generation_tokens_total, later.generation_tokens_total),
-        (earlier.ttft_s.count, later.ttft_s.count),
-    ]
-    return any(b < a for a, b in pairs)
-
-
 def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnapshot | None:
-    """Update the status from the supervisor's state and store one metrics snapshot.
+    """Update the status from the runner's state and store one metrics snapshot.
 
     A snapshot measures the interval since the previous one, so a measured interval never
     spans a gap: a gap drops the stored baseline, the next answer from the engine is a new
     baseline (itself a gap: nothing is known about the time before it), and so is the first
     answer from a restarted engine (its counters start again from zero).
     """
-    import httpx
-
-    endpoint = Endpoint.objects.get(id=endpoint_id)
+    endpoint = Endpoint.objects.select_related("pool", "organization").get(id=endpoint_id)
     if not endpoint.is_active:
         return None
     endpoint_config_sync(endpoint_id=endpoint_id)
-    state = read_state(endpoint)
-    reported = str(state.get("status") or endpoint.status)
-    status = _STATUS_FROM_SUPERVISOR.get(reported, reported)
-    detail = str(state.get("last_error") or "")
-    if endpoint.supervisor_pid and not _supervisor_alive(endpoint) and status != "failed":
-        status = Endpoint.Status.DEGRADED
-        detail = "the endpoint's supervisor process is not running"
-    if status not in Endpoint.Status.values:
-        status = Endpoint.Status.DEGRADED
-    Endpoint.objects.filter(id=endpoint_id).update(status=status, status_detail=detail[-2000:])
-    engine_url = state.get("engine_url")
+    runner = runner_for(endpoint)
+    handle = _handle(endpoint, runner)
     now = timezone.now()
 
     def gap(reason: str) -> MetricSnapshot:
@@ -439,97 +463,131 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
                 gap_reason=reason[:300],
             )
 
-    if status != Endpoint.Status.HEALTHY:
-        cause = detail.split("\n", 1)[0]
-        return gap(f"endpoint {status}" + (f": {cause}" if cause else ""))
-    if not engine_url:
-        return gap("the supervisor has not reported an engine address")
+    if handle is None:
+        return gap(f"endpoint {endpoint.status}: not started by its runner yet")
     try:
-        response = httpx.get(f"{engine_url}/metrics", timeout=timeout_s)
-        response.raise_for_status()
-        text = response.text
-        current = snapshot_from_text(text, taken_at_s=time.time())
-    except (httpx.HTTPError, MetricsFormatError) as exc:
+        state = runner.state(handle)
+    except RunnerError as exc:
+        state = RunnerState(status="degraded", detail=str(exc))
+    status = state.status if state.status in Endpoint.Status.values else Endpoint.Status.DEGRADED
+    if status == "starting" and not state.raw and endpoint.status != Endpoint.Status.STARTING:
+        status = endpoint.status  # nothing reported yet: keep what was known
+    Endpoint.objects.filter(id=endpoint_id).update(
+        status=status,
+        status_detail=state.detail[-2000:],
+        runner_state=state.raw or {"status": state.status, "last_error": state.detail},
+    )
+    if status != Endpoint.Status.HEALTHY:
+        cause = state.detail.split("\n", 1)[0]
+        return gap(f"endpoint {status}" + (f": {cause}" if cause else ""))
+    previous = (
+        MetricsReading(text=endpoint.last_metrics_text, taken_at_s=endpoint.last_metrics_at.timestamp())
+        if endpoint.last_metrics_text and endpoint.last_metrics_at
+        else None
+    )
+    try:
+        window = runner.metrics_window(handle, previous, timeout_s=timeout_s)
+    except RunnerError as exc:
         # Garbage or silence is a gap, never zeros.
-        return gap(f"metrics unavailable: {type(exc).__name__}")
+        return gap(str(exc))
     values: dict[str, float | None] = {}
-    window: dict[str, object] | None = None
-    reason = "no earlier scrape to measure from (the first, or the first after a gap)"
-    if endpoint.last_metrics_text and endpoint.last_metrics_at:
-        try:
-            previous = snapshot_from_text(
-                endpoint.last_metrics_text, taken_at_s=endpoint.last_metrics_at.timestamp()
-            )
-            if _counters_went_back(previous, current):
-                reason = "the engine restarted since the last scrape (its counters started again)"
-            else:
-                delta = snapshot_delta(previous, current)
-                values = {
-                    "ttft_p50_ms": delta.ttft_p50_ms,
-                    "ttft_p95_ms": delta.ttft_p95_ms,
-                    "requests_per_s": delta.requests_finished_per_s,
-                    "prompt_tokens_per_s": delta.prompt_tokens_per_s,
-                    "generation_tokens_per_s": delta.generation_tokens_per_s,
-                    "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
-                }
-                p95 = delta.ttft_p95_ms
-                window = LiveWindow(
-                    interval_s=delta.interval_s,
-                    num_requests=delta.requests_finished,
-                    prompt_tokens=delta.prompt_tokens,
-                    output_tokens=delta.output_tokens,
-                    prefix_queries_tokens=delta.prefix_cache_queries_tokens,
-                    prefix_hits_tokens=delta.prefix_cache_hits_tokens,
-                    ttft_p95_ms=p95 if p95 == p95 else None,
-                ).to_dict()
-        except (MetricsFormatError, ValueError):
-            values, window = {}, None
-            reason = "the previous scrape could not be compared with this one"
+    live: dict[str, object] | None = None
+    delta = window.delta
+    if delta is not None:
+        values = {
+            "ttft_p50_ms": delta.ttft_p50_ms,
+            "ttft_p95_ms": delta.ttft_p95_ms,
+            "requests_per_s": delta.requests_finished_per_s,
+            "prompt_tokens_per_s": delta.prompt_tokens_per_s,
+            "generation_tokens_per_s": delta.generation_tokens_per_s,
+            "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+        }
+        p95 = delta.ttft_p95_ms
+        live = LiveWindow(
+            interval_s=delta.interval_s,
+            num_requests=delta.requests_finished,
+            prompt_tokens=delta.prompt_tokens,
+            output_tokens=delta.output_tokens,
+            prefix_queries_tokens=delta.prefix_cache_queries_tokens,
+            prefix_hits_tokens=delta.prefix_cache_hits_tokens,
+            ttft_p95_ms=p95 if p95 == p95 else None,
+        ).to_dict()
     clean = {k: (None if v is None or v != v else float(v)) for k, v in values.items()}
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint_id).update(
-            last_metrics_text=text, last_metrics_at=datetime.fromtimestamp(current.taken_at_s, tz=UTC)
+            last_metrics_text=window.reading.text,
+            last_metrics_at=datetime.fromtimestamp(window.reading.taken_at_s, tz=UTC),
         )
         return MetricSnapshot.objects.create(
             organization_id=endpoint.organization_id,
             endpoint=endpoint,
             taken_at=now,
             gap=not values,
-            gap_reason="" if values else reason,
-            window=window,
+            gap_reason="" if values else window.reason,
+            window=live,
             **clean,
         )
 
 
 def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
-    """Stop the engine and router and revoke the key."""
+    """Revoke the key at once and stop the endpoint in the background, where it runs (the
+    runner stops the router and engine; the endpoint shows 'stopping' until it has)."""
     require_role(actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="stop endpoints")
-    if endpoint.status == Endpoint.Status.STOPPED:
+    if endpoint.status in {Endpoint.Status.STOPPED, Endpoint.Status.STOPPING}:
         raise ValidationError("This endpoint is already stopped.")
-    if endpoint.supervisor_pid and _supervisor_alive(endpoint):
-        os.kill(endpoint.supervisor_pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while _supervisor_alive(endpoint) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    (endpoint_dir(endpoint) / "api_key").unlink(missing_ok=True)
     with transaction.atomic():
         Endpoint.objects.filter(id=endpoint.id).update(
-            status=Endpoint.Status.STOPPED, stopped_at=timezone.now(), api_key_hash=""
+            status=Endpoint.Status.STOPPING, api_key_hash="", api_key_sealed=None, status_detail=""
         )
         audit_record(actor=actor, organization=endpoint.organization, action="endpoint.stop", target=endpoint)
+        stopping = Endpoint.objects.select_related("pool").get(id=endpoint.id)
+        transaction.on_commit(lambda: _send("endpoint_stop", stopping))
+
+
+def endpoint_stop_run(*, endpoint_id: str, timeout_s: float = 60.0) -> str:
+    """The background half of `endpoint_stop`, where the endpoint runs."""
+    endpoint = Endpoint.objects.select_related("pool", "organization").get(id=endpoint_id)
+    if endpoint.status == Endpoint.Status.STOPPED:
+        return "stopped"
+    runner = runner_for(endpoint)
+    handle = _handle(endpoint, runner)
+    if handle is not None:
+        try:
+            runner.stop(handle, timeout_s=timeout_s)
+        except RunnerError as exc:
+            Endpoint.objects.filter(id=endpoint_id).update(status_detail=f"stopping failed: {exc}"[-2000:])
+            return "failed"
+    Endpoint.objects.filter(id=endpoint_id).update(
+        status=Endpoint.Status.STOPPED,
+        stopped_at=timezone.now(),
+        status_detail="",
+        runner_state={"status": "stopped"},
+    )
+    return "stopped"
+
+
+def endpoint_watch_one(*, endpoint_id: str) -> None:
+    """One endpoint's watch round: its scrape, then its continual loop."""
+    from portal.endpoints.loop import loop_tick
+
+    endpoint_refresh(endpoint_id=endpoint_id)
+    try:
+        loop_tick(endpoint_id=endpoint_id)
+    except Exception:  # one endpoint's loop must not stop the others being watched
+        logger.exception("continual loop tick failed for endpoint %s", endpoint_id)
 
 
 def endpoints_watch() -> int:
-    """Beat task body: refresh every active endpoint. Returns how many were scraped."""
-    from portal.endpoints.loop import loop_tick
-
+    """Beat task body: every active endpoint's watch round. An endpoint on a pool's host is
+    watched by that host's agent (a task on the host's queue: its runner's state and metrics
+    are there); the others here. Returns how many were watched or sent."""
     count = 0
-    for endpoint_id in Endpoint.objects.filter(status__in=Endpoint.ACTIVE).values_list("id", flat=True):
-        endpoint_refresh(endpoint_id=str(endpoint_id))
+    active = Endpoint.objects.filter(status__in=Endpoint.ACTIVE).select_related("pool")
+    for endpoint in active:
+        if _route(endpoint):
+            _send("endpoint_watch", endpoint)
+        else:
+            endpoint_watch_one(endpoint_id=str(endpoint.id))
         count += 1
-        try:
-            loop_tick(endpoint_id=str(endpoint_id))
-        except Exception:  # one endpoint's loop must not stop the others being watched
-            logger.exception("continual loop tick failed for endpoint %s", endpoint_id)
     # Snapshot retention is the compliance app's (per organization, after SLA windows close).
     return count

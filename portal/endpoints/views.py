@@ -70,7 +70,11 @@ def endpoint_deploy(request: HttpRequest, job_id: str) -> HttpResponse:
 def endpoint_deployed(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
     api_key = request.session.pop(_key_session_name(endpoint), None)
-    response = render(request, "endpoints/deployed.html", {"endpoint": endpoint, "api_key": api_key})
+    response = render(
+        request,
+        "endpoints/deployed.html",
+        {"endpoint": endpoint, "api_key": api_key, "base_url": selectors.endpoint_base_url(endpoint)},
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -107,7 +111,9 @@ def _detail_context(
 
 def _endpoint(request: HttpRequest, endpoint_id: str) -> Endpoint:
     return get_object_for_member(
-        request, Endpoint.objects.select_related("organization", "served_model", "job"), endpoint_id
+        request,
+        Endpoint.objects.select_related("organization", "served_model", "job", "pool", "host"),
+        endpoint_id,
     )
 
 
@@ -173,5 +179,5 @@ def endpoint_stop(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
-        messages.success(request, f"Stopped {endpoint.name}; its key no longer works.")
+        messages.success(request, f"Stopping {endpoint.name}; its key no longer works.")
     return redirect("endpoints:detail", endpoint_id=endpoint.id)

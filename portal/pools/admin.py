@@ -30,6 +30,10 @@ class PoolAdminForm(forms.ModelForm):
             "price_per_device_hour_usd",
             "endpoint_url_template",
             "bind_address",
+            "runner",
+            "k8s_namespace",
+            "k8s_region",
+            "k8s_kubeconfig",
             "enabled",
         )
 

@@ -61,6 +61,9 @@ class PoolSerializer(api_fields.ModelSerializer):
             "price_per_device_hour_usd",
             "endpoint_url_template",
             "bind_address",
+            "runner",
+            "k8s_namespace",
+            "k8s_region",
             "enabled",
             "live_hosts",
             "waiting",
@@ -91,6 +94,9 @@ class PoolWriteSerializer(serializers.Serializer):
     )
     endpoint_url_template = api_fields.CharField(max_length=300, default="http://127.0.0.1:{port}")
     bind_address = api_fields.CharField(max_length=64, default="127.0.0.1")
+    runner = serializers.ChoiceField(choices=["local", "kubernetes"], default="local")
+    k8s_namespace = api_fields.CharField(max_length=63, required=False, allow_blank=True, default="")
+    k8s_region = api_fields.CharField(max_length=64, required=False, allow_blank=True, default="")
 
 
 class PoolUpdateSerializer(PoolWriteSerializer):

@@ -52,6 +52,20 @@ class Pool(models.Model):
     endpoint_url_template = models.CharField(max_length=300, default="http://127.0.0.1:{port}")
     # The address endpoint routers listen on, on the pool's hosts (0.0.0.0 behind a firewall/proxy).
     bind_address = models.CharField(max_length=64, default="127.0.0.1")
+    # How the pool's endpoints run: the local supervisor on its hosts (started by their agents)
+    # or Kubernetes (the k8s_* fields say where; applied by this deployment's workers).
+    runner = models.CharField(
+        max_length=16,
+        choices=[("local", "Local supervisor on the pool's hosts"), ("kubernetes", "Kubernetes")],
+        default="local",
+    )
+    k8s_namespace = models.CharField(max_length=63, blank=True)
+    k8s_region = models.CharField(
+        max_length=64, blank=True, help_text="Provider region as the catalog lists it."
+    )
+    k8s_kubeconfig = models.CharField(
+        max_length=300, blank=True, help_text="Path on the workers; blank: in-cluster or $KUBECONFIG."
+    )
     enabled = models.BooleanField(default=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

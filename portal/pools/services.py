@@ -37,6 +37,10 @@ _EDITABLE = (
     "price_per_device_hour_usd",
     "endpoint_url_template",
     "bind_address",
+    "runner",
+    "k8s_namespace",
+    "k8s_region",
+    "k8s_kubeconfig",
     "enabled",
 )
 
@@ -99,6 +103,16 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
         if not re.match(r"^[A-Za-z0-9.:-]{1,64}$", bind):
             errors["bind_address"] = "Give an address to listen on, e.g. 0.0.0.0 or 127.0.0.1."
         out["bind_address"] = bind
+    if "runner" in values:
+        runner = str(values["runner"] or "local")
+        if runner not in {"local", "kubernetes"}:
+            errors["runner"] = "Choose local (the pool's hosts) or kubernetes."
+        elif runner == "kubernetes":
+            if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", str(values.get("k8s_namespace") or "")):
+                errors["k8s_namespace"] = "A Kubernetes pool needs its namespace (a DNS label)."
+            if not str(values.get("k8s_region") or "").strip():
+                errors["k8s_region"] = "A Kubernetes pool needs its provider region, as the catalog lists it."
+        out["runner"] = runner
     if errors:
         raise ValidationError(errors)
     return out
@@ -123,6 +137,10 @@ def pool_create(
     endpoint_url_template: str = "http://127.0.0.1:{port}",
     bind_address: str = "127.0.0.1",
     owned_by: Organization | None = None,
+    runner: str = "local",
+    k8s_namespace: str = "",
+    k8s_region: str = "",
+    k8s_kubeconfig: str = "",
 ) -> Pool:
     """A new pool: the platform's (owned_by None, platform admins) or an organization's own (its admins)."""
     _require_manager(actor, owned_by, "create")
@@ -135,6 +153,10 @@ def pool_create(
             "price_per_device_hour_usd": price_per_device_hour_usd,
             "endpoint_url_template": endpoint_url_template,
             "bind_address": bind_address,
+            "runner": runner,
+            "k8s_namespace": k8s_namespace,
+            "k8s_region": k8s_region,
+            "k8s_kubeconfig": k8s_kubeconfig,
         }
     )
     if not POOL_NAME.match(name):

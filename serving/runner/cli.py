@@ -34,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--config", required=True, type=Path, help="engine config (.json/.toml); watched for changes"
     )
     serve.add_argument("--port", type=int, required=True, help="the stable port clients use")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the router listens on (0.0.0.0 behind a proxy or firewall)",
+    )
     serve.add_argument("--work-dir", type=Path, required=True, help="logs")
     serve.add_argument("--state-file", type=Path, help="JSON state written after every change")
     serve.add_argument(
@@ -114,7 +119,9 @@ def _serve(args: argparse.Namespace) -> int:
     except InvalidEngineConfig as exc:
         print(f"tailguard endpoint serve: {exc}", file=sys.stderr)
         return 1
-    endpoint = LocalEndpoint(model=args.model, config=config, port=args.port, work_dir=args.work_dir)
+    endpoint = LocalEndpoint(
+        model=args.model, config=config, port=args.port, work_dir=args.work_dir, host=args.host
+    )
     # A crash is reported as it is found, not once the replacement engine is up a minute later.
     endpoint.on_change = lambda: _write_state(args.state_file, endpoint)
     stopping = False
@@ -245,3 +252,17 @@ def _render_k8s(args: argparse.Namespace) -> int:
         return 1
     print(f"applied {len(rendered.objects)} object(s)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serving.runner.cli endpoint ...`: the endpoint commands without the rest of the
+    CLI (how the local runner starts a supervisor)."""
+    parser = argparse.ArgumentParser(prog="tailguard")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -56,7 +56,9 @@ class RouterProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        # Listening on every address still answers on loopback, which is where we talk to it.
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host  # noqa: S104
+        return f"http://{host}:{self.port}"
 
     def start(self, first_worker: str, timeout_s: float = 60.0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,9 +81,9 @@ class RouterProcess:
             "warning",
             # Its own metrics port: the default (29000) would collide between two routers.
             "--prometheus-host",
-            self.host,
+            "127.0.0.1",  # the router's own metrics stay on the host
             "--prometheus-port",
-            str(free_port(self.host)),
+            str(free_port()),
         ]
         with self.log_path.open("ab") as log:
             self._watchdog = subprocess.Popen(
@@ -178,6 +180,7 @@ class LocalEndpoint:
         backoff_s: float = 2.0,
         engine_command: list[str] | None = None,
         on_change: Callable[[], None] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.model, self.config, self.port, self.work_dir = model, config, port, work_dir
         self.startup_timeout_s, self.drain_timeout_s = startup_timeout_s, drain_timeout_s
@@ -186,7 +189,9 @@ class LocalEndpoint:
         # Called when `state` changes ahead of a long wait (the CLI writes its state file from
         # it): `check()` returns only once the replacement engine is up.
         self.on_change = on_change
-        self.router = RouterProcess(port=port, log_path=work_dir / "router.log")
+        # The router listens where clients reach it (the pool's bind address); engines stay on
+        # loopback behind it.
+        self.router = RouterProcess(port=port, log_path=work_dir / "router.log", host=host)
         self.engine: EngineProcess | None = None
         self.state = EndpointState()
 

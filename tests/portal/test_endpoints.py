@@ -120,7 +120,9 @@ def test_deploy_confirms_then_deploys_once_and_shows_the_key_once(
     from portal.endpoints import tasks
 
     started: list[str] = []
-    monkeypatch.setattr(tasks.endpoint_start, "delay", started.append)  # no engine in this test
+    monkeypatch.setattr(  # no engine in this test
+        tasks.endpoint_start, "apply_async", lambda *a, **kw: started.append(kw["kwargs"]["endpoint_id"])
+    )
     job = _finished_job(alice_org, alice, model_root)
     client = Client()
     client.force_login(alice)
@@ -177,7 +179,9 @@ def deploy_token_fresh() -> str:
 
 
 @pytest.mark.django_db
-def test_a_stale_supervisor_pid_is_never_signalled(alice, alice_org, endpoint_settings, model_root) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_supervisor_pid_is_never_signalled(
+    alice, alice_org, endpoint_settings, model_root, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
     """The recorded pid of a supervisor that is gone may name another process by now (pids are
     handed out again): stopping or watching the endpoint must not signal it or count it as ours."""
     import subprocess
@@ -197,14 +201,20 @@ def test_a_stale_supervisor_pid_is_never_signalled(alice, alice_org, endpoint_se
             api_key_prefix="x",
             api_key_hash="y",
             status=Endpoint.Status.HEALTHY,
-            supervisor_pid=stranger.pid,
+            runner_handle={
+                "kind": "local",
+                "dir": str(endpoint_settings.ENDPOINTS_DIR / "stale"),
+                "pid": stranger.pid,
+                "hostname": None,
+            },
         )
         assert services._alive(stranger.pid) and not services._supervisor_alive(endpoint)
         services.endpoint_refresh(endpoint_id=str(endpoint.id))
         endpoint.refresh_from_db()
         assert endpoint.status == Endpoint.Status.DEGRADED
         assert "supervisor process is not running" in endpoint.status_detail
-        services.endpoint_stop(actor=alice, endpoint=endpoint)
+        with django_capture_on_commit_callbacks(execute=True):  # the stop is a background task
+            services.endpoint_stop(actor=alice, endpoint=endpoint)
         endpoint.refresh_from_db()
         assert endpoint.status == Endpoint.Status.STOPPED and endpoint.api_key_hash == ""
         assert stranger.poll() is None, "a process that was not the supervisor got a signal"
@@ -283,7 +293,8 @@ def test_deploy_call_with_openai_watch_and_stop(
     finally:
         endpoint.refresh_from_db()
         if endpoint.is_active:
-            services.endpoint_stop(actor=alice, endpoint=endpoint)
+            with django_capture_on_commit_callbacks(execute=True):  # the stop is a background task
+                services.endpoint_stop(actor=alice, endpoint=endpoint)
     endpoint.refresh_from_db()
     assert endpoint.status == Endpoint.Status.STOPPED
     assert not services._supervisor_alive(endpoint)  # its pid may be another process's by now

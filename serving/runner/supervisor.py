@@ -1,0 +1,231 @@
+"""The local runner: an endpoint's supervisor as a detached process on this machine.
+
+`start` launches `endpoint serve` (serving/runner/cli.py: vllm-router at the stable port, the
+engine behind it, crash restarts, zero-failure swaps when the config file changes) in its own
+session, so it outlives whoever started it; in the portal that is always the agent of the
+endpoint's host, never the web process. The runner talks to it through its folder: the
+configuration in (`config.json`, written atomically; the supervisor swaps engines when it
+changes), the state out (`state.json`), the key in a 0600 file (never on a command line).
+
+The handle is the folder and the supervisor's pid. A stored pid outlives its process and the
+kernel hands pids out again, so a pid counts as this endpoint's supervisor only while that live
+process's command line names this endpoint's own state file; anything else is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from serving.runner.base import (
+    EndpointLaunch,
+    MetricsReading,
+    MetricsWindow,
+    RunnerError,
+    RunnerHandle,
+    RunnerState,
+    window_between,
+)
+
+KIND = "local"
+# The supervisor's own states map onto the runner's; while its engine is down and being
+# restarted the endpoint is not serving: degraded, with the cause in the detail.
+_STATUS = {
+    "starting": "starting",
+    "healthy": "healthy",
+    "restarting": "degraded",
+    "degraded": "degraded",
+    "failed": "failed",
+    "stopped": "stopped",
+}
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class LocalSupervisorRunner:
+    kind = KIND
+
+    def __init__(self, root: Path, *, python: str | None = None, cwd: Path | None = None) -> None:
+        self.root = Path(root)  # one folder per endpoint below it
+        self.python = python or sys.executable
+        self.cwd = cwd
+
+    # -- the folder -----------------------------------------------------------------------------
+
+    def folder_for(self, endpoint_id: str) -> Path:
+        return self.root / endpoint_id
+
+    def handle_for(self, endpoint_id: str, pid: int | None = None) -> RunnerHandle:
+        return RunnerHandle(
+            kind=KIND,
+            data={"dir": str(self.folder_for(endpoint_id)), "pid": pid, "hostname": socket.gethostname()},
+        )
+
+    @staticmethod
+    def _folder(handle: RunnerHandle) -> Path:
+        if handle.kind != KIND or not handle.data.get("dir"):
+            raise RunnerError(f"not a local runner's handle ({handle.kind})")
+        return Path(str(handle.data["dir"]))
+
+    def supervisor_alive(self, handle: RunnerHandle) -> bool:
+        """Whether the handle's pid is still this endpoint's supervisor (see the module docstring)."""
+        pid = handle.data.get("pid")
+        if not isinstance(pid, int) or pid <= 0 or not process_alive(pid):
+            return False
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        state_file = str(self._folder(handle) / "state.json").encode()
+        return b"serve" in argv and state_file in argv
+
+    def read_state_file(self, handle: RunnerHandle) -> dict[str, object]:
+        try:
+            data = json.loads((self._folder(handle) / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def prepare(self, launch: EndpointLaunch) -> RunnerHandle:
+        """Write the endpoint's folder (configuration and key) without starting anything."""
+        folder = self.folder_for(launch.endpoint_id)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key_file = folder / "api_key"
+        if launch.api_key:
+            key_file.write_text(launch.api_key)
+            key_file.chmod(0o600)
+        atomic_write(folder / "config.json", json.dumps(launch.config))
+        return self.handle_for(launch.endpoint_id)
+
+    def start(self, launch: EndpointLaunch, *, existing: RunnerHandle | None = None) -> RunnerHandle:
+        if existing is not None and self.supervisor_alive(existing):
+            return existing
+        folder = self.folder_for(launch.endpoint_id)
+        if not (folder / "config.json").exists() or (launch.api_key and not (folder / "api_key").exists()):
+            self.prepare(launch)
+        if not (folder / "api_key").exists():
+            raise RunnerError("the endpoint's key file is missing (it was stopped); deploy it again")
+        command = [
+            self.python,
+            "-m",
+            "serving.runner.cli",
+            "endpoint",
+            "serve",
+            "--model",
+            launch.model,
+            "--config",
+            str(folder / "config.json"),
+            "--port",
+            str(launch.port),
+            "--host",
+            launch.bind_address,
+            "--work-dir",
+            str(folder / "logs"),
+            "--state-file",
+            str(folder / "state.json"),
+            "--api-key-file",
+            str(folder / "api_key"),
+        ]
+        with (folder / "supervisor.log").open("ab") as log:
+            # A new session: the endpoint outlives the process that started it.
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(self.cwd) if self.cwd else None,
+            )
+        return self.handle_for(launch.endpoint_id, process.pid)
+
+    def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
+        """Write the configuration file when it differs (the supervisor then swaps engines).
+        A missing folder means the endpoint is not served from this machine: nothing written."""
+        folder = self._folder(handle)
+        if not folder.is_dir():
+            return False
+        path = folder / "config.json"
+        wanted = config
+        try:
+            current = json.loads(path.read_text())
+        except (OSError, ValueError):
+            current = None
+        if current == wanted:
+            return False
+        try:
+            atomic_write(path, json.dumps(wanted))
+        except OSError as exc:
+            raise RunnerError(f"could not write the endpoint's configuration file: {exc}") from exc
+        return True
+
+    def stop(self, handle: RunnerHandle, *, timeout_s: float = 60.0) -> None:
+        pid = handle.data.get("pid")
+        if isinstance(pid, int) and self.supervisor_alive(handle):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while self.supervisor_alive(handle) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if self.supervisor_alive(handle):
+                os.killpg(pid, signal.SIGKILL)  # its own session: the router and engine go with it
+        (self._folder(handle) / "api_key").unlink(missing_ok=True)
+
+    def state(self, handle: RunnerHandle) -> RunnerState:
+        raw = self.read_state_file(handle)
+        reported = str(raw.get("status") or "starting")
+        status = _STATUS.get(reported, "degraded")
+        detail = str(raw.get("last_error") or "")
+        if (
+            handle.data.get("pid")
+            and not self.supervisor_alive(handle)
+            and status not in {"failed", "stopped"}
+        ):
+            status, detail = "degraded", "the endpoint's supervisor process is not running"
+        engine_url = raw.get("engine_url")
+        config = raw.get("config")
+        return RunnerState(
+            status=status,
+            detail=detail[-2000:],
+            engine_url=str(engine_url) if engine_url else None,
+            generation=int(raw.get("generation") or 0),  # type: ignore[call-overload]
+            restarts=int(raw.get("restarts") or 0),  # type: ignore[call-overload]
+            config=config if isinstance(config, dict) else None,
+            raw=raw,
+        )
+
+    def metrics_window(
+        self, handle: RunnerHandle, previous: MetricsReading | None, *, timeout_s: float = 5.0
+    ) -> MetricsWindow:
+        state = self.state(handle)
+        if not state.engine_url:
+            raise RunnerError("the supervisor has not reported an engine address")
+        try:
+            response = httpx.get(f"{state.engine_url}/metrics", timeout=timeout_s)
+            response.raise_for_status()
+            return window_between(previous, response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            # Garbage or silence is a gap, never zeros.
+            raise RunnerError(f"metrics unavailable: {type(exc).__name__}") from exc
