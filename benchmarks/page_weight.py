@@ -280,8 +280,10 @@ def measure(base: str, ids: dict[str, str], screenshots: Path | None = None) -> 
                     f"({warm['requests_from_network']} from the network)",
                     flush=True,
                 )
-                for key, value in ids.items():
+                for key, value in ids.items():  # the seed's ids are new on every run
                     path = path.replace(value, f"<{key}>")
+                    for entry in cold["responses"]:
+                        entry["url"] = entry["url"].replace(value, f"<{key}>")
                 warm.pop("responses")
                 cases.append({"page": name, "path": path, "cold": cold, "warm": warm})
         finally:
