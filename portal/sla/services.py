@@ -52,9 +52,13 @@ def _customer_membership(actor: User, endpoint: Endpoint) -> Membership | None:
     return Membership.objects.filter(user=actor, organization_id=endpoint.organization_id).first()
 
 
-def _refuse(*, actor: User, endpoint: Endpoint, action: str, reason: str) -> None:
-    """Audits a refused attempt (in its own savepoint, so it stays when the caller answers 403)
-    and raises PermissionDenied with the reason."""
+def _refuse(*, actor: User, endpoint: Endpoint, action: str, reason: str, audited: bool = True) -> None:
+    """Raises PermissionDenied with the reason. An attempt by one party to do the other party's
+    part (a customer admin editing credit terms or countersigning its own proposal) is audited
+    first (in its own savepoint, so it stays when the caller answers 403); a member whose role
+    cannot sign at all is simply refused, like every other role refusal."""
+    if not audited:
+        raise PermissionDenied(reason)
     with transaction.atomic():
         audit_record(
             actor=actor,
@@ -197,6 +201,7 @@ def sla_agreement_propose(*, actor: User, endpoint: Endpoint, terms: dict[str, A
                 endpoint=endpoint,
                 action="propose",
                 reason="Only the organization's owner or admin, or the provider, can propose SLA terms.",
+                audited=False,
             )
         if current is None:
             _refuse(
@@ -280,20 +285,7 @@ def sla_agreement_sign(*, actor: User, agreement: SLAAgreement) -> SLAAgreement:
     before it is superseded."""
     endpoint = agreement.endpoint
     provider = is_provider(actor)
-    if agreement.status != SLAAgreement.Status.PROPOSED:
-        raise ValidationError(
-            f"Version {agreement.version} is {agreement.get_status_display().lower()}; only a proposal can be signed."
-        )
-    if provider:
-        if agreement.provider_signed_at is not None:
-            _refuse(
-                actor=actor,
-                endpoint=endpoint,
-                action="sign",
-                reason="The provider already signed this version; the customer signs next.",
-            )
-        side = SLAAgreement.Side.PROVIDER
-    else:
+    if not provider:
         membership = _customer_membership(actor, endpoint)
         if membership is None or not membership.has_role(Role.ADMIN):
             _refuse(
@@ -301,15 +293,27 @@ def sla_agreement_sign(*, actor: User, agreement: SLAAgreement) -> SLAAgreement:
                 endpoint=endpoint,
                 action="sign",
                 reason="Only the organization's owner or admin can sign SLA terms.",
+                audited=False,
             )
-        if agreement.customer_signed_at is not None:
-            _refuse(
-                actor=actor,
-                endpoint=endpoint,
-                action="countersign",
-                reason="Your organization proposed this version; the provider countersigns it, not you.",
-            )
-        side = SLAAgreement.Side.CUSTOMER
+    if agreement.status != SLAAgreement.Status.PROPOSED:
+        raise ValidationError(
+            f"Version {agreement.version} is {agreement.get_status_display().lower()}; only a proposal can be signed."
+        )
+    if provider and agreement.provider_signed_at is not None:
+        _refuse(
+            actor=actor,
+            endpoint=endpoint,
+            action="sign",
+            reason="The provider already signed this version; the customer signs next.",
+        )
+    if not provider and agreement.customer_signed_at is not None:
+        _refuse(
+            actor=actor,
+            endpoint=endpoint,
+            action="countersign",
+            reason="Your organization proposed this version; the provider countersigns it, not you.",
+        )
+    side = SLAAgreement.Side.PROVIDER if provider else SLAAgreement.Side.CUSTOMER
     now = timezone.now()
     with transaction.atomic():
         locked = SLAAgreement.objects.select_for_update().get(pk=agreement.pk)
@@ -348,8 +352,6 @@ def sla_agreement_sign(*, actor: User, agreement: SLAAgreement) -> SLAAgreement:
 
 def sla_agreement_decline(*, actor: User, agreement: SLAAgreement) -> SLAAgreement:
     endpoint = agreement.endpoint
-    if agreement.status != SLAAgreement.Status.PROPOSED:
-        raise ValidationError("Only a proposal can be declined.")
     if not is_provider(actor):
         membership = _customer_membership(actor, endpoint)
         if membership is None or not membership.has_role(Role.ADMIN):
@@ -358,7 +360,10 @@ def sla_agreement_decline(*, actor: User, agreement: SLAAgreement) -> SLAAgreeme
                 endpoint=endpoint,
                 action="decline",
                 reason="Only the organization's owner or admin can decline SLA terms.",
+                audited=False,
             )
+    if agreement.status != SLAAgreement.Status.PROPOSED:
+        raise ValidationError("Only a proposal can be declined.")
     with transaction.atomic():
         SLAAgreement.objects.filter(pk=agreement.pk).update(status=SLAAgreement.Status.DECLINED)
         audit_record(

@@ -10,6 +10,6 @@ urlpatterns = [
     path("endpoints/<uuid:endpoint_id>/propose/", views.propose, name="propose"),
     path("agreements/<uuid:agreement_id>/sign/", views.sign, name="sign"),
     path("agreements/<uuid:agreement_id>/decline/", views.decline, name="decline"),
-    path("edge/<uuid:endpoint_id>/", views.edge_ingest, name="edge_ingest"),
+    path("edge/", views.edge_ingest, name="edge_ingest"),
     path("evidence/", views.evidence_pack, name="evidence_pack"),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -187,25 +188,30 @@ def decline(request: HttpRequest, agreement_id: str) -> HttpResponse:
 
 @csrf_exempt
 @require_POST
-def edge_ingest(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def edge_ingest(request: HttpRequest) -> HttpResponse:
     """The measuring point's batches: `Authorization: Bearer <SLA_EDGE_INGEST_TOKEN>`, a JSON body
-    {"covered_from": unix s, "covered_to": unix s, "requests": [{"id", "arrived_at", "ttft_ms",
-    "status"}]}. Answers 200 with what was stored, 400 naming the first bad field (nothing stored),
-    401 without the token, 404 when ingest is off or the endpoint does not exist."""
+    {"endpoint": id, "covered_from": unix s, "covered_to": unix s, "requests": [{"id",
+    "arrived_at", "ttft_ms", "status"}]}. Answers 200 with what was stored, 400 naming the first
+    bad field (nothing stored), 401 without the token, 404 when ingest is off or the endpoint does
+    not exist."""
     token = settings.SLA_EDGE_INGEST_TOKEN
     if not token:
         raise Http404
     given = request.headers.get("Authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         return JsonResponse({"error": "Send Authorization: Bearer <SLA_EDGE_INGEST_TOKEN>."}, status=401)
-    rls.scope_transaction(platform=True)  # the measuring point serves every tenant's endpoints
-    endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
-    if endpoint is None:
-        raise Http404
     try:
         payload = json.loads(request.body)
     except ValueError as exc:
         return JsonResponse({"error": f"The body is not JSON: {exc}"}, status=400)
+    try:
+        endpoint_id = uuid.UUID(str(payload.get("endpoint") if isinstance(payload, dict) else ""))
+    except ValueError:
+        return JsonResponse({"error": 'Name the endpoint: "endpoint" must be its id.'}, status=400)
+    rls.scope_transaction(platform=True)  # the measuring point serves every tenant's endpoints
+    endpoint = Endpoint.objects.filter(pk=endpoint_id).first()
+    if endpoint is None:
+        return JsonResponse({"error": f"No endpoint {endpoint_id}."}, status=404)
     try:
         outcome = services.edge_batch_record(endpoint=endpoint, payload=payload)
     except ValidationError as exc:

@@ -54,10 +54,15 @@ from portal.accounts import rls
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership, Organization, User
 from portal.accounts.tenancy import SESSION_KEY
+from portal.alerts import services as alert_services
+from portal.alerts import watch as alert_watch
+from portal.alerts.models import AlertDelivery
 from portal.benchmarks import services as benchmark_services
 from portal.billing.models import WebhookEvent
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.jobs.models import TuningJob
+from portal.sla import services as sla_services
+from portal.sla.models import SLAAgreement
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.db_roles import application_role
@@ -268,6 +273,64 @@ def world(  # type: ignore[no-untyped-def]
         status=Endpoint.Status.HEALTHY,
         created_by=charlie,
     )
+    # An SLA agreement in force (proposed by the provider, signed by Alice), a newer proposal
+    # awaiting her signature, an alert channel and a delivery of an alert to it.
+    provider = User.objects.create_user(
+        email="provider@tailguard.test", password="x", is_staff=True, staff_role=User.StaffRole.PLATFORM_ADMIN
+    )
+    sla_terms = sla_services.sla_terms_derive(endpoint=endpoint) | {
+        "peak_rps": 2.0,
+        "credit_tiers": [{"below_pct": 99.0, "credit_pct": 10.0}],
+        "monthly_fee_cents": 100000,
+    }
+    agreement = sla_services.sla_agreement_propose(actor=provider, endpoint=endpoint, terms=sla_terms)
+    o["sla_agreement"] = sla_services.sla_agreement_sign(actor=alice, agreement=agreement)
+    o["sla_proposal"] = sla_services.sla_agreement_propose(
+        actor=provider, endpoint=endpoint, terms=sla_terms | {"ttft_p50_ms": 700.0}
+    )
+    o["alert_channel"] = alert_services.alert_channel_create(
+        actor=alice,
+        organization=alice_org,
+        kind="email",
+        name="acme-oncall-channel",
+        target="oncall@acme.test",
+        kinds=["job.failed"],
+    )
+    # A second channel holds the delivery (the sweep's owner writes delete the first).
+    pager = alert_services.alert_channel_create(
+        actor=alice,
+        organization=alice_org,
+        kind="email",
+        name="acme-pager-channel",
+        target="pager@acme.test",
+        kinds=["job.failed"],
+    )
+    alert = alert_services.alert_raise(
+        organization=alice_org, kind="job.failed", subject="sweep:job", summary="acme-job-failed", data={}
+    )
+    o["alert_delivery"] = AlertDelivery.objects.get(alert=alert, channel=pager)
+    alert_services.alert_delivery_send(delivery_id=o["alert_delivery"].pk)
+    # Edge records, and last month closed with its credit (the agreement in force since then).
+    sla_services.edge_batch_record(
+        endpoint=endpoint,
+        payload={
+            "covered_from": (now - timedelta(minutes=10)).timestamp(),
+            "covered_to": now.timestamp(),
+            "requests": [
+                {
+                    "id": f"acme-{i}",
+                    "arrived_at": (now - timedelta(minutes=9)).timestamp() + i,
+                    "ttft_ms": 300.0,
+                    "status": 200,
+                }
+                for i in range(5)
+            ],
+        },
+        now=now,
+    )
+    SLAAgreement.objects.filter(pk=o["sla_agreement"].pk).update(in_force_from=previous)
+    sla_services.sla_periods_close(now=now)
+    alert_watch.alerts_scan(now=now)
     WebhookEvent.objects.create(
         stripe_event_id="evt_acme_subscription",
         event_type="customer.subscription.updated",
@@ -464,6 +527,41 @@ ROUTES: dict[str, Route] = {
     # The endpoint is named in the body, not the URL.
     "compliance:sla_terms": Route(reads=(), writes={"POST": _sla_form}, charlie_write=404),
     "compliance:console": Route(staff_only=True),
+    "sla:overview": Route(),
+    "sla:endpoint": Route(
+        objects=_obj("endpoint", "endpoint_id"), queries=lambda w: [{"month": w.sla_month}]
+    ),
+    "sla:propose": Route(
+        objects=_obj("endpoint", "endpoint_id"),
+        reads=(),
+        writes={"POST": lambda w: {"ttft_p50_ms": "650", "peak_rps": "2", "interval_s": "300"}},
+    ),
+    "sla:sign": Route(objects=_obj("sla_proposal", "agreement_id"), reads=(), writes={"POST": _no_body}),
+    "sla:decline": Route(objects=_obj("sla_proposal", "agreement_id"), reads=(), writes={"POST": _no_body}),
+    "sla:evidence_pack": Route(bob_read=403, queries=lambda w: [{"month": w.sla_month}]),
+    "alerts:overview": Route(),
+    "alerts:channel_create": Route(
+        reads=(),
+        writes={
+            "POST": lambda w: {
+                "kind": "email",
+                "name": "ops",
+                "target": "ops@acme.test",
+                "kinds": ["job.failed"],
+            }
+        },
+    ),
+    "alerts:channel_update": Route(
+        objects=_obj("alert_channel", "channel_id"),
+        reads=(),
+        writes={"POST": lambda w: {"kinds": ["job.finished"], "enabled": "on"}},
+    ),
+    "alerts:channel_delete": Route(
+        objects=_obj("alert_channel", "channel_id"), reads=(), writes={"POST": _no_body}
+    ),
+    "alerts:delivery_retry": Route(
+        objects=_obj("alert_delivery", "delivery_id"), reads=(), writes={"POST": _no_body}
+    ),
     # The hardware and model catalogs: the same for every signed-in user; prices are set by
     # platform admins only.
     "catalog:hardware_list": Route(),
@@ -557,6 +655,9 @@ PUBLIC_ROUTES: dict[str, str] = {
     # Stripe's webhook: public, every body checked against the signing secret (tested in
     # test_billing_webhooks); an unsigned body is tried.
     "billing:webhook": "Stripe webhook, signature-checked",
+    # The measuring point's ingest: a bearer token (SLA_EDGE_INGEST_TOKEN) authenticates it and
+    # the body names the endpoint; off (404) unless the token is set (tested in test_sla_agreements).
+    "sla:edge_ingest": "edge measurements, bearer-token checked",
 }
 
 

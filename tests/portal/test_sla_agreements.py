@@ -207,6 +207,7 @@ def _batch(start: datetime, seconds: int, rows: list[dict[str, Any]]) -> dict[st
         (lambda b: b.update(covered_to=b["covered_from"] + 7200), "at most an hour"),
         (lambda b: b.update(covered_from=1e300), "covered_from is not a time"),
         (lambda b: b.update(requests="all of them"), "requests must be a list"),
+        (lambda b: b.update(endpoint="not-an-id"), '"endpoint" must be its id'),
     ],
 )
 def test_a_bad_edge_batch_is_a_400_naming_the_row_and_stores_nothing(
@@ -222,9 +223,10 @@ def test_a_bad_edge_batch_is_a_400_naming_the_row_and_stores_nothing(
             for i in range(3)
         ],
     )
+    batch["endpoint"] = str(endpoint.pk)
     mutate(batch)
     response = Client().post(
-        reverse("sla:edge_ingest", args=[endpoint.pk]),
+        reverse("sla:edge_ingest"),
         json.dumps(batch),
         content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {INGEST_TOKEN}",
@@ -236,10 +238,11 @@ def test_a_bad_edge_batch_is_a_400_naming_the_row_and_stores_nothing(
 def test_edge_ingest_needs_the_token_and_a_batch_sent_twice_is_stored_once(
     settings: Any, endpoint: Endpoint
 ) -> None:
-    url = reverse("sla:edge_ingest", args=[endpoint.pk])
+    url = reverse("sla:edge_ingest")
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=30)
     body = json.dumps(
         _batch(start, 60, [{"id": "a", "arrived_at": start.timestamp(), "ttft_ms": 80.5, "status": 200}])
+        | {"endpoint": str(endpoint.pk)}
     )
     assert Client().post(url, body, content_type="application/json").status_code == 404  # ingest off
     settings.SLA_EDGE_INGEST_TOKEN = INGEST_TOKEN
@@ -255,6 +258,11 @@ def test_edge_ingest_needs_the_token_and_a_batch_sent_twice_is_stored_once(
         )
         assert response.json() == {"received": 1, "stored": expected}
     assert EdgeRequest.objects.get().ttft_ms == 80.5
+    missing = json.loads(body) | {"endpoint": "00000000-0000-0000-0000-000000000000"}
+    response = Client().post(
+        url, json.dumps(missing), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {INGEST_TOKEN}"
+    )
+    assert response.status_code == 404 and "No endpoint" in response.json()["error"]
 
 
 def test_a_closed_month_is_judged_exactly_at_the_edge_and_credited_once_on_the_invoice(
