@@ -34,7 +34,8 @@ from tests.portal.test_isolation_sweep import (  # noqa: F401 (the world fixture
 pytestmark = pytest.mark.django_db
 
 # Reads that the audit trail records as reads: a new event of these actions is not a change.
-ACCESS_RECORDS = {"audit.export", "staff.access", "benchmark.share_view"}
+# (An evidence pack is a read of the audit trail and more: recorded like an export.)
+ACCESS_RECORDS = {"audit.export", "staff.access", "benchmark.share_view", "compliance.evidence_pack"}
 # Routes whose GET still changes something, each with the reason it is not fixed here.
 KNOWN_GET_CHANGES = {
     # Owned by the compliance code (not this change): opening the page enrols a pending key.
