@@ -472,7 +472,8 @@ def endpoint_refresh(*, endpoint_id: str, timeout_s: float = 5.0) -> MetricSnaps
     status = state.status if state.status in Endpoint.Status.values else Endpoint.Status.DEGRADED
     if status == "starting" and not state.raw and endpoint.status != Endpoint.Status.STARTING:
         status = endpoint.status  # nothing reported yet: keep what was known
-    Endpoint.objects.filter(id=endpoint_id).update(
+    # Only while it is active: a stop that began meanwhile is not undone by this round.
+    Endpoint.objects.filter(id=endpoint_id, status__in=Endpoint.ACTIVE).update(
         status=status,
         status_detail=state.detail[-2000:],
         runner_state=state.raw or {"status": state.status, "last_error": state.detail},

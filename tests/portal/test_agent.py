@@ -212,3 +212,87 @@ def test_an_agent_whose_hardware_contradicts_its_pool_is_quarantined(broker, set
     host = Host.objects.get(name="cpu-box")
     assert host.state == Host.State.QUARANTINED
     assert "reports no GPU" in host.quarantine_reason and "quarantined" in output
+
+
+@pytest.mark.engine
+def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
+    alice, alice_org, broker, settings, tmp_path, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    """Deploy on a pool: the pool's agent starts the supervisor (the test process, standing in
+    for web and workers, holds no engine), the endpoint answers at the pool's configured public
+    address (127.0.0.2 here, the router listening on every address), the watch scrapes it on its
+    host, and the stop runs there in the background."""
+    import openai
+
+    from portal.endpoints import services as endpoint_services
+    from portal.endpoints.models import Endpoint
+    from serving.models.tiny import build_tiny_model
+    from serving.runner.supervisor import process_alive
+    from tests.portal.test_endpoints import _finished_job
+
+    build_tiny_model(arch="llama", size="xs", out_dir=tmp_path / "models" / "llama-xs", seed=0)
+    settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
+    settings.TUNING_WORK_DIR = tmp_path / "jobs"
+    settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
+    ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
+    pool = services.pool_create(
+        actor=ops,
+        name="cpu-serve",
+        region="local",
+        accelerator="local-cpu",
+        bind_address="0.0.0.0",  # noqa: S104 (the router listens where clients reach it)
+        endpoint_url_template="http://127.0.0.2:{port}",
+    )
+    job = _finished_job(alice_org, alice, tmp_path / "models")
+    TuningJob.objects.filter(pk=job.pk).update(pool=pool, spec={"hardware": "local-cpu"})
+    job.refresh_from_db()
+    _send_through(broker, settings)
+    agent = _agent("cpu-serve", "engine-b", broker, tmp_path, settings)
+    endpoint = None
+    try:
+        _await(
+            lambda: Host.objects.filter(name="engine-b", state=Host.State.ACTIVE).exists(),
+            agent,
+            "registration",
+        )
+        with django_capture_on_commit_callbacks(execute=True):
+            endpoint, api_key = endpoint_services.endpoint_deploy(actor=alice, job=job)
+        assert endpoint.base_url.startswith("http://127.0.0.2:")
+
+        def healthy() -> bool:
+            # What the beat does every 15 s: the endpoint's round goes to its host's queue.
+            endpoint_services.endpoints_watch()
+            return Endpoint.objects.filter(pk=endpoint.pk, status=Endpoint.Status.HEALTHY).exists()
+
+        deadline = time.monotonic() + 600
+        while not healthy():
+            row = Endpoint.objects.get(pk=endpoint.pk)
+            assert row.status != Endpoint.Status.FAILED, row.status_detail
+            assert time.monotonic() < deadline and agent.poll() is None, (row.status, row.status_detail)
+            time.sleep(2)
+        endpoint.refresh_from_db()
+        assert endpoint.host.name == "engine-b" and endpoint.runner_handle["kind"] == "local"
+        supervisor = int(endpoint.runner_handle["pid"])
+        parent = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert parent != os.getpid()  # started by the agent, not by this (web/worker) process
+        answer = openai.OpenAI(
+            base_url=f"{endpoint.base_url}/v1", api_key=api_key, timeout=60
+        ).completions.create(model=str(tmp_path / "models" / "llama-xs"), prompt="hello there", max_tokens=4)
+        assert answer.usage.completion_tokens == 4
+        with django_capture_on_commit_callbacks(execute=True):
+            endpoint_services.endpoint_stop(actor=alice, endpoint=endpoint)
+        assert Endpoint.objects.get(pk=endpoint.pk).status == Endpoint.Status.STOPPING
+        _await(
+            lambda: Endpoint.objects.filter(pk=endpoint.pk, status=Endpoint.Status.STOPPED).exists(),
+            agent,
+            "the stop on the endpoint's host",
+        )
+        assert not process_alive(supervisor)
+    finally:
+        output = _stop(agent)
+        if endpoint is not None:
+            endpoint.refresh_from_db()
+            pid = (endpoint.runner_handle or {}).get("pid")
+            if pid and process_alive(int(pid)):
+                os.killpg(int(pid), signal.SIGKILL)
+    assert "endpoint_start" in output and "endpoint_stop" in output
