@@ -17,7 +17,6 @@ the hand-over by one round instead of losing it.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import socket
@@ -39,7 +38,7 @@ from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
 from portal.pools.models import Pool
-from portal.pools.selectors import pool_waiting_reason
+from portal.pools.selectors import host_here, pool_waiting_reason
 from portal.pools.services import pool_require_usable
 from serving.engine.launcher import free_port
 from serving.runner.base import (
@@ -247,8 +246,6 @@ def endpoint_switch(
 # --- the runner --------------------------------------------------------------------------------
 
 _KEY_PURPOSE = "endpoint-api-key"
-# Set by `tailguard agent` in its own process: the host whose agent runs this code.
-AGENT_HOST_ENV = "TAILGUARD_AGENT_HOST_ID"
 
 
 def runner_kind_for(pool: Pool | None) -> str:
@@ -332,7 +329,7 @@ def endpoint_start(*, endpoint_id: str) -> str:
         bind_address=endpoint.pool.bind_address if endpoint.pool else "127.0.0.1",
         api_key=unseal(bytes(endpoint.api_key_sealed), purpose=_KEY_PURPOSE).decode(),
     )
-    host_id = os.environ.get(AGENT_HOST_ENV) if endpoint.pool_id else None
+    here = host_here() if endpoint.pool_id else None
     try:
         if isinstance(runner, LocalSupervisorRunner):
             existing = _handle(endpoint, runner)
@@ -350,7 +347,7 @@ def endpoint_start(*, endpoint_id: str) -> str:
         return "failed"
     Endpoint.objects.filter(id=endpoint_id).update(
         runner_handle=handle.to_dict(),
-        host_id=host_id,
+        host=here,
         status=Endpoint.Status.STARTING,
         status_detail="",
     )

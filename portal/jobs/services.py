@@ -394,7 +394,9 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
                     error=(
                         f"Stopped after {job.interruptions + 1} interrupted attempts in a row at the step "
                         f"after {done} finished trial(s): each time its worker stopped or lost the database "
-                        "before the step ended. Start the job again."
+                        "before the step ended"
+                        + (f" (last: {job.phase})" if job.phase else "")
+                        + ". Start the job again."
                     ),
                 )
                 counts["failed"] += 1
@@ -602,7 +604,11 @@ def _step(job_id: str, owner: str) -> str:
         Trial.objects.filter(pk=trial.pk).update(
             attempts=trial.attempts + 1, assignment=assignment, label=describe(assignment)
         )
-    _phase(job_id, f"trial {number}: {planned.describe()}")
+    # On a pool's host the trial records which host measured it, with its facts (the job page
+    # shows them); a step that dies there leaves the host named in the job's phase.
+    here = pool_selectors.host_here()
+    where = f" on host {here.name}" if here is not None else ""
+    _phase(job_id, f"trial {number}{where}: {planned.describe()}")
     result = execute(
         prepared,
         planned,
@@ -610,9 +616,12 @@ def _step(job_id: str, owner: str) -> str:
         _work_dir(job) / f"trial-{number}",
         holder=f"tuning job {job_id} trial {number}",
         on_host_wait=lambda who: _phase(
-            job_id, f"trial {number}: waiting for the engine host ({who} holds it; one measurement at a time)"
+            job_id,
+            f"trial {number}{where}: waiting for the engine host ({who} holds it; one measurement at a time)",
         ),
     )
+    if here is not None:
+        result = {**result, "host": pool_selectors.host_summary(here)}
     live_report = report(prepared, [*history, TrialRecord(number, assignment, result)])
     _reconnect_if_lost()
     with transaction.atomic():

@@ -73,6 +73,7 @@ class PoolAdmin(admin.ModelAdmin):
         "devices_per_host",
         "price_per_device_hour_usd",
         "live_hosts",
+        "queue",
         "enabled",
     )
     list_filter = ("enabled", "region", "accelerator")
@@ -81,6 +82,10 @@ class PoolAdmin(admin.ModelAdmin):
     @admin.display(description="Owner")
     def owner(self, pool: Pool) -> str:
         return str(pool.owned_by) if pool.owned_by_id else "platform (shared)"
+
+    @admin.display(description="Celery queue (routing)")
+    def queue(self, pool: Pool) -> str:
+        return pool.queue
 
     @admin.display(description="Live hosts")
     def live_hosts(self, pool: Pool) -> int:
@@ -119,6 +124,7 @@ class HostAdmin(admin.ModelAdmin):
         "hardware",
         "current_task",
         "endpoints_here",
+        "queues",
         "last_heartbeat_at",
     )
     list_filter = ("pool", "state")
@@ -138,6 +144,7 @@ class HostAdmin(admin.ModelAdmin):
         "last_task",
         "tasks_done",
         "endpoints_here",
+        "queues",
     )
     exclude = ()
 
@@ -155,6 +162,10 @@ class HostAdmin(admin.ModelAdmin):
             f"{gpu}; vLLM {facts.get('vllm_version') or 'not installed'}; "
             f"{facts.get('memory_available_mib', '?')} MiB free"
         )
+
+    @admin.display(description="Consumes (Celery queues)")
+    def queues(self, host: Host) -> str:
+        return f"{host.pool.queue}, {host.queue}"
 
     @admin.display(description="Endpoints on this host")
     def endpoints_here(self, host: Host) -> str:

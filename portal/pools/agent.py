@@ -116,8 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tailguard agent: host {host.name} quarantined: {host.quarantine_reason}", file=sys.stderr)
         return EXIT_QUARANTINED
     host_id = str(host.id)
-    # Endpoints this agent starts record this host (portal.endpoints.services.AGENT_HOST_ENV).
-    os.environ["TAILGUARD_AGENT_HOST_ID"] = host_id
+    # What runs here records this host (endpoints started, trials measured): see host_here().
+    from portal.pools.selectors import AGENT_HOST_ENV
+
+    os.environ[AGENT_HOST_ENV] = host_id
 
     def started(task: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
         services.host_task_started(host_id=host_id, description=_describe(task, args, kwargs))

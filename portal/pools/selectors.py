@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -10,6 +11,9 @@ from django.utils import timezone
 
 from portal.accounts.models import Organization
 from portal.pools.models import Host, Pool
+
+# Set by `tailguard agent` in its own process (portal/pools/agent.py): the host it runs on.
+AGENT_HOST_ENV = "TAILGUARD_AGENT_HOST_ID"
 
 
 def pools_for(*, organization: Organization) -> QuerySet[Pool]:
@@ -58,3 +62,24 @@ def pool_waiting_reason(*, pool: Pool, now: datetime | None = None) -> str:
         f"waiting for a host of pool {pool.name}: no agent of this pool has reported in the last "
         f"{settings.POOL_HOST_LIVE_S} s{extra} (start one with `tailguard agent --pool {pool.name}`)"
     )
+
+
+def host_here() -> Host | None:
+    """The host whose agent runs this code (None outside an agent: the web side's workers)."""
+    host_id = os.environ.get(AGENT_HOST_ENV)
+    return Host.objects.select_related("pool").filter(id=host_id).first() if host_id else None
+
+
+def host_summary(host: Host) -> dict[str, object]:
+    """What a trial records about the host that measured it (shown on the job page)."""
+    facts = host.facts or {}
+    gpus = [g for g in facts.get("gpus") or [] if isinstance(g, dict)]
+    return {
+        "name": host.name,
+        "pool": host.pool.name,
+        "cpu_model": facts.get("cpu_model"),
+        "num_cpus": facts.get("num_cpus"),
+        "isa": facts.get("isa"),
+        "gpus": f"{len(gpus)} x {gpus[0].get('name')}" if gpus else "none",
+        "vllm_version": facts.get("vllm_version"),
+    }

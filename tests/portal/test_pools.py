@@ -128,6 +128,7 @@ def test_admin_console_lists_pools_and_hosts_with_health(platform_admin, regions
     text = page.content.decode()
     assert page.status_code == 200
     assert "engine-a" in text and "live" in text and "Test CPU" in text
+    assert "pool.cpu-local" in text  # the queue its agent consumes (routing)
     assert client.get(f"/admin/pools/pool/{pool.pk}/change/").status_code == 200
 
 
