@@ -9,20 +9,24 @@ quarantined and takes nothing.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from portal.accounts.models import User
 from portal.jobs import services as job_services
 from portal.jobs.models import TuningJob
+from portal.pools import selectors as pool_selectors
 from portal.pools import services
 from portal.pools.models import Host
 from tests.conftest import REPO_ROOT
@@ -74,6 +78,8 @@ def _send_through(broker: str, settings) -> None:  # type: ignore[no-untyped-def
 
 def _agent(pool: str, name: str, broker: str, tmp_path: Path, settings) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
     env = dict(os.environ)
+    # Each agent is its own engine host: its own measuring lock (serving.engine.host.lock_path).
+    env["TAILGUARD_HOST_LOCK"] = str(tmp_path / f"{name}.lock")
     env.update(
         DATABASE_URL=_database_url(),
         CELERY_BROKER_URL=broker,
@@ -117,7 +123,7 @@ def _await(condition, process: subprocess.Popen[str], what: str) -> None:  # typ
     pytest.fail(f"{what} did not happen; agent said:\n{_stop(process)[-4000:]}")
 
 
-def test_a_pool_job_waits_visibly_then_the_pools_agent_takes_it(
+def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_its_host_dies(
     alice, alice_org, broker, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     import redis
@@ -156,38 +162,66 @@ def test_a_pool_job_waits_visibly_then_the_pools_agent_takes_it(
     queues = redis.Redis.from_url(broker, socket_timeout=5)
     assert queues.llen("pool.cpu-a") == 1
     assert queues.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
-    # The job is cancelled while it waits, so the agent's step runs the job's planning on its host
-    # and ends it there, without starting an engine.
-    TuningJob.objects.filter(pk=job.pk).update(cancel_requested=True)
-
-    agent = _agent("cpu-a", "engine-a", broker, tmp_path, settings)
+    # Engine host A is busy with another measurement (its host lock is held): its agent takes
+    # the step, plans the job and waits for the host, visibly, without starting an engine.
+    lock = os.open(tmp_path / "engine-a.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    os.write(lock, b"another measurement on engine-a")
+    agent_a = _agent("cpu-a", "engine-a", broker, tmp_path, settings)
+    agent_b = None
     try:
         _await(
             lambda: Host.objects.filter(name="engine-a", state=Host.State.ACTIVE).exists(),
-            agent,
+            agent_a,
             "host registration",
         )
-        host = Host.objects.get(name="engine-a")
-        assert host.facts["cpu_model"] and host.facts["num_cpus"] >= 1
-        assert "gpus" in host.facts and "engine_command" in host.facts
+        host_a = Host.objects.get(name="engine-a")
+        assert host_a.facts["cpu_model"] and host_a.facts["num_cpus"] >= 1
+        assert "gpus" in host_a.facts and "engine_command" in host_a.facts
+        _await(
+            lambda: "on host engine-a: waiting for the engine host" in TuningJob.objects.get(pk=job.pk).phase,
+            agent_a,
+            "the agent running the job's step on its host",
+        )
+        assert queues.llen("pool.cpu-a") == 0
+        host_a.refresh_from_db()
+        assert str(job.id) in host_a.current_task  # what runs on it, for the admin page
+        # Host A dies mid-step (kill -9 of its agent): its lease runs out (here: time moved on),
+        # the beat's redispatch sends the step to the pool's queue again, and host B takes it.
+        os.killpg(agent_a.pid, signal.SIGKILL)
+        agent_a.communicate(timeout=60)
+        later = timezone.now() + timedelta(seconds=settings.TUNING_LEASE_S + 1)
+        assert job_services.tuning_jobs_redispatch(now=later)["died"] == 1
+        assert queues.llen("pool.cpu-a") == 1
+        # Cancelled while it waits, so host B's step plans the job and ends it, engine-free.
+        TuningJob.objects.filter(pk=job.pk).update(cancel_requested=True)
+        agent_b = _agent("cpu-a", "engine-b", broker, tmp_path, settings)
         _await(
             lambda: TuningJob.objects.filter(pk=job.pk, status=TuningJob.Status.CANCELLED).exists(),
-            agent,
-            "the agent running the job's step",
+            agent_b,
+            "host B re-running the step",
         )
-        host.refresh_from_db()
-        assert str(job.id) in host.last_task and host.tasks_done == 1
-        assert queues.llen("pool.cpu-a") == 0
-        first_beat = host.last_heartbeat_at
+        host_b = Host.objects.get(name="engine-b")
+        assert str(job.id) in host_b.last_task and host_b.tasks_done == 1
+        assert TuningJob.objects.get(pk=job.pk).interruptions == 1
+        # Host A never said goodbye: it turns silent once its heartbeats are older than the limit.
+        host_a.refresh_from_db()
+        assert host_a.state == Host.State.ACTIVE and host_a.tasks_done == 0
+        silent_at = timezone.now() + timedelta(seconds=settings.POOL_HOST_LIVE_S + 1)
+        assert pool_selectors.host_health(host_a, now=silent_at) == "silent"
+        first_beat = host_b.last_heartbeat_at
         _await(
-            lambda: Host.objects.filter(pk=host.pk, last_heartbeat_at__gt=first_beat).exists(),
-            agent,
+            lambda: Host.objects.filter(pk=host_b.pk, last_heartbeat_at__gt=first_beat).exists(),
+            agent_b,
             "a heartbeat",
         )
     finally:
-        output = _stop(agent)
+        os.close(lock)
+        if agent_a.poll() is None:
+            _stop(agent_a)
+        output = _stop(agent_b) if agent_b is not None else ""
     assert "tuning_job_step" in output
-    assert Host.objects.get(pk=host.pk).state == Host.State.STOPPED
+    assert Host.objects.get(name="engine-b").state == Host.State.STOPPED
 
 
 def test_an_agent_whose_hardware_contradicts_its_pool_is_quarantined(broker, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
