@@ -65,6 +65,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy and its companions (portal/headers.py).
+    "portal.headers.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -244,6 +246,16 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+# Origins a form's redirect may lead to besides the portal (CSP form-action): Stripe's hosted
+# Checkout and customer portal, where the billing pages send an admin.
+CSP_FORM_ACTION_EXTRA = env.list(
+    "CSP_FORM_ACTION_EXTRA", ["https://checkout.stripe.com", "https://billing.stripe.com"]
+)
+for _origin in CSP_FORM_ACTION_EXTRA:
+    if not re.fullmatch(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?", _origin):
+        raise ImproperlyConfigured(
+            f"CSP_FORM_ACTION_EXTRA: {_origin!r} is not an https origin (https://host or https://host:port)"
+        )
 
 # Upload limits (bytes). Non-file form bodies above DATA_UPLOAD_MAX_MEMORY_SIZE are refused;
 # files stream to disk and stop at TRAFFIC_UPLOAD_MAX_BYTES while they arrive.
@@ -415,6 +427,11 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 MIDDLEWARE.append("compliance.middleware.ComplianceMiddleware")
+# Sensitive actions need the password (and two-factor code) again (portal/accounts/reauth.py);
+# after the two-factor middleware, so a session has passed its two-factor step by then.
+MIDDLEWARE.append("portal.accounts.reauth.ReauthMiddleware")
+# How long a sign-in or a re-authentication counts as fresh for those actions.
+REAUTH_MAX_AGE_S = env.int("REAUTH_MAX_AGE_S", 600, minimum=60)
 CELERY_BEAT_SCHEDULE["compliance-retention"] = {
     "task": "compliance.tasks.retention_enforce",
     "schedule": 3600.0,

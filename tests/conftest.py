@@ -106,10 +106,19 @@ def charlie(db):  # type: ignore[no-untyped-def]
 
 
 def _client_for(user):  # type: ignore[no-untyped-def]
+    import time
+
     from django.test import Client
+
+    from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 
     client = Client()
     client.force_login(user)
+    # force_login stands for a sign-in with the password, which counts as a fresh confirmation
+    # for sensitive actions (tests/portal/test_reauth.py tries stale sessions).
+    session = client.session
+    session[REAUTH_KEY] = {"user": str(user.pk), "at": time.time()}
+    session.save()
     return client
 
 

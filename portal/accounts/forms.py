@@ -50,3 +50,18 @@ class ApiTokenForm(forms.Form):
 
 class OrganizationSwitchForm(forms.Form):
     organization = forms.UUIDField()
+
+
+class ReauthForm(forms.Form):
+    password = forms.CharField(
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password", "autofocus": True}),
+        strip=False,
+        max_length=128,
+    )
+    # Required by the service once the person has an authenticator; the page shows it then.
+    code = forms.CharField(
+        required=False,
+        max_length=32,
+        label="Two-factor code (or a recovery code)",
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
+    )

@@ -7,15 +7,18 @@ with `transaction.on_commit`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import authenticate
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
@@ -391,3 +394,29 @@ def membership_remove(*, actor: User, membership: Membership) -> int:
         )
         membership.delete()
     return revoked
+
+
+def user_reauthenticate(*, user: User, password: str, code: str, request: HttpRequest | None) -> None:
+    """Confirms, for a sensitive action, that the signed-in person is who the session says: their
+    password (through the sign-in backend, so wrong guesses are throttled and audited like
+    sign-ins) and, once they have an authenticator, a two-factor or recovery code.
+    ValidationError names the field that was wrong; nothing is recorded as confirmed then."""
+    from compliance.auth import RETRY_AFTER_ATTR
+    from compliance.selectors import totp_confirmed
+    from compliance.services import totp_verify
+
+    confirmed = authenticate(request, username=user.email, password=password or "")
+    if confirmed is None or confirmed.pk != user.pk:
+        wait_s = getattr(request, RETRY_AFTER_ATTR, None)
+        if wait_s is not None:
+            raise ValidationError(
+                {"password": f"Too many wrong passwords. Try again in {max(1, math.ceil(wait_s))} seconds."}
+            )
+        raise ValidationError({"password": "That password is not right."})
+    if totp_confirmed(user=user):
+        if not (code or "").strip():
+            raise ValidationError({"code": "Enter the code from your authenticator (or a recovery code)."})
+        if not totp_verify(user=user, code=code.strip()):
+            raise ValidationError({"code": "That code is not right (or was already used). Try the next one."})
+    with transaction.atomic():
+        audit_record(actor=user, action="auth.reauthenticate", data={})

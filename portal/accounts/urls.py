@@ -9,6 +9,7 @@ urlpatterns = [
     path("signup/", views.signup, name="signup"),
     path("login/", views.SignInView.as_view(), name="login"),
     path("logout/", views.SignOutView.as_view(), name="logout"),
+    path("reauthenticate/", views.reauthenticate, name="reauth"),
     path("dashboard/", views.dashboard, name="dashboard"),
     path("organizations/new/", views.organization_create, name="organization_create"),
     path("organizations/switch/", views.organization_switch, name="organization_switch"),

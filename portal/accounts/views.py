@@ -17,13 +17,14 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from compliance.auth import sign_in_record, sign_out_record
 from compliance.selectors import audit_event_list
-from portal.accounts import selectors, services
+from portal.accounts import reauth, selectors, services
 from portal.accounts.forms import (
     ApiTokenForm,
     EmailAuthenticationForm,
     InvitationForm,
     OrganizationForm,
     OrganizationSwitchForm,
+    ReauthForm,
     SignupForm,
 )
 from portal.accounts.models import ApiToken, Invitation, Role
@@ -48,6 +49,8 @@ class SignInView(auth_views.LoginView):
     def form_valid(self, form: Any) -> HttpResponse:
         response = super().form_valid(form)
         sign_in_record(user=form.get_user(), request=self.request)
+        # A password just given: sensitive actions need no second prompt for a while.
+        reauth.mark_fresh(self.request)
         return response
 
 
@@ -82,11 +85,40 @@ def signup(request: HttpRequest) -> HttpResponse:
             form.add_error(None, exc)
         else:
             login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            reauth.mark_fresh(request)
             return redirect(_safe_next(request, reverse("accounts:organization_create")))
     status = 400 if request.method == "POST" else 200
     return render(
         request, "accounts/signup.html", {"form": form, "next": _safe_next(request, "")}, status=status
     )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def reauthenticate(request: HttpRequest) -> HttpResponse:
+    """Password (and two-factor code) again, before a sensitive action (portal.accounts.reauth)."""
+    from compliance.selectors import totp_confirmed
+
+    target = reauth.safe_next(
+        request, request.POST.get("next") or request.GET.get("next", ""), reverse("accounts:dashboard")
+    )
+    form = ReauthForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.user_reauthenticate(
+                user=request.user,
+                password=form.cleaned_data["password"],
+                code=form.cleaned_data["code"],
+                request=request,
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            reauth.mark_fresh(request)
+            return redirect(target)
+    status = 400 if request.method == "POST" else 200
+    context = {"form": form, "next": target, "needs_code": totp_confirmed(user=request.user)}
+    return render(request, "accounts/reauth.html", context, status=status)
 
 
 @member_required

@@ -302,3 +302,10 @@ class BillingCheckoutSerializer(serializers.Serializer):
 
 class BillingRedirectSerializer(serializers.Serializer):
     url = api_fields.URLField(help_text="Send the person here (Stripe Checkout or the customer portal).")
+
+
+class ReauthenticateSerializer(serializers.Serializer):
+    password = api_fields.CharField(max_length=128, trim_whitespace=False)
+    code = api_fields.CharField(
+        max_length=32, required=False, allow_blank=True, default="", help_text="Once two-factor is set up."
+    )

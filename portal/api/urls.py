@@ -7,6 +7,7 @@ app_name = "api"
 urlpatterns = [
     path("auth/signup/", views.SignupView.as_view(), name="signup"),
     path("me/", views.MeView.as_view(), name="me"),
+    path("me/reauthenticate/", views.ReauthenticateView.as_view(), name="reauthenticate"),
     path("me/active-organization/", views.ActiveOrganizationView.as_view(), name="active_organization"),
     path("organizations/", views.OrganizationListCreateView.as_view(), name="organizations"),
     path("members/", views.MemberListView.as_view(), name="members"),

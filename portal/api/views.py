@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from django.conf import settings
 from django.contrib.auth import login
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, permissions, status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.accounts import selectors, services
+from portal.accounts import reauth, selectors, services
 from portal.accounts.models import ApiToken, Invitation, Membership, Role
 from portal.accounts.tenancy import SESSION_KEY
 from portal.api import serializers as s
@@ -59,6 +60,28 @@ class MeView(APIView):
                 "organizations": s.OrganizationSerializer(organizations, many=True, context=context).data,
             }
         )
+
+
+class ReauthenticateView(APIView):
+    """Confirms the signed-in person's password (and two-factor code) for this session, as the
+    sensitive actions (creating tokens, deleting the organization) require. Sessions only."""
+
+    permission_classes: ClassVar = [permissions.IsAuthenticated]
+
+    @extend_schema(request=s.ReauthenticateSerializer, responses={200: None})
+    def post(self, request: Request) -> Response:
+        if isinstance(request.auth, ApiToken):
+            raise PermissionDenied("An API token cannot re-authenticate: it is not a person's sign-in.")
+        serializer = s.ReauthenticateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.user_reauthenticate(
+            user=request.user,  # type: ignore[arg-type]
+            password=serializer.validated_data["password"],
+            code=serializer.validated_data["code"],
+            request=request._request,
+        )
+        reauth.mark_fresh(request._request, request.user)
+        return Response({"detail": f"Confirmed for {settings.REAUTH_MAX_AGE_S // 60} minutes."})
 
 
 class ActiveOrganizationView(APIView):

@@ -31,8 +31,18 @@ class BenchmarkReportForm(forms.Form):
     )
     duration_s = forms.FloatField(initial=60, label="Duration per load level and target (s)")
     request_timeout_s = forms.FloatField(initial=60, label="Request timeout (s)")
-    max_prompt_tokens = forms.IntegerField(required=False, label="Cap prompt tokens (optional)")
-    max_output_tokens = forms.IntegerField(required=False, label="Cap output tokens (optional)")
+    max_prompt_tokens = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=services.MAX_TOKENS_CAP,
+        label=f"Cap prompt tokens (optional, 1-{services.MAX_TOKENS_CAP:,})",
+    )
+    max_output_tokens = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=services.MAX_TOKENS_CAP,
+        label=f"Cap output tokens (optional, 1-{services.MAX_TOKENS_CAP:,})",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -49,12 +49,16 @@ from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, Benchm
 from portal.benchmarks.selectors import user_is_benchmark_staff
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
+from tuning.search.job import MAX_TOKENS as TUNING_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
 
 MAX_TARGETS = 4
 MAX_LEVELS = 8
 MAX_MULTIPLIER = 10.0
+# The most tokens a report may cap a request's prompt or output at: the tuning job's own bound
+# (above it no engine's context holds the request, and the database column would overflow).
+MAX_TOKENS_CAP = TUNING_MAX_TOKENS
 SHARE_DAYS_MIN, SHARE_DAYS_MAX = 1, 30
 SEED = 0
 _KEY_PURPOSE = "benchmark-target-api-key"
@@ -258,8 +262,8 @@ def benchmark_report_create(
     ):
         errors["request_timeout_s"] = "Use a request timeout of 1 to 600 seconds."
     for field, value in (("max_prompt_tokens", max_prompt_tokens), ("max_output_tokens", max_output_tokens)):
-        if value is not None and value < 1:
-            errors[field] = "Leave it empty (as the trace says) or use a positive number of tokens."
+        if value is not None and not (isinstance(value, int) and 1 <= value <= MAX_TOKENS_CAP):
+            errors[field] = f"Leave it empty (as the trace says) or use 1 to {MAX_TOKENS_CAP:,} tokens."
     if traffic_source not in BenchmarkReport.TrafficSource.values:
         errors["traffic_source"] = f"Choose one of: {', '.join(BenchmarkReport.TrafficSource.values)}."
     if not 1 <= len(targets) <= MAX_TARGETS:

@@ -12,6 +12,7 @@ from django.utils import timezone
 from compliance import services, totp
 from compliance.models import AuditEvent, TOTPDevice
 from compliance.storage import unseal
+from tests.conftest import _client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -130,8 +131,7 @@ def test_recovery_codes_are_hashed_shown_once_and_work_once(alice, alice_org, al
     assert codes[0] not in alice_client.get(page).content.decode()  # never shown again
 
     # A new session (the phone is lost): a recovery code signs in, once.
-    again = Client()
-    again.force_login(alice)
+    again = _client_for(alice)  # signed in with the password (fresh for changing two-factor)
     assert again.get(reverse("accounts:dashboard")).status_code == 302
     assert again.post(page, {"code": codes[0].upper()}).status_code == 302
     assert again.get(reverse("accounts:dashboard")).status_code == 200

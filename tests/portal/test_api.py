@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.core import mail
 from django.urls import reverse
@@ -10,6 +12,7 @@ from rest_framework.test import APIClient
 from compliance.models import AuditEvent
 from portal.accounts import services
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
+from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 from portal.api.base import TenantScopedMixin
 from tests.conftest import PASSWORD
 
@@ -20,6 +23,10 @@ def _api(user: User | None = None, token: str | None = None) -> APIClient:
     client = APIClient()
     if user is not None:
         client.force_login(user)
+        # A sign-in with the password: fresh for creating tokens (test_reauth tries stale ones).
+        session = client.session
+        session[REAUTH_KEY] = {"user": str(user.pk), "at": time.time()}
+        session.save()
     if token is not None:
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client

@@ -62,11 +62,22 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 @pytest.fixture
 def page_factory(browser, request: pytest.FixtureRequest) -> Iterator[object]:  # type: ignore[no-untyped-def]
     pages = []
+    # Whatever the Content-Security-Policy refused on any page: each is a page the policy broke
+    # (or an inline script that crept in), so a browser test that saw one fails.
+    refused: list[str] = []
 
     def make():  # type: ignore[no-untyped-def]
         context = browser.new_context()
         page = context.new_page()
         page.set_default_timeout(20_000)
+        page.on(
+            "console",
+            lambda message: (
+                refused.append(f"{page.url}: {message.text}")
+                if "Content Security Policy" in message.text
+                else None
+            ),
+        )
         pages.append(page)
         return page
 
@@ -78,6 +89,7 @@ def page_factory(browser, request: pytest.FixtureRequest) -> Iterator[object]:  
             page.screenshot(path=str(Path(ARTIFACTS) / f"{request.node.name}-{i}.png"), full_page=True)
     for page in pages:
         page.context.close()
+    assert not refused, "the Content-Security-Policy refused:\n" + "\n".join(refused)
 
 
 def test_signup_org_invite_switch_and_tokens(live_server, page_factory, settings) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ refused with 403 and again nothing changes.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from django.urls import reverse
 
 from compliance.middleware import TWO_FACTOR_KEY
 from compliance.models import AuditEvent
+from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 from portal.accounts.tenancy import SESSION_KEY
 from tests.portal.test_billing import billing, stripe_fake  # noqa: F401 (fixtures)
 from tests.portal.test_isolation_sweep import (  # noqa: F401 (the world fixture)
@@ -49,6 +51,7 @@ def _client(w: World, *, csrf: bool = False) -> Client:
     session = client.session
     session[SESSION_KEY] = str(w.org.pk)
     session[TWO_FACTOR_KEY] = str(w.alice.pk)
+    session[REAUTH_KEY] = {"user": str(w.alice.pk), "at": time.time()}
     session.save()
     return client
 
