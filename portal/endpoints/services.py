@@ -27,6 +27,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from compliance.selectors import allowed_regions
@@ -330,6 +331,16 @@ def endpoint_start(*, endpoint_id: str) -> str:
         api_key=unseal(bytes(endpoint.api_key_sealed), purpose=_KEY_PURPOSE).decode(),
     )
     here = host_here() if endpoint.pool_id else None
+    if here is not None:
+        # One host serves it: a start delivered twice (a redelivery after a crash) to another
+        # host of the pool finds it claimed and does nothing.
+        claimed = (
+            Endpoint.objects.filter(id=endpoint_id)
+            .filter(Q(host__isnull=True) | Q(host=here))
+            .update(host=here, status_detail="")
+        )
+        if not claimed:
+            return "started on another host"
     try:
         if isinstance(runner, LocalSupervisorRunner):
             existing = _handle(endpoint, runner)
@@ -582,7 +593,15 @@ def endpoints_watch() -> int:
     count = 0
     active = Endpoint.objects.filter(status__in=Endpoint.ACTIVE).select_related("pool")
     for endpoint in active:
-        if _route(endpoint):
+        route = _route(endpoint)
+        if "pool" in route:
+            # Not taken by a host of its pool yet: nothing runs to watch, and the pool's
+            # measuring queue gets no scrape; the endpoint says what it waits for.
+            waiting = pool_waiting_reason(pool=endpoint.pool)  # type: ignore[arg-type]
+            if waiting:
+                Endpoint.objects.filter(id=endpoint.id, host__isnull=True).update(status_detail=waiting)
+            continue
+        if route:
             _send("endpoint_watch", endpoint)
         else:
             endpoint_watch_one(endpoint_id=str(endpoint.id))

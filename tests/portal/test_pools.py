@@ -269,5 +269,11 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     assert not Endpoint.objects.exists()
     with django_capture_on_commit_callbacks(execute=False):
         endpoint, _ = endpoint_services.endpoint_deploy(actor=alice, job=job)
-    assert endpoint.pool == local
+    assert endpoint.pool == local and endpoint.base_url.startswith("http://127.0.0.1:")
+    # No host of the pool has taken its start: the watch sends nothing and the endpoint says why.
+    assert endpoint_services.endpoints_watch() == 0
+    endpoint.refresh_from_db()
+    assert endpoint.status == Endpoint.Status.STARTING
+    assert endpoint.status_detail.startswith("waiting for a host of pool cpu-local"), endpoint.status_detail
+    assert not endpoint.snapshots.exists()
     assert ServedModel.objects.count() == 1
