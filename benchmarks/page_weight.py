@@ -215,6 +215,10 @@ def _load(page: Any, base: str, path: str) -> dict[str, Any]:
     The browser's own Resource Timing entries: `transferSize` is headers plus the body as sent,
     0 when the cache answered, so the same count serves the cold and the warm load."""
     response = page.goto(base + path, wait_until="load", timeout=SETTLE_TIMEOUT_MS)
+    if response is None or response.status >= 500:
+        # An error page's weight says nothing about the page: stop, and say where the cause is.
+        status = None if response is None else response.status
+        raise RuntimeError(f"{path} answered {status}: see var/page_weight/gunicorn.log")
     page.wait_for_load_state("networkidle", timeout=SETTLE_TIMEOUT_MS)
     charts = page.locator(".chart").count()
     if charts:
