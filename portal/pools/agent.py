@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from celery import signals
     from django.conf import settings
     from django.core.exceptions import ValidationError
+    from django.db import DatabaseError
 
     from portal.celery import app
     from portal.pools import services
@@ -111,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         for field, messages in exc.message_dict.items():
             print(f"tailguard agent: {field}: {' '.join(messages)}", file=sys.stderr)
+        return EXIT_REFUSED
+    except DatabaseError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"tailguard agent: cannot reach the portal's database (DATABASE_URL): {first}", file=sys.stderr)
         return EXIT_REFUSED
     if host.state == Host.State.QUARANTINED:
         print(f"tailguard agent: host {host.name} quarantined: {host.quarantine_reason}", file=sys.stderr)

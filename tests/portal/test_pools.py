@@ -120,6 +120,17 @@ def test_admin_console_lists_pools_and_hosts_with_health(platform_admin, regions
     services.host_register(
         pool_name=pool.name, name="engine-a", facts={"cpu_model": "Test CPU", "gpus": []}, agent_pid=1
     )
+    # A GPU pool's host that reports another GPU: quarantined, the reason on the admin page.
+    from tuning.search.job import HARDWARE
+
+    target = next((name for name, t in HARDWARE.items() if t.device_kind == "gpu"), None)
+    if target is not None:
+        gpu = services.pool_create(
+            actor=platform_admin, name="gpu", region="local", accelerator=target, devices_per_host=1
+        )
+        services.host_register(
+            pool_name=gpu.name, name="wrong-box", facts={"gpus": [{"name": "Acme Tensor 9"}]}, agent_pid=2
+        )
     client = Client()
     client.force_login(platform_admin)
     page = client.get("/admin/pools/host/")
@@ -129,6 +140,8 @@ def test_admin_console_lists_pools_and_hosts_with_health(platform_admin, regions
     assert page.status_code == 200
     assert "engine-a" in text and "live" in text and "Test CPU" in text
     assert "pool.cpu-local" in text  # the queue its agent consumes (routing)
+    if target is not None:
+        assert "quarantined" in text and "the host&#x27;s GPUs are Acme Tensor 9" in text
     assert client.get(f"/admin/pools/pool/{pool.pk}/change/").status_code == 200
 
 
