@@ -90,3 +90,9 @@ class TwoFactorForm(forms.Form):
             attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "autofocus": True}
         ),
     )
+
+
+class BAACountersignForm(forms.Form):
+    baa = forms.UUIDField(widget=forms.HiddenInput)
+    effective_on = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}))
+    ends_on = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))

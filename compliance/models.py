@@ -172,6 +172,12 @@ class BAARecord(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     recorded_at = models.DateTimeField(default=timezone.now)
+    # The provider's countersignature (a platform admin): a BAA takes effect only once both
+    # parties signed; the provider sets the effective dates when countersigning.
+    countersigned_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    countersigned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering: ClassVar = ["-effective_on", "-recorded_at"]
@@ -180,7 +186,11 @@ class BAARecord(models.Model):
         return f"BAA {self.version} with {self.counterparty}"
 
     def is_effective_on(self, day: object) -> bool:
-        return self.effective_on <= day and (self.ends_on is None or day <= self.ends_on)  # type: ignore[operator]
+        return (
+            self.countersigned_at is not None
+            and self.effective_on <= day  # type: ignore[operator]
+            and (self.ends_on is None or day <= self.ends_on)  # type: ignore[operator]
+        )
 
 
 class LoginFailure(models.Model):

@@ -46,7 +46,12 @@ def _json(value: Any) -> bytes:
 
 def _baa_rows(organization: Any) -> list[dict[str, Any]]:
     rows = []
-    for record in BAARecord.objects.filter(organization=organization).order_by("effective_on", "recorded_at"):
+    records = (
+        BAARecord.objects.filter(organization=organization)
+        .select_related("document", "recorded_by", "countersigned_by")
+        .order_by("effective_on", "recorded_at")
+    )
+    for record in records:
         rows.append(
             {
                 "id": str(record.id),
@@ -55,18 +60,12 @@ def _baa_rows(organization: Any) -> list[dict[str, Any]]:
                 "signed_on": record.signed_on.isoformat(),
                 "effective_on": record.effective_on.isoformat(),
                 "ends_on": record.ends_on.isoformat() if record.ends_on else None,
-                "recorded_by": str(record.recorded_by_id) if record.recorded_by_id else None,
+                "recorded_by": record.recorded_by.email if record.recorded_by else None,
                 "recorded_at": record.recorded_at.isoformat(),
                 "document_sha256": record.document.sha256 if record.document else None,
-                **{
-                    name: (
-                        value.isoformat()
-                        if isinstance(value := getattr(record, name, None), datetime)
-                        else (str(value) if value is not None else None)
-                    )
-                    for name in ("countersigned_by_id", "countersigned_at")
-                    if hasattr(record, name)
-                },
+                "countersigned_by": record.countersigned_by.email if record.countersigned_by else None,
+                "countersigned_at": record.countersigned_at.isoformat() if record.countersigned_at else None,
+                "in_effect_today": record.is_effective_on(timezone.now().date()),
             }
         )
     return rows

@@ -57,15 +57,27 @@ def baa_list(*, organization: Any) -> QuerySet[BAARecord]:
     return BAARecord.objects.filter(organization=organization).select_related("document", "recorded_by")
 
 
+def baa_awaiting_countersignature(*, limit: int = 200) -> list[BAARecord]:
+    """Every tenant's BAAs the provider has not countersigned yet (the console, platform scope)."""
+    return list(
+        BAARecord.objects.filter(countersigned_at__isnull=True)
+        .select_related("organization", "recorded_by")
+        .order_by("recorded_at")[: max(1, min(limit, 1000))]
+    )
+
+
 def baa_get(*, organization: Any, baa_id: object) -> BAARecord | None:
     return baa_list(organization=organization).filter(id=baa_id).first()
 
 
 def baa_effective(*, organization: Any, on: date | None = None) -> BAARecord | None:
-    """The BAA in effect on `on` (today, UTC, by default), if any."""
+    """The BAA in effect on `on` (today, UTC, by default), if any: countersigned by the provider
+    and within its effective dates. A BAA only the customer recorded is not in effect."""
     day = on or timezone.now().date()
     return (
-        BAARecord.objects.filter(organization=organization, effective_on__lte=day)
+        BAARecord.objects.filter(
+            organization=organization, effective_on__lte=day, countersigned_at__isnull=False
+        )
         .exclude(ends_on__lt=day)
         .order_by("-effective_on")
         .first()
@@ -275,8 +287,9 @@ def totp_recovery_codes_left(*, user: Any) -> int:
 
 
 def two_factor_required(*, user: Any) -> bool:
-    """Owners of an organization with an effective BAA must use two-factor; anyone who enrolled
-    an authenticator uses it too."""
+    """Owners of an organization with a BAA on record for today must use two-factor (from the
+    moment they record it: the customer means to send PHI, whether or not the provider has
+    countersigned yet); anyone who enrolled an authenticator uses it too."""
     from portal.accounts import rls
     from portal.accounts.models import Membership, Role
 

@@ -362,7 +362,7 @@ def baa_require(*, organization: Any, doing: str, field: str) -> BAARecord:
                 field: (
                     f"Refused by the BAA rule: {organization.name} has no effective business associate "
                     f"agreement, so it cannot {doing}. An owner or admin records the signed BAA on the "
-                    "Compliance page first."
+                    "Compliance page first, and it is in effect once the provider has countersigned it."
                 )
             },
             code="baa",
@@ -464,6 +464,71 @@ def baa_record_create(
             sensitive_object_delete(actor=actor, obj=stored, reason="baa record failed")
         raise
     return record
+
+
+def is_provider(user: Any) -> bool:
+    """A platform admin acts for the provider (countersigns BAAs, proposes SLA terms)."""
+    return bool(getattr(user, "is_superuser", False) or getattr(user, "staff_role", "") == "platform_admin")
+
+
+def baa_countersign(
+    *, actor: Any, baa: BAARecord, effective_on: date, ends_on: date | None = None
+) -> BAARecord:
+    """The provider's countersignature: from then on (and within the dates the provider sets
+    here) the BAA is in effect. Only a platform admin countersigns; anyone else trying is refused
+    (PermissionDenied) and the attempt is audited in the BAA's organization."""
+    organization = baa.organization
+    if not is_provider(actor):
+        with transaction.atomic():
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="baa.refused.countersign",
+                target=baa,
+                data={"version": baa.version, "reason": "not the provider"},
+            )
+        raise PermissionDenied(
+            "Only the provider (a platform admin) countersigns a BAA; your organization's signature is already on record."
+        )
+    errors: dict[str, str] = {}
+    if baa.countersigned_at is not None:
+        errors["baa"] = "This BAA is already countersigned; record a new version to change its terms."
+    if effective_on < baa.signed_on:
+        errors["effective_on"] = "The agreement cannot take effect before the customer signed it."
+    if ends_on is not None and ends_on < effective_on:
+        errors["ends_on"] = "The end date is before the effective date."
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        locked = BAARecord.objects.select_for_update().get(pk=baa.pk)
+        if locked.countersigned_at is not None:
+            raise ValidationError({"baa": "This BAA was countersigned meanwhile."})
+        before = {
+            "effective_on": locked.effective_on.isoformat(),
+            "ends_on": locked.ends_on.isoformat() if locked.ends_on else None,
+        }
+        locked.countersigned_by, locked.countersigned_at = actor, timezone.now()
+        locked.effective_on, locked.ends_on = effective_on, ends_on
+        locked.save(update_fields=["countersigned_by", "countersigned_at", "effective_on", "ends_on"])
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="baa.countersign",
+            target=locked,
+            data={
+                "version": locked.version,
+                "counterparty": locked.counterparty,
+                "effective_on": effective_on.isoformat(),
+                "ends_on": ends_on.isoformat() if ends_on else None,
+                "customer_recorded_by": str(locked.recorded_by_id) if locked.recorded_by_id else None,
+            },
+            before=before,
+            after={
+                "effective_on": effective_on.isoformat(),
+                "ends_on": ends_on.isoformat() if ends_on else None,
+            },
+        )
+    return locked
 
 
 # --- Sensitive objects ------------------------------------------------------------------------

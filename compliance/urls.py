@@ -10,6 +10,7 @@ urlpatterns = [
     path("retention/", views.retention, name="retention"),
     path("baa/", views.baa_create, name="baa_create"),
     path("baa/<uuid:baa_id>/document/", views.baa_document, name="baa_document"),
+    path("baa/countersign/", views.baa_countersign, name="baa_countersign"),
     path("audit/export/", views.audit_export, name="audit_export"),
     path("organization/delete/", views.organization_delete, name="organization_delete"),
     path("sla/", views.sla_terms, name="sla_terms"),

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from compliance import selectors, services
 from compliance.forms import (
+    BAACountersignForm,
     BAAForm,
     ConsoleFilterForm,
     OrganizationDeleteForm,
@@ -24,7 +25,7 @@ from compliance.forms import (
 )
 from compliance.models import BAARecord
 from portal.accounts import rls
-from portal.accounts.tenancy import get_object_for_member, member_required
+from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 
 
 def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpResponse:
@@ -198,6 +199,47 @@ def sla_terms(request: HttpRequest) -> HttpResponse:
     return _page(request, status=400, sla_form=form)
 
 
+@login_required
+@require_POST
+def baa_countersign(request: HttpRequest) -> HttpResponse:
+    """The provider countersigns a customer's BAA (and sets its effective dates). A customer's
+    owner or admin posting here for their own BAA is refused with 403 (and audited); anyone
+    else gets 404, as for a BAA that does not exist."""
+    form = BAACountersignForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(" ".join(m for ms in form.errors.values() for m in ms), status=400)
+    baa_id = form.cleaned_data["baa"]
+    if services.is_provider(request.user):
+        rls.scope_transaction(platform=True)  # the provider countersigns for every tenant
+        baa = BAARecord.objects.select_related("organization").filter(pk=baa_id).first()
+    else:
+        baa = get_object_for_member(request, BAARecord.objects.select_related("organization"), baa_id)
+        if not _member_is_admin(request):
+            raise Http404
+    if baa is None:
+        raise Http404
+    try:
+        services.baa_countersign(
+            actor=request.user,
+            baa=baa,
+            effective_on=form.cleaned_data["effective_on"],
+            ends_on=form.cleaned_data["ends_on"],
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(
+            request,
+            f"BAA {baa.version} of {baa.organization.name} countersigned: in effect from {form.cleaned_data['effective_on']}.",
+        )
+    return redirect("compliance:console")
+
+
+def _member_is_admin(request: HttpRequest) -> bool:
+    membership = current_membership(request)
+    return membership is not None and membership.has_role("admin")
+
+
 def _is_platform_admin(user: object) -> bool:
     return bool(getattr(user, "is_superuser", False) or getattr(user, "staff_role", "") == "platform_admin")
 
@@ -217,7 +259,8 @@ def console(request: HttpRequest) -> HttpResponse:
     services.staff_access_record(
         actor=request.user, what="compliance console", data={k: v for k, v in filters.items() if v}
     )
-    return render(request, "compliance/console.html", {"form": form, "rows": rows})
+    context = {"form": form, "rows": rows, "awaiting": selectors.baa_awaiting_countersignature()}
+    return render(request, "compliance/console.html", context)
 
 
 def _two_factor_target(request: HttpRequest) -> str:

@@ -24,7 +24,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from compliance import edge, sla
-from compliance.services import audit_record
+from compliance.services import audit_record, is_provider
 from portal.accounts.models import Membership, Role, User
 from portal.alerts.models import AlertKind
 from portal.alerts.services import alert_raise
@@ -42,10 +42,6 @@ EDGE_BATCH_MAX = 10_000
 EDGE_BATCH_MAX_SPAN = timedelta(hours=1)
 _REQUEST_ID_MAX = 64
 _TTFT_MAX_MS = 3_600_000.0
-
-
-def is_provider(user: Any) -> bool:
-    return bool(getattr(user, "is_superuser", False) or getattr(user, "staff_role", "") == "platform_admin")
 
 
 def _customer_membership(actor: User, endpoint: Endpoint) -> Membership | None:

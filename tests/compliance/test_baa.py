@@ -8,12 +8,14 @@ from datetime import date, timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from compliance import selectors, services
 from compliance.models import AuditEvent, BAARecord, RetentionPolicy, StoredObject
+from portal.accounts.models import User
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.compliance.conftest import two_factor_done
@@ -28,7 +30,16 @@ def _api(user):  # type: ignore[no-untyped-def]
     return client
 
 
-def _baa(alice, org, **overrides):  # type: ignore[no-untyped-def]
+def _provider() -> User:
+    user, _ = User.objects.get_or_create(
+        email="pat@tailguard.test", defaults={"staff_role": User.StaffRole.PLATFORM_ADMIN, "is_staff": True}
+    )
+    return user
+
+
+def _baa(alice, org, *, countersigned: bool = True, **overrides):  # type: ignore[no-untyped-def]
+    """A BAA the customer recorded and (unless told otherwise) the provider countersigned with
+    the same dates."""
     today = timezone.now().date()
     values = {
         "counterparty": "Tailguard Inc.",
@@ -38,7 +49,12 @@ def _baa(alice, org, **overrides):  # type: ignore[no-untyped-def]
         "ends_on": None,
     }
     values.update(overrides)
-    return services.baa_record_create(actor=alice, organization=org, **values)
+    record = services.baa_record_create(actor=alice, organization=org, **values)
+    if countersigned:
+        record = services.baa_countersign(
+            actor=_provider(), baa=record, effective_on=record.effective_on, ends_on=record.ends_on
+        )
+    return record
 
 
 def test_without_a_baa_phi_uploads_are_refused_and_say_why(alice, alice_org, regions) -> None:  # type: ignore[no-untyped-def]
@@ -243,3 +259,79 @@ def test_the_page_offers_only_what_the_role_may_do(alice_client, bob_client, reg
         assert marker in owner
         assert marker not in viewer
     assert "Data residency" in viewer and "Audit trail" in viewer
+
+
+def _phi_upload(alice, org):  # type: ignore[no-untyped-def]
+    return traffic_services.traffic_sample_create(
+        actor=alice,
+        organization=org,
+        name="calls",
+        upload=SimpleUploadedFile(
+            "calls.jsonl", b'{"timestamp": 1, "input_length": 5, "output_length": 2}\n'
+        ),
+        contains_phi=True,
+    )
+
+
+def test_a_baa_only_the_customer_signed_unlocks_nothing_until_the_provider_countersigns(
+    alice, alice_org, alice_client, regions
+) -> None:  # type: ignore[no-untyped-def]
+    today = timezone.now().date()
+    record = _baa(alice, alice_org, countersigned=False)
+    assert selectors.baa_effective(organization=alice_org) is None
+    with pytest.raises(ValidationError, match="provider has countersigned"):
+        _phi_upload(alice, alice_org)
+    two_factor_done(alice_client, alice)  # recording the BAA made the owner's second factor due
+    assert (
+        "awaiting the provider's countersignature"
+        in alice_client.get(reverse("compliance:overview")).content.decode()
+    )
+    # The provider countersigns in the console, setting the dates the agreement runs.
+    provider_client = Client()
+    provider_client.force_login(_provider())
+    console = provider_client.get(reverse("compliance:console")).content.decode()
+    assert 'id="baa-awaiting"' in console and "2026-01" in console
+    response = provider_client.post(
+        reverse("compliance:baa_countersign"),
+        {
+            "baa": str(record.id),
+            "effective_on": today.isoformat(),
+            "ends_on": (today + timedelta(days=365)).isoformat(),
+        },
+    )
+    assert response.status_code == 302
+    record.refresh_from_db()
+    assert record.countersigned_by == _provider() and record.effective_on == today
+    assert selectors.baa_effective(organization=alice_org) == record
+    assert StoredObject.objects.get(owner_id=str(_phi_upload(alice, alice_org).id)).contains_phi
+    event = AuditEvent.objects.get(action="baa.countersign")
+    assert (
+        event.organization_id == alice_org.pk
+        and event.data["ends_on"] == (today + timedelta(days=365)).isoformat()
+    )
+    # Countersigned once: a second countersignature is refused with a sentence.
+    with pytest.raises(ValidationError, match="already countersigned"):
+        services.baa_countersign(actor=_provider(), baa=record, effective_on=today)
+
+
+def test_a_customer_cannot_countersign_its_own_baa(
+    alice, alice_org, alice_client, bob_client, charlie_client, regions
+) -> None:  # type: ignore[no-untyped-def]
+    record = _baa(alice, alice_org, countersigned=False)
+    two_factor_done(alice_client, alice)
+    form = {"baa": str(record.id), "effective_on": record.effective_on.isoformat()}
+    # Alice (owner) is refused, and the attempt is in her organization's audit trail.
+    assert alice_client.post(reverse("compliance:baa_countersign"), form).status_code == 403
+    refused = AuditEvent.objects.get(action="baa.refused.countersign")
+    assert refused.actor_id == alice.pk and refused.organization_id == alice_org.pk
+    # Bob (viewer) and Charlie (another organization) do not even learn that it exists.
+    assert bob_client.post(reverse("compliance:baa_countersign"), form).status_code == 404
+    assert charlie_client.post(reverse("compliance:baa_countersign"), form).status_code == 404
+    assert charlie_client.get(reverse("compliance:console")).status_code == 404
+    record.refresh_from_db()
+    assert record.countersigned_at is None and selectors.baa_effective(organization=alice_org) is None
+    # Dates the provider sets are checked like the customer's.
+    with pytest.raises(ValidationError, match="before the customer signed"):
+        services.baa_countersign(
+            actor=_provider(), baa=record, effective_on=record.signed_on - timedelta(days=1)
+        )

@@ -527,6 +527,13 @@ ROUTES: dict[str, Route] = {
     # The endpoint is named in the body, not the URL.
     "compliance:sla_terms": Route(reads=(), writes={"POST": _sla_form}, charlie_write=404),
     "compliance:console": Route(staff_only=True),
+    # The provider's countersignature: a platform admin's form; Bob and Charlie get 404 (Alice,
+    # an owner trying to countersign her own BAA, gets 403 and is audited: test_baa).
+    "compliance:baa_countersign": Route(
+        staff_only=True,
+        reads=(),
+        writes={"POST": lambda w: {"baa": str(w.baa.pk), "effective_on": f"{w.baa.effective_on:%Y-%m-%d}"}},
+    ),
     "sla:overview": Route(),
     "sla:endpoint": Route(
         objects=_obj("endpoint", "endpoint_id"), queries=lambda w: [{"month": w.sla_month}]

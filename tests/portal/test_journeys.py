@@ -176,6 +176,21 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             page.click("#recovery-continue")
             page.wait_for_url(re.compile(r"/(compliance|dashboard)/$"))
             page.click("nav >> text=Compliance")
+            # Recorded by the customer alone, the BAA is not in effect: the provider (a platform
+            # admin) countersigns it and sets its dates, as the compliance console's form does.
+            assert "awaiting the provider's countersignature" in (page.text_content("main") or "")
+            from compliance import services as compliance_services
+            from compliance.models import BAARecord
+
+            with platform():
+                record = BAARecord.objects.get(version="BAA-2026-1")
+                provider = User.objects.create_user(
+                    email="pat@tailguard.test", password=PASSWORD, staff_role=User.StaffRole.PLATFORM_ADMIN
+                )
+                compliance_services.baa_countersign(
+                    actor=provider, baa=record, effective_on=record.effective_on
+                )
+            page.reload()
             assert "In effect: BAA-2026-1 with Tailguard Inc." in (page.text_content("main") or "")
 
             # US-only data residency.
@@ -520,7 +535,13 @@ def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  #
         _watched(page, problems)
         _sign_in(page, live_server.url, admin.email)
         page.goto(live_server.url + reverse("compliance:console"))
-        rows = page.locator("tbody tr")
+        # Northwind recorded its BAA; the admin countersigns it from the console first.
+        awaiting = page.locator("#baa-awaiting tbody tr")
+        assert awaiting.count() == 1 and "Northwind Health" in (awaiting.first.text_content() or "")
+        awaiting.first.locator("button:has-text('Countersign')").click()
+        page.wait_for_selector("text=BAA BAA-7 of Northwind Health countersigned")
+        assert "None." in (page.text_content("#baa-awaiting") or "")
+        rows = page.locator("#console-rows tbody tr")
         assert rows.count() == 2
         page.select_option("#id_sla", "breached")
         page.click("button:has-text('Filter')")
@@ -537,7 +558,7 @@ def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  #
         row.locator("a:has-text('Audit trail')").click()
         page.wait_for_url(re.compile(r"/admin/compliance/auditevent/\?chain="))
         trail = page.text_content("#result_list") or ""
-        for action in ("organization.create", "baa.record", "sla.terms_set"):
+        for action in ("organization.create", "baa.record", "baa.countersign", "sla.terms_set"):
             assert action in trail, trail[:2000]
         assert "nora@northwind.test" in trail and "alice@acme.test" not in trail
         shown = page.locator("#result_list tbody tr").count()
