@@ -31,9 +31,11 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from compliance.selectors import allowed_regions
 from compliance.services import audit_record
+from portal.accounts import rls
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.billing.services import billing_assert_can_start_jobs
+from portal.catalog import model_folders
 from portal.catalog.selectors import job_price_per_hour
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.pools import selectors as pool_selectors
@@ -66,6 +68,12 @@ _HEARTBEAT_S = 5.0
 SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
 
 
+def _model_paths_elsewhere(organization: Organization) -> list[str]:
+    # Every tenant's registrations: a folder's claim is platform-wide, whatever the request's tenant.
+    with rls.platform_transaction():
+        return list(ServedModel.objects.exclude(organization=organization).values_list("path", flat=True))
+
+
 def served_model_register(*, actor: User, organization: Organization, name: str, path: str) -> ServedModel:
     require_role(actor=actor, organization=organization, minimum=Role.ADMIN, doing="register models")
     name = (name or "").strip()
@@ -74,19 +82,27 @@ def served_model_register(*, actor: User, organization: Organization, name: str,
         errors["name"] = "Name the model."
     elif ServedModel.objects.filter(organization=organization, name=name).exists():
         errors["name"] = f"A model named {name!r} is already registered."
-    resolved = Path(path or "").expanduser().resolve()
-    roots = [Path(r).resolve() for r in settings.TUNING_MODEL_ROOTS]
-    if not any(resolved.is_relative_to(root) for root in roots):
-        errors["path"] = "Models must live under one of the serving host's model folders: " + ", ".join(
-            str(r) for r in roots
-        )
+    # Model folders belong to one organization (portal.catalog.model_folders).
+    try:
+        place = model_folders.model_folder_place(organization=organization, path=path)
+    except ValidationError as exc:
+        errors.update({field: messages[0] for field, messages in exc.message_dict.items()})
     if errors:
         raise ValidationError(errors)
+    resolved = place.path
     try:
         info = model_info(resolved)
     except ModelLoadError as exc:
-        raise ValidationError({"path": str(exc)}) from None
+        # The loader's reason names what exists on the host: only inside the organization's own folder.
+        raise ValidationError(
+            {"path": str(exc) if place.own else model_folders.not_available(organization)}
+        ) from None
     with transaction.atomic():
+        model_folders.model_folder_claim(
+            organization=organization,
+            place=place,
+            registered_elsewhere=lambda: _model_paths_elsewhere(organization),
+        )
         model = ServedModel.objects.create(
             organization=organization,
             name=name,
