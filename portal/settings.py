@@ -60,11 +60,14 @@ INSTALLED_APPS = [
     "portal.pools",
     "portal.sla",
     "portal.alerts",
+    "portal.ops",
     "compliance",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Counts and times every request for the operator's /metrics (portal/ops).
+    "portal.ops.middleware.RequestMetricsMiddleware",
     # Content-Security-Policy and its companions (portal/headers.py).
     "portal.headers.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -543,3 +546,8 @@ CELERY_BEAT_SCHEDULE["alerts-scan"] = {
     "task": "portal.alerts.tasks.alerts_scan",
     "schedule": float(env.int("ALERT_SCAN_INTERVAL_S", 30, minimum=5)),
 }
+
+# --- Operator metrics (issue 23 item 8) -----------------------------------------------------------
+# Prometheus scrapes /metrics with "Authorization: Bearer <METRICS_TOKEN>"; unset, /metrics is 404.
+# Under gunicorn, also set PROMETHEUS_MULTIPROC_DIR (an empty folder the workers share).
+METRICS_TOKEN = env.str("METRICS_TOKEN", "") or ""

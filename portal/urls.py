@@ -7,6 +7,8 @@ from django.urls import include, path
 from django.views.decorators.cache import cache_control
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from portal.ops import views as ops_views
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -39,6 +41,7 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", ops_views.metrics, name="metrics"),
 ]
 
 # The API answers an unmatched path in JSON; pages get the HTML 404 page.

@@ -665,6 +665,7 @@ PUBLIC_ROUTES: dict[str, str] = {
     # The measuring point's ingest: a bearer token (SLA_EDGE_INGEST_TOKEN) authenticates it and
     # the body names the endpoint; off (404) unless the token is set (tested in test_sla_agreements).
     "sla:edge_ingest": "edge measurements, bearer-token checked",
+    "metrics": "Prometheus scrape, bearer-token checked (404 unless METRICS_TOKEN is set)",
 }
 
 
