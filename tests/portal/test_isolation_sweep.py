@@ -25,6 +25,7 @@ redirect for both Charlie and Bob.
 from __future__ import annotations
 
 import json
+import time
 import traceback
 import uuid
 from collections import Counter
@@ -53,6 +54,7 @@ from compliance.models import SLAWindowReport
 from portal.accounts import rls
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership, Organization, User
+from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 from portal.accounts.tenancy import SESSION_KEY
 from portal.alerts import services as alert_services
 from portal.alerts import watch as alert_watch
@@ -244,6 +246,8 @@ def world(  # type: ignore[no-untyped-def]
     # A third member of Alice's organization: the object of the member-removal routes.
     dana = User.objects.create_user(email="dana@acme.test", password="x", full_name="Dana")
     o["member"] = Membership.objects.create(organization=alice_org, user=dana, role="member")
+    erin = User.objects.create_user(email="erin@acme.test", password="x", full_name="Erin")
+    o["api_member"] = Membership.objects.create(organization=alice_org, user=erin, role="member")
     compliance_services.residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["us"])
     compliance_services.retention_policy_set(actor=alice, organization=alice_org, sample_retention_days=90)
     today = timezone.now().date()
@@ -596,7 +600,7 @@ ROUTES: dict[str, Route] = {
     ),
     "api:organizations": Route(writes={"POST": lambda w: {"name": "sweep api org"}}, bob_write=201),
     "api:members": Route(),
-    "api:member_detail": Route(objects=_obj("member", "pk"), writes={"DELETE": _no_body}),
+    "api:member_detail": Route(objects=_obj("api_member", "pk"), writes={"DELETE": _no_body}),
     "api:invitations": Route(writes={"POST": lambda w: {"email": "sweep@example.test", "role": "member"}}),
     # A random secret: accepting needs the emailed one, whoever asks.
     "api:invitation_accept": Route(
@@ -628,7 +632,10 @@ ROUTES: dict[str, Route] = {
     "api:compliance_audit_events": Route(),
     "api:compliance_audit_export": Route(bob_read=403, queries=lambda w: [{"export_format": "csv"}]),
     "api:compliance_organization_delete": Route(
-        writes={"POST": lambda w: {"confirm": w.org.slug}}, charlie_write=400
+        # Charlie's session: Alice's slug is not his organization's (400); his token may not
+        # delete an organization at all (403, re-authentication).
+        writes={"POST": lambda w: {"confirm": w.org.slug}},
+        charlie_write=frozenset({400, 403}),
     ),
     "api:compliance_endpoint_sla": Route(
         objects=_obj("endpoint", "pk"),
@@ -650,6 +657,9 @@ PUBLIC_ROUTES: dict[str, str] = {
     "accounts:home": "the public landing page (redirects a signed-in person to the dashboard)",
     "accounts:login": "sign-in form",
     "accounts:logout": "ends one's own session",
+    # Re-authentication confirms one's own password for one's own session (tests/portal/test_reauth.py).
+    "accounts:reauth": "confirms one's own password",
+    "api:reauthenticate": "confirms one's own password through the API",
     "accounts:signup": "sign-up form",
     "api:signup": "sign-up through the API",
     "plotly-js": "plotly.js vendor file",
@@ -887,6 +897,8 @@ class Sweep:
             home = self.w.charlie_org if persona == "charlie" else self.w.org
             session[SESSION_KEY] = str(home.pk)
             session[TWO_FACTOR_KEY] = str(user.pk)
+            # And fresh from a password, so a sensitive action is swept, not re-confirmed.
+            session[REAUTH_KEY] = {"user": str(user.pk), "at": time.time()}
             session.save()
         extra: dict[str, Any] = {"HTTP_HX_REQUEST": "true"} if htmx else {}
         if query:
