@@ -149,10 +149,19 @@ def audit_verify(*, chain_key: str | None = None) -> list[BrokenLink]:
         )
     broken = []
     for key in keys:
-        link = _verify_chain(key)
+        link = _verify_chain(key) or _verify_anchor(key)
         if link is not None:
             broken.append(link)
     return broken
+
+
+def _verify_anchor(key: str) -> BrokenLink | None:
+    """The chain against its newest external anchor (compliance.anchor): truncation and
+    re-hashing by someone who can write the database are caught there."""
+    from compliance import anchor
+
+    problem = anchor.check_chain(key)
+    return None if problem is None else BrokenLink(key, problem.seq, None, problem.reason)
 
 
 def _verify_chain(key: str) -> BrokenLink | None:
@@ -229,6 +238,17 @@ def audit_export(*, actor: Any, organization: Any, fmt: str, region: str | None 
         raise ValidationError({"format": "Choose csv or json."})
     target_region = region or storage_region_for(organization=organization)
     residency_require(organization=organization, region=target_region, doing="this export", field="region")
+    from compliance import anchor
+
+    # An export says the trail is intact: not while it contradicts its external anchor.
+    last_anchor = anchor.latest_anchor(chain.chain_key(organization.pk))
+    problem = anchor.check_chain(chain.chain_key(organization.pk), last_anchor)
+    if problem is not None:
+        logger.error("audit export refused: %s", problem)
+        raise ValidationError(
+            f"The audit trail contradicts its external anchor ({problem.reason}). The export is "
+            "withheld until the operator has investigated."
+        )
     with transaction.atomic():
         events = list(selectors.audit_event_chain(organization=organization))
         rows = [_export_row(e) for e in events]
@@ -250,6 +270,14 @@ def audit_export(*, actor: Any, organization: Any, fmt: str, region: str | None 
                     "fields": list(chain.HASHED_FIELDS),
                     "encoding": "JSON array of the fields in this order; sorted keys, no spaces",
                     "genesis": chain.GENESIS_HASH,
+                },
+                # The newest head written outside the database, which the events above agree with.
+                "anchor": None
+                if last_anchor is None
+                else {
+                    "seq": last_anchor.seq,
+                    "hash": last_anchor.hash,
+                    "anchored_at": last_anchor.anchored_at,
                 },
                 "events": rows,
             },

@@ -26,5 +26,13 @@ def audit_verify() -> int:
 
 
 @shared_task
+def audit_anchor() -> dict[str, int]:
+    """Writes every chain's moved head to the object store (compliance.anchor)."""
+    from compliance.anchor import audit_anchor_write
+
+    return audit_anchor_write()
+
+
+@shared_task
 def sla_windows_close() -> int:
     return services.sla_windows_close()

@@ -443,6 +443,11 @@ CELERY_BEAT_SCHEDULE["compliance-audit-verify"] = {
     "task": "compliance.tasks.audit_verify",
     "schedule": 24 * 3600.0,
 }
+# The audit chains' heads, written outside the database (compliance/anchor.py).
+CELERY_BEAT_SCHEDULE["compliance-audit-anchor"] = {
+    "task": "compliance.tasks.audit_anchor",
+    "schedule": float(env.int("COMPLIANCE_AUDIT_ANCHOR_INTERVAL_S", 3600, minimum=60)),
+}
 CELERY_BEAT_SCHEDULE["compliance-sla-close"] = {
     "task": "compliance.tasks.sla_windows_close",
     "schedule": 3600.0,
