@@ -39,13 +39,14 @@ def git_state(repo: Path) -> dict[str, object]:
         out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
         return out.stdout.strip()
 
-    if not (repo / ".git").exists() and os.environ.get("TAILGUARD_GIT_COMMIT"):
-        # A copy of the tree without its history (the GPU host gets the working tree alone): the
-        # launcher states the commit it copied and whether that tree was dirty.
+    if os.environ.get("TAILGUARD_GIT_COMMIT"):
+        # A copy of the tree on another host (the GPU host gets the working tree, and its .git,
+        # where there is one, is an older snapshot's): the launcher states the commit it copied
+        # and whether that tree was dirty.
         return {
             "commit": os.environ["TAILGUARD_GIT_COMMIT"],
             "dirty": os.environ.get("TAILGUARD_GIT_DIRTY", "1") != "0",
-            "source": "stated by the launcher (the copy on this host has no .git)",
+            "source": "stated by the launcher (a copy of the tree on another host)",
             "note": os.environ.get("TAILGUARD_GIT_NOTE", ""),
         }
     return {
