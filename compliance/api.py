@@ -40,6 +40,7 @@ class BAASerializer(api_fields.ModelSerializer):
     recorded_by = api_fields.EmailField(source="recorded_by.email", read_only=True, allow_null=True)
     document_sha256 = api_fields.CharField(source="document.sha256", read_only=True, allow_null=True)
     document_region = api_fields.CharField(source="document.region", read_only=True, allow_null=True)
+    countersigned_by = api_fields.EmailField(source="countersigned_by.email", read_only=True, allow_null=True)
 
     class Meta:
         model = BAARecord
@@ -54,8 +55,18 @@ class BAASerializer(api_fields.ModelSerializer):
             "recorded_at",
             "document_sha256",
             "document_region",
+            "countersigned_by",
+            "countersigned_at",
         ]
-        read_only_fields = ["id", "recorded_by", "recorded_at", "document_sha256", "document_region"]
+        read_only_fields = [
+            "id",
+            "recorded_by",
+            "recorded_at",
+            "document_sha256",
+            "document_region",
+            "countersigned_by",
+            "countersigned_at",
+        ]
 
 
 class BAACreateSerializer(BAASerializer):
@@ -151,7 +162,7 @@ class BAAListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
     write_role = Role.ADMIN
 
     def tenant_queryset(self) -> QuerySet[BAARecord]:
-        return BAARecord.objects.select_related("document", "recorded_by")
+        return BAARecord.objects.select_related("document", "recorded_by", "countersigned_by")
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = BAACreateSerializer(data=request.data)
@@ -167,7 +178,7 @@ class BAADetailView(TenantScopedMixin, generics.RetrieveAPIView):
     serializer_class = BAASerializer
 
     def tenant_queryset(self) -> QuerySet[BAARecord]:
-        return BAARecord.objects.select_related("document", "recorded_by")
+        return BAARecord.objects.select_related("document", "recorded_by", "countersigned_by")
 
 
 class AuditEventListView(TenantScopedMixin, generics.ListAPIView):

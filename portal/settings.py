@@ -233,7 +233,12 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # The upload's `trace_format` and the sample's `requested_format` share one set of choices:
     # one schema component, one name.
-    "ENUM_NAME_OVERRIDES": {"TraceFormatEnum": "portal.traffic.models.TrafficSample.Format"},
+    "ENUM_NAME_OVERRIDES": {
+        "TraceFormatEnum": "portal.traffic.models.TrafficSample.Format",
+        # Alerts: what happened (an alert's kind, a channel's subscriptions) and how it is sent.
+        "AlertKindEnum": "portal.alerts.models.AlertKind",
+        "AlertChannelKindEnum": "portal.alerts.models.AlertChannel.Kind",
+    },
 }
 
 # Security: on by default whenever DEBUG is off; each can be relaxed explicitly (for example

@@ -73,3 +73,18 @@ urlpatterns += [
     path("pools/<slug:name>/", pools_api.PoolDetailView.as_view(), name="pool_detail"),
     path("pools/<slug:name>/hosts/", pools_api.PoolHostListView.as_view(), name="pool_hosts"),
 ]
+
+# SLA agreements measured at the edge, alerts and the evidence pack (issue 23).
+from portal.alerts import api as alerts_api  # noqa: E402
+from portal.sla import api as sla_api  # noqa: E402
+
+urlpatterns += [
+    path("sla/agreements/", sla_api.AgreementListView.as_view(), name="sla_agreements"),
+    path("sla/agreements/<uuid:pk>/sign/", sla_api.AgreementSignView.as_view(), name="sla_agreement_sign"),
+    path("sla/endpoints/<uuid:pk>/proposals/", sla_api.EndpointProposalView.as_view(), name="sla_proposals"),
+    path("sla/endpoints/<uuid:pk>/report/", sla_api.EndpointReportView.as_view(), name="sla_report"),
+    path("compliance/evidence-pack/", sla_api.EvidencePackView.as_view(), name="compliance_evidence_pack"),
+    path("alerts/", alerts_api.AlertListView.as_view(), name="alerts"),
+    path("alerts/channels/", alerts_api.ChannelListCreateView.as_view(), name="alert_channels"),
+    path("alerts/channels/<uuid:pk>/", alerts_api.ChannelDetailView.as_view(), name="alert_channel_detail"),
+]

@@ -389,3 +389,40 @@ def test_a_breach_at_the_edge_raises_breached_and_at_risk_once_an_hour(
     breached = Alert.objects.get(kind="sla.breached")
     assert breached.data["ttft_p50_ms"] == 2000.0
     assert Alert.objects.get(kind="sla.at_risk").data["burn_rate"] == pytest.approx(200.0)
+
+
+def test_the_api_manages_channels_and_lists_alerts(
+    settings: Any, alice: User, alice_org: Organization, bob: User, charlie: User
+) -> None:
+    from rest_framework.test import APIClient
+
+    def api(user: User) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        return client
+
+    settings.ALERT_WEBHOOK_ALLOWED_NETWORKS = []
+    body = {"kind": "webhook", "name": "pager", "target": "http://10.0.0.8/hook", "kinds": ["sla.breached"]}
+    refused = api(alice).post("/api/v1/alerts/channels/", body, format="json")
+    assert refused.status_code == 400 and "private" in json.dumps(refused.json())
+    body["target"] = "https://hooks.example.com/tailguard"
+    assert api(bob).post("/api/v1/alerts/channels/", body, format="json").status_code == 403
+    created = api(alice).post("/api/v1/alerts/channels/", body, format="json")
+    assert created.status_code == 201 and created.json()["secret"].startswith("whsec_")
+    listed = api(bob).get("/api/v1/alerts/channels/").json()["results"]
+    assert [c["name"] for c in listed] == ["pager"] and "secret" not in listed[0]
+    detail = f"/api/v1/alerts/channels/{created.json()['id']}/"
+    assert api(charlie).delete(detail).status_code == 404
+    assert api(bob).delete(detail).status_code == 403
+    services.alert_raise(
+        organization=alice_org,
+        kind=AlertKind.SLA_BREACHED,
+        subject="s:1",
+        summary="SLA breached on x",
+        data={},
+    )
+    (alert,) = api(bob).get("/api/v1/alerts/").json()["results"]
+    assert alert["kind"] == "sla.breached" and alert["deliveries"][0]["status"] == "pending"
+    assert api(charlie).get("/api/v1/alerts/").json()["results"] == []
+    assert api(alice).delete(detail).status_code == 204
+    assert not AlertChannel.objects.exists()

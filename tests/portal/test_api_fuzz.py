@@ -304,12 +304,14 @@ def test_api_fuzz_schema_conformance_and_tenant_replay(
                     "Charlie's replay used Alice's object named in the body",
                     f"{sent}\n-> {replay.status_code} {replay.text[:500]}",
                 )
-            shown = [m for m in markers if m in replay.text and m not in sent]
+            # Bytes decoded leniently: a download (the evidence pack's zip) is not UTF-8 text.
+            body = replay.content.decode(errors="replace")
+            shown = [m for m in markers if m in body and m not in sent]
             if shown:
                 tally.fail(
                     operation,
                     "Charlie's replay shows Alice's data",
-                    f"{sent}\n-> {replay.status_code} shows {shown}: {replay.text[:500]}",
+                    f"{sent}\n-> {replay.status_code} shows {shown}: {body[:500]}",
                 )
 
         for result in schema.get_all_operations():

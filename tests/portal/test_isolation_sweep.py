@@ -313,6 +313,15 @@ def world(  # type: ignore[no-untyped-def]
         organization=alice_org, kind="job.failed", subject="sweep:job", summary="acme-job-failed", data={}
     )
     o["alert_delivery"] = AlertDelivery.objects.get(alert=alert, channel=pager)
+    # The API's channel (the HTML routes' owner writes delete the first one).
+    o["api_channel"] = alert_services.alert_channel_create(
+        actor=alice,
+        organization=alice_org,
+        kind="email",
+        name="acme-api-channel",
+        target="api-alerts@acme.test",
+        kinds=["job.failed"],
+    )
     alert_services.alert_delivery_send(delivery_id=o["alert_delivery"].pk)
     # Edge records, and last month closed with its credit (the agreement in force since then).
     sla_services.edge_batch_record(
@@ -648,6 +657,26 @@ ROUTES: dict[str, Route] = {
     "api:billing_usage_report": Route(objects=_obj("usage_report", "pk"), bob_read=403),
     "api:billing_checkout": Route(writes={"POST": lambda w: {"plan": "starter"}}),
     "api:billing_portal": Route(writes={"POST": _no_body}),
+    "api:sla_agreements": Route(),
+    "api:sla_agreement_sign": Route(objects=_obj("sla_proposal", "pk"), writes={"POST": _no_body}),
+    "api:sla_proposals": Route(
+        objects=_obj("endpoint", "pk"),
+        writes={"POST": lambda w: {"ttft_p50_ms": 650, "peak_rps": 2, "interval_s": 300}},
+    ),
+    "api:sla_report": Route(objects=_obj("endpoint", "pk"), queries=lambda w: [{"month": w.sla_month}]),
+    "api:compliance_evidence_pack": Route(bob_read=403, queries=lambda w: [{"month": w.sla_month}]),
+    "api:alerts": Route(),
+    "api:alert_channels": Route(
+        writes={
+            "POST": lambda w: {
+                "kind": "email",
+                "name": "ops",
+                "target": "ops@acme.test",
+                "kinds": ["job.failed"],
+            }
+        }
+    ),
+    "api:alert_channel_detail": Route(objects=_obj("api_channel", "pk"), writes={"DELETE": _no_body}),
 }
 
 # Routes with no tenant object to protect, each with why; checked lightly below (no 5xx, nothing

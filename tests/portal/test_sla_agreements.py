@@ -352,3 +352,48 @@ def test_a_closed_month_is_judged_exactly_at_the_edge_and_credited_once_on_the_i
         assert BillingAccount.objects.get(organization=alice_org).stripe_customer_id == "cus_test_acme-voice"
     finally:
         stripe.close()
+
+
+def test_the_api_lists_signs_refuses_credit_edits_reports_and_packs(
+    endpoint: Endpoint, provider: User, alice: User, bob: User, charlie: User
+) -> None:
+    from rest_framework.test import APIClient
+
+    def api(user: User) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        return client
+
+    v1 = services.sla_agreement_propose(
+        actor=provider,
+        endpoint=endpoint,
+        terms=services.sla_terms_derive(endpoint=endpoint) | {"credit_tiers": TIERS},
+    )
+    listed = api(alice).get("/api/v1/sla/agreements/").json()["results"]
+    assert [(a["version"], a["status"], a["provider_signed_by"]) for a in listed] == [
+        (1, "proposed", "provider@tailguard.test")
+    ]
+    assert api(charlie).get("/api/v1/sla/agreements/").json()["results"] == []
+    sign = f"/api/v1/sla/agreements/{v1.pk}/sign/"
+    assert api(bob).post(sign).status_code == 403
+    assert api(charlie).post(sign).status_code == 404
+    signed = api(alice).post(sign)
+    assert signed.status_code == 200 and signed.json()["customer_signed_by"] == "alice@acme.test"
+    proposals = f"/api/v1/sla/endpoints/{endpoint.pk}/proposals/"
+    refused = api(alice).post(
+        proposals, {"peak_rps": 4, "credit_tiers": [{"below_pct": 99.9, "credit_pct": 100}]}, format="json"
+    )
+    assert refused.status_code == 403 and "provider's terms" in refused.json()["detail"]
+    assert AuditEvent.objects.filter(action="sla.refused.credit_terms").count() == 1
+    created = api(alice).post(proposals, {"ttft_p50_ms": 450, "peak_rps": 4}, format="json")
+    assert created.status_code == 201 and created.json()["credit_tiers"] == TIERS
+    report = api(bob).get(f"/api/v1/sla/endpoints/{endpoint.pk}/report/").json()
+    assert report["agreement"]["version"] == 1 and set(report["report"]["edge"]["criteria"]) == {
+        "ttft_p50_ms",
+        "ttft_p95_ms",
+        "availability_pct",
+    }
+    assert api(charlie).get(f"/api/v1/sla/endpoints/{endpoint.pk}/report/").status_code == 404
+    pack = api(alice).get("/api/v1/compliance/evidence-pack/", {"month": "2026-10"})
+    assert pack.status_code == 200 and pack["Content-Type"] == "application/zip"
+    assert api(bob).get("/api/v1/compliance/evidence-pack/").status_code == 403
