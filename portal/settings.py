@@ -530,6 +530,9 @@ BENCHMARK_ALLOWED_NETWORKS = env.networks("BENCHMARK_ALLOWED_NETWORKS", [])
 # The measuring point in front of the endpoints (router or proxy) posts its request records to
 # /sla/edge/<endpoint id>/ with "Authorization: Bearer <this>"; unset, that ingest is off (404).
 SLA_EDGE_INGEST_TOKEN = env.str("SLA_EDGE_INGEST_TOKEN", "") or ""
+# Edge request records are kept this long (their month is closed and frozen long before: at
+# least 62 days, so the month before last is always still there to close).
+SLA_EDGE_RETENTION_DAYS = env.int("SLA_EDGE_RETENTION_DAYS", 100, minimum=62)
 # "SLA at risk" when the last hour spends the month's error budget this many times faster than
 # the month allows (14.4: a 30-day budget gone in about two days), in tenths.
 SLA_BURN_RATE_ALERT = env.int("SLA_BURN_RATE_ALERT_TENTHS", 144, minimum=10) / 10

@@ -491,7 +491,10 @@ def sla_periods_close(*, now: datetime | None = None) -> int:
         if earliest is None:
             continue
         done = set(SLAPeriod.objects.filter(endpoint_id=endpoint_id).values_list("window_start", flat=True))
-        start, end = sla.month_window(earliest)
+        # From the month after the last closed one (months before it were closed or had no terms).
+        start, end = sla.month_window(max(done) if done else earliest)
+        if done:
+            start, end = sla.month_window(end)
         # At most two years of months per run: bounded work even for an endpoint years behind.
         for _ in range(24):
             if end > this_month:
@@ -500,6 +503,28 @@ def sla_periods_close(*, now: datetime | None = None) -> int:
                 closed += _period_close(endpoint_id, start, end, now)
             start, end = sla.month_window(end)
     return closed
+
+
+# Rows deleted per statement, and statements per run, when old edge records are purged.
+_PURGE_BATCH, _PURGE_BATCHES = 50_000, 20
+
+
+def edge_records_purge(*, now: datetime | None = None) -> int:
+    """Deletes edge records (and coverage spans) older than SLA_EDGE_RETENTION_DAYS: by then their
+    month is closed and frozen in its period. Bounded per run; the next run goes on. Returns rows
+    deleted."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.SLA_EDGE_RETENTION_DAYS)
+    deleted = 0
+    for _ in range(_PURGE_BATCHES):
+        ids = list(
+            EdgeRequest.objects.filter(arrived_at__lt=cutoff).values_list("id", flat=True)[:_PURGE_BATCH]
+        )
+        if not ids:
+            break
+        deleted += EdgeRequest.objects.filter(id__in=ids).delete()[0]
+    deleted += EdgeCoverage.objects.filter(covered_to__lt=cutoff).delete()[0]
+    return deleted
 
 
 def _period_close(endpoint_id: object, start: datetime, end: datetime, now: datetime) -> int:

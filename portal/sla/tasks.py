@@ -8,9 +8,10 @@ from portal.sla import services
 
 
 @shared_task(acks_late=True)
-def sla_periods_close() -> int:
-    # Scheduled (CELERY_BEAT_SCHEDULE["sla-periods-close"]); idempotent.
-    return services.sla_periods_close()
+def sla_periods_close() -> dict[str, int]:
+    # Scheduled (CELERY_BEAT_SCHEDULE["sla-periods-close"]); idempotent. Closes months first, then
+    # purges the edge records of months long closed.
+    return {"closed": services.sla_periods_close(), "purged": services.edge_records_purge()}
 
 
 @shared_task(acks_late=True)
