@@ -58,7 +58,13 @@ def test_gpu_space_has_gpu_knobs_and_no_cpu_ones(llama8b: Path) -> None:
         load_format="dummy",
     )
     names = {k.name for k in space.knobs}
-    assert {"quantization", "kv_cache_dtype", "gpu_memory_utilization", "block_size", "cudagraph_mode"} <= names
+    assert {
+        "quantization",
+        "kv_cache_dtype",
+        "gpu_memory_utilization",
+        "block_size",
+        "cudagraph_mode",
+    } <= names
     assert {"async_scheduling", "max_num_batched_tokens", "max_num_seqs"} <= names
     assert "cpu_worker_cores" not in names
     assert "float32" not in space.knob("dtype").values
@@ -141,3 +147,36 @@ def test_vllm_parser_accepts_the_gpu_flags_and_refuses_a_bad_one(llama8b: Path) 
     with pytest.raises(InvalidEngineConfig) as refused:
         validate_args(EngineConfig(kv_cache_dtype="fp9").to_args(model=str(llama8b)))
     assert refused.value.flag == "--kv-cache-dtype" and "fp9" in str(refused.value)
+
+
+def test_exports_run_as_given(llama8b: Path, tmp_path: Path) -> None:
+    """The chosen configuration's `vllm serve` line parses with vLLM's parser, and the reproduce
+    command with Tailguard's own."""
+    import shlex
+
+    from tuning.cli import build_parser
+    from tuning.search.export import exports
+
+    spec = JobSpec(
+        trace_path=str(TRACES / "azure2023_conv.csv"),
+        model_path=str(llama8b),
+        slo="ttft_p50_ms<=600",
+        peak_rps=2.0,
+        hardware="h200",
+        max_prompt_tokens=2048,
+        max_output_tokens=256,
+        max_model_len=4096,
+        load_format="dummy",
+    )
+    prepared = plan_job(spec, tmp_path / "job")
+    config = prepared.space.to_config({"max_num_batched_tokens": 16384, "cudagraph_mode": "PIECEWISE"})
+    out = exports(spec=spec.to_dict(), config=config, label="test", gpu=True)
+    words = shlex.split(out["vllm_serve"])
+    assert words[:3] == ["vllm", "serve", str(llama8b)]
+    assert "--max-num-batched-tokens" in words and "--port" not in words
+    if vllm_importable():
+        validate_args(["--model", *words[2:]])
+    reproduce = shlex.split(out["reproduce"])
+    args = build_parser().parse_args(reproduce[1:])
+    assert args.hardware == "h200" and args.load_format == "dummy" and args.max_model_len == 4096
+    assert "render-k8s" in out["kubernetes"] and "--hardware h200" in out["kubernetes"]

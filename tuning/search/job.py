@@ -22,7 +22,7 @@ from serving.catalog.hardware import local_region_code
 from serving.engine.host import fastest_dtype
 from serving.loadgen.results import json_finite
 from serving.perf.feedback import Pair
-from tuning.search import confirm, gates, prior
+from tuning.search import confirm, export, gates, prior
 from tuning.search.caps import Caps, caps_effect
 from tuning.search.prior import SimPrior
 from tuning.search.selection import Candidate, Selection, select
@@ -796,6 +796,7 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
         ],
         "selection": selection.to_dict(),
         "confirmation": confirmed,
+        "exports": _exports(prepared, history, confirmed, selection),
         "simulator": {
             "note": prepared.sim_note,
             "calibrated_from_trials": prepared.sim.num_pairs if prepared.sim else 0,
@@ -803,6 +804,34 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
             "errors": prior.prediction_errors(r.result for r in history if r.phase != REFERENCE),
         },
     }
+
+
+def _exports(
+    prepared: Prepared,
+    history: Sequence[TrialRecord],
+    confirmed: Mapping[str, Any] | None,
+    selection: Selection,
+) -> dict[str, Any]:
+    """The configuration the job recommends, in the forms a user runs: a confirmed winner; else
+    the competent baseline once confirmation found no significant gain; else (unconfirmed or
+    still confirming) the search's current pick, labelled so."""
+    outcome = (confirmed or {}).get("outcome")
+    if outcome == "gain":
+        subject = confirmed["subjects"][confirmed["winner_subject"]] if confirmed else {}
+        assignment, label = subject.get("assignment") or prepared.competent, "confirmed winner"
+    elif outcome == "no_significant_gain":
+        assignment, label = prepared.competent, "the competent baseline (no significant gain to deploy)"
+    elif selection.winner is not None:
+        assignment = next(r.assignment for r in history if r.number == selection.winner)
+        label = "the search's pick, not yet confirmed"
+    else:
+        assignment, label = prepared.competent, "the competent baseline (nothing better measured yet)"
+    return export.exports(
+        spec=prepared.spec.to_dict(),
+        config=prepared.space.to_config(assignment),
+        label=label,
+        gpu=prepared.space.hardware.device_kind != "cpu",
+    )
 
 
 def run_trials(
