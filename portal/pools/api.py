@@ -94,7 +94,7 @@ class PoolWriteSerializer(serializers.Serializer):
     )
     endpoint_url_template = api_fields.CharField(max_length=300, default="http://127.0.0.1:{port}")
     bind_address = api_fields.CharField(max_length=64, default="127.0.0.1")
-    runner = serializers.ChoiceField(choices=["local", "kubernetes"], default="local")
+    runner = serializers.ChoiceField(choices=Pool._meta.get_field("runner").choices, default="local")
     k8s_namespace = api_fields.CharField(max_length=63, required=False, allow_blank=True, default="")
     k8s_region = api_fields.CharField(max_length=64, required=False, allow_blank=True, default="")
 

@@ -186,6 +186,17 @@ def world(  # type: ignore[no-untyped-def]
         created_by=alice,
     )
     o["endpoint"] = endpoint
+    # Alice's organization's own hardware pool (issue 20).
+    from compliance.selectors import allowed_regions
+    from portal.pools import services as pool_services
+
+    o["pool"] = pool_services.pool_create(
+        actor=alice,
+        owned_by=alice_org,
+        name="acme-pool",
+        region=allowed_regions(organization=alice_org)[0],
+        accelerator="local-cpu",
+    )
     EndpointRevision.objects.create(
         organization=alice_org,
         endpoint=endpoint,
@@ -632,6 +643,14 @@ ROUTES: dict[str, Route] = {
     ),
     "api:tuning_job_detail": Route(objects=_jobs("pk")),
     "api:tuning_job_cancel": Route(objects=_jobs("pk"), writes={"POST": _no_body}),
+    # Hardware pools: the organization's own (another's is a 404; creating one is Charlie's own business).
+    "api:pools": Route(
+        writes={"POST": lambda w: {"name": "sweep-pool", "region": w.pool.region, "accelerator": "local-cpu"}}
+    ),
+    "api:pool_detail": Route(
+        objects=lambda w: [{"name": w.pool.name}], writes={"PATCH": lambda w: {"enabled": True}}
+    ),
+    "api:pool_hosts": Route(objects=lambda w: [{"name": w.pool.name}]),
     "api:tokens": Route(writes={"POST": lambda w: {"name": "sweep token"}}),
     "api:token_detail": Route(objects=_obj("token", "pk"), writes={"DELETE": _no_body}),
     "api:compliance_residency": Route(writes={"PUT": lambda w: {"allowed_regions": ["eu"]}}),
@@ -827,6 +846,10 @@ PLATFORM_CHANGES_BY_DESIGN = {
     "compliance.AuditChainHead": "every organization's chain advances (Alice's events are compared)",
     "compliance.LoginFailure": "failed sign-ins are recorded for throttling",
     "compliance.TOTPDevice": "opening the two-factor page enrols one's own authenticator",
+    # Pools are not tenant rows (the platform's have no organization); Charlie creating his own
+    # changes the table. Another organization's pool is not found (the routes' 404s here) and
+    # never listed (tests/portal/test_pools.py).
+    "pools.Pool": "organizations create their own pools",
 }
 
 
