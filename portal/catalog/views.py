@@ -14,16 +14,19 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from portal.catalog import selectors, services
+from portal.catalog import measured, selectors, services
 from portal.catalog.forms import PriceOverrideForm
 from serving.catalog import UnknownHardware
 
 
 def _hardware_context(name: str) -> dict[str, Any]:
     try:
-        return selectors.hardware_detail(name=name)
+        context = selectors.hardware_detail(name=name)
     except UnknownHardware:
         raise Http404 from None
+    hardware = context["hardware"]
+    context["measured"] = measured.runs_for(name=hardware.name)
+    return context
 
 
 def _list_page(

@@ -309,3 +309,25 @@ def test_bad_overrides_get_field_errors_and_change_nothing(admin, admin_client) 
     services.hardware_price_override_set(actor=admin, hardware_name="h100", price_per_hour_usd="0")
     services.hardware_price_override_set(actor=admin, hardware_name="b300", price_per_hour_usd="1000")
     assert _overrides() == [("b300", Decimal("1000.0000"), ""), ("h100", Decimal("0.0000"), "")]
+
+
+@pytest.mark.django_db
+def test_h200_page_shows_the_live_gpu_runs_labelled_with_their_host(bob_client, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The committed GPU benchmark result appears on the H200 page (host, engine, outcome per
+    trace), on no other device's page, and a broken result file hides the section, not the page."""
+    import json
+    from pathlib import Path
+
+    result = json.loads((Path(settings.BASE_DIR) / "benchmarks" / "results" / "gpu_tuning.json").read_text())
+    page = _text(bob_client.get(reverse("catalog:hardware_detail", args=["h200"])))
+    assert "Measured here" in page and "tuning jobs on a GPU engine" in page
+    assert result["machine"]["gpu"] in page and f"vLLM {result['versions']['vllm']}" in page
+    for trace, case in result["cases"].items():
+        assert trace in page and (case.get("line") or case["outcome"]) in page
+    other = _text(bob_client.get(reverse("catalog:hardware_detail", args=["b200"])))
+    assert "tuning jobs on a GPU engine" not in other and "No live run" in other
+
+    settings.MEASURED_RESULTS_DIR = tmp_path
+    (tmp_path / "gpu_tuning.json").write_text("{not json")
+    broken = bob_client.get(reverse("catalog:hardware_detail", args=["h200"]))
+    assert broken.status_code == 200 and "No live run" in _text(broken)
