@@ -201,6 +201,141 @@ class ForeignLoadMeter:
         )
 
 
+# --- the GPU during a measurement -------------------------------------------------------------
+
+GPU_POLL_S = 1.0  # one utilisation sample a second while a trial measures
+MAX_GPU_SAMPLES = 3600  # an hour of samples at most per window; later ones are dropped
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """The GPUs over one measurement window: utilisation, memory, and whose processes used them."""
+
+    window_s: float
+    num_gpus: int
+    samples: int
+    util_mean_pct: float | None  # mean over samples and GPUs
+    util_max_pct: float | None
+    memory_used_max_mib: float | None
+    # Compute processes on the GPUs that are not this process or its descendants: visible in
+    # this host's /proc (another job, an endpoint) or not (another container's: unattributed).
+    foreign_pids: tuple[int, ...]
+    unattributed_pids: tuple[int, ...]
+
+    @property
+    def contended(self) -> bool:
+        return bool(self.foreign_pids)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["foreign_pids"] = list(self.foreign_pids)
+        data["unattributed_pids"] = list(self.unattributed_pids)
+        return {k: round(v, 2) if isinstance(v, float) else v for k, v in data.items()}
+
+
+def _nvidia_smi(*query: str) -> list[list[str]] | None:
+    """Rows of an `nvidia-smi --query-...` as lists of fields, or None without a usable nvidia-smi."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, *query, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [[field.strip() for field in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class GpuMeter:
+    """Samples GPU utilisation and memory once a second between `start()` and `stop()`, and
+    names the compute processes that are not ours. On a host without NVIDIA GPUs `stop()`
+    returns None (nothing to record)."""
+
+    def __init__(self, root_pid: int | None = None, *, poll_s: float = GPU_POLL_S) -> None:
+        self.root = root_pid or os.getpid()
+        self.poll_s = poll_s
+        self._rows: list[list[float | None]] = []
+        self._pids: set[int] = set()
+        self._stop_event: Any = None
+        self._thread: Any = None
+        self._t0 = 0.0
+        self._available = False
+
+    def _poll(self) -> None:
+        gpus = _nvidia_smi("--query-gpu=utilization.gpu,memory.used")
+        apps = _nvidia_smi("--query-compute-apps=pid")
+        if gpus is not None and len(self._rows) < MAX_GPU_SAMPLES:
+            for row in gpus:
+                self._rows.append([_float(row[0]), _float(row[1]) if len(row) > 1 else None])
+        for row in apps or ():
+            with contextlib.suppress(ValueError, IndexError):
+                self._pids.add(int(row[0]))
+
+    def start(self) -> GpuMeter:
+        import threading
+
+        self._t0 = time.monotonic()
+        self._available = _nvidia_smi("--query-gpu=count") is not None
+        if not self._available:
+            return self
+        self._stop_event = threading.Event()
+
+        def run() -> None:
+            while not self._stop_event.is_set():
+                self._poll()
+                self._stop_event.wait(self.poll_s)
+
+        self._thread = threading.Thread(target=run, name="gpu-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stops the sampling thread (stop() does too; close() is for an aborted measurement)."""
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    def stop(self) -> GpuSample | None:
+        if not self._available:
+            return None
+        self.close()
+        self._thread.join(timeout=15)
+        self._poll()
+        table = _process_table()
+        ours = _ours(table, self.root)
+        foreign = sorted(p for p in self._pids if p in table and p not in ours)
+        unattributed = sorted(p for p in self._pids if p not in table)
+        util = [r[0] for r in self._rows if r[0] is not None]
+        mem = [r[1] for r in self._rows if r[1] is not None]
+        count = _nvidia_smi("--query-gpu=count") or [["0"]]
+        return GpuSample(
+            window_s=time.monotonic() - self._t0,
+            num_gpus=int(_float(count[0][0]) or 0),
+            samples=len(self._rows),
+            util_mean_pct=sum(util) / len(util) if util else None,
+            util_max_pct=max(util) if util else None,
+            memory_used_max_mib=max(mem) if mem else None,
+            foreign_pids=tuple(foreign),
+            unattributed_pids=tuple(unattributed),
+        )
+
+
 # --- host facts ------------------------------------------------------------------------------
 
 

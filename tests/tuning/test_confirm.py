@@ -9,6 +9,8 @@ against a known truth. The live path is measured by `benchmarks/tuning_gain.py`.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -408,3 +410,40 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_gpu_meter_names_foreign_gpu_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here, so `nvidia-smi` is a stand-in script printing its CSV for the two queries the
+    meter makes; the processes it lists are real: one our child, one double-forked away."""
+    from serving.engine.host import GpuMeter
+
+    assert GpuMeter().start().stop() is None or shutil.which("nvidia-smi")  # no GPU: nothing recorded
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    launcher = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", launcher], check=True, capture_output=True, text=True)
+    neighbour = int(out.stdout.strip())
+    try:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            "  --query-gpu=count) echo 1 ;;\n"
+            '  --query-gpu=utilization.gpu,memory.used) echo "87, 120000" ;;\n'
+            f"  --query-compute-apps=pid) echo {child.pid}; echo {neighbour}; echo 999999999 ;;\n"
+            "esac\n"
+        )
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+        meter = GpuMeter(poll_s=0.05).start()
+        sample = meter.stop()
+        assert sample is not None and sample.samples >= 1
+        assert sample.util_mean_pct == 87.0 and sample.memory_used_max_mib == 120000.0
+        assert sample.foreign_pids == (neighbour,) and sample.contended
+        assert sample.unattributed_pids == (999999999,)  # another container's: recorded, not counted
+    finally:
+        child.kill()
+        os.kill(neighbour, 9)

@@ -713,7 +713,12 @@ def candidates(prepared: Prepared, history: Sequence[TrialRecord]) -> list[Candi
         error = r.get("error") if r.get("status") != "ok" else None
         if error is None and r.get("contended"):
             load = (r.get("foreign_load") or {}).get("foreign_cores")
-            error = f"contended: other processes kept {load} cores busy while it measured"
+            gpu_pids = (r.get("gpu_load") or {}).get("foreign_pids") or []
+            error = (
+                f"contended: other processes ran on the GPU while it measured (pids {gpu_pids})"
+                if gpu_pids
+                else f"contended: other processes kept {load} cores busy while it measured"
+            )
         out.append(
             Candidate(
                 trial=record.number,
@@ -903,8 +908,18 @@ def outcome_line(result: Mapping[str, Any]) -> str:
         f"SLO {'met' if result.get('slo_met') else 'missed'}, "
         f"gates {'passed' if _gates_ok(TrialRecord(0, {}, dict(result))) else 'failed'}, "
         f"sustains {result.get('sustainable_multiple')}x, foreign load {load} cores"
+        + _gpu_part(result.get("gpu_load"))
         + (" (CONTENDED: excluded)" if result.get("contended") else "")
     )
+
+
+def _gpu_part(gpu: Mapping[str, Any] | None) -> str:
+    if not gpu:
+        return ""
+    util = gpu.get("util_mean_pct")
+    part = f", GPU {util:.0f}% busy" if util is not None else ", GPU"
+    foreign = gpu.get("foreign_pids") or []
+    return part + (f", foreign GPU processes {foreign}" if foreign else "")
 
 
 def with_prediction(prepared: Prepared, assignment: Mapping[str, Any], result: TrialResult) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from serving.engine.config import EngineConfig
-from serving.engine.host import ForeignLoadMeter, HostBusyError, hold_host
+from serving.engine.host import ForeignLoadMeter, GpuMeter, HostBusyError, hold_host
 from serving.engine.launcher import EngineLaunchError, start_engine
 from serving.loadgen.api import replay_generated, replay_trace
 from serving.loadgen.results import ReplayResult, json_finite
@@ -100,6 +100,9 @@ class TrialResult:
     # whether that exceeded the plan's threshold (then the trial is not evidence).
     foreign_load: dict[str, Any] | None = None
     contended: bool = False
+    # GPU hosts: utilisation and memory while it measured, and other processes on the GPUs
+    # (a foreign compute process makes the trial contended). None on a host without GPUs.
+    gpu_load: dict[str, Any] | None = None
     host_wait_s: float = 0.0  # queued behind another measurement of the same host
     host_waited_for: str = ""
 
@@ -235,6 +238,7 @@ def _run_held(
     except EngineLaunchError as exc:
         return _failed(config, f"engine did not start: {exc}", started, getattr(exc, "log_tail", ()) or ())
     rng = np.random.default_rng(plan.seed)
+    meters: list[GpuMeter] = []
     try:
         url = engine.base_url
         warm_up(url, seed=plan.seed)
@@ -243,6 +247,8 @@ def _run_held(
             return _captured(config, answers, started)
         verdict = gates.compare(reference, answers, change_type=change_type, thresholds=plan.thresholds)
         meter = ForeignLoadMeter().start()
+        gpu_meter = GpuMeter().start()
+        meters.append(gpu_meter)
         before = scrape(url)
         points: list[LoadPoint] = []
         ttfts: list[float] = []
@@ -281,7 +287,10 @@ def _run_held(
                 sustainable, best_tps = multiple, point.tokens_per_s
         after = scrape(url)
         load = meter.stop()
-        contended = plan.contention_cores is not None and load.foreign_cores > plan.contention_cores
+        gpu = gpu_meter.stop()
+        contended = plan.contention_cores is not None and (
+            load.foreign_cores > plan.contention_cores or (gpu is not None and gpu.contended)
+        )
         delta = snapshot_delta(before, after)
         survived = engine.alive() and engine.healthy()
         rel = gates.reliability(
@@ -318,10 +327,13 @@ def _run_held(
             gate_thresholds=asdict(plan.thresholds),
             foreign_load=load.to_dict(),
             contended=contended,
+            gpu_load=gpu.to_dict() if gpu is not None else None,
         )
     except Exception as exc:
         return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))
     finally:
+        for gpu_meter in meters:
+            gpu_meter.close()
         engine.stop()
 
 
