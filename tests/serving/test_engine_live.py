@@ -247,7 +247,7 @@ def test_metrics_snapshot_of_the_live_engine(engine: EngineProcess) -> None:
 
 
 def test_replay_command_writes_json(engine: EngineProcess, shared_traces: Path, tmp_path: Path) -> None:
-    from tuning.cli import main
+    from tailguard.cli import main
 
     out = tmp_path / "replay.json"
     status = main(

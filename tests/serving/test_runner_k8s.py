@@ -34,7 +34,7 @@ from serving.runner.k8s import (
     render,
 )
 from serving.runner.k8s_schema import ManifestSchemaError, round_trip, validate_manifest
-from tuning.cli import main
+from tailguard.cli import main
 
 US = frozenset({"us"})
 

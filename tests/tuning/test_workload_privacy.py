@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuning.cli import main
+from tailguard.cli import main
 from tuning.workload import IngestResult, TraceError, ingest
 
 MARKER = "ZZ-PATIENT-Jane-Doe-MRN-55501-7f3a"

@@ -1,1 +1,1 @@
-"""Subcommands of the `tailguard` CLI, one module per area (see `tuning.cli.COMMAND_MODULES`)."""
+"""Subcommands of the `tailguard` CLI, one module per area (see `tailguard.cli.REGISTRARS`)."""
