@@ -157,7 +157,7 @@ class TrialSerializer(api_fields.ModelSerializer):
 class TuningJobSerializer(api_fields.ModelSerializer):
     trials = TrialSerializer(many=True, read_only=True)
     pool = serializers.SlugRelatedField(
-        slug_field="name", read_only=True, help_text="The hardware pool's name."
+        slug_field="name", read_only=True, allow_null=True, help_text="The hardware pool's name (null: none)."
     )
     selection = serializers.SerializerMethodField()
     confirmation = serializers.SerializerMethodField()

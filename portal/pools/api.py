@@ -131,7 +131,7 @@ class PoolListCreateView(_PoolView):
     def get(self, request: Request) -> Response:
         assert self.tenant is not None
         pools = selectors.pools_for(organization=self.tenant.organization)
-        return Response(PoolSerializer(pools, many=True).data)
+        return self.get_paginated_response(PoolSerializer(self.paginate_queryset(pools), many=True).data)
 
     @extend_schema(request=PoolWriteSerializer, responses={201: PoolSerializer})
     def post(self, request: Request) -> Response:
@@ -167,6 +167,5 @@ class PoolHostListView(_PoolView):
     @extend_schema(responses=HostSerializer(many=True))
     def get(self, request: Request, name: str) -> Response:
         pool = self._pool(name)
-        if pool.is_shared:
-            return Response([])
-        return Response(HostSerializer(pool.hosts.all(), many=True).data)
+        hosts = pool.hosts.none() if pool.is_shared else pool.hosts.all()
+        return self.get_paginated_response(HostSerializer(self.paginate_queryset(hosts), many=True).data)

@@ -92,11 +92,8 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
                 "Give an http(s) URL with {port} (a host's address) or {endpoint} (an ingress per endpoint), "
                 "e.g. https://{endpoint}.h200.example.com or http://10.0.0.5:{port}."
             )
-        else:
-            try:
-                template.format(port=8000, endpoint="e")
-            except (KeyError, IndexError, ValueError):
-                errors["endpoint_url_template"] = "Only {port} and {endpoint} may appear in braces."
+        elif set(re.findall(r"[{}][^{}]*[{}]?", template)) - {"{port}", "{endpoint}"} or len(template) > 300:
+            errors["endpoint_url_template"] = "Only {port} and {endpoint} may appear in braces."
         out["endpoint_url_template"] = template
     if "bind_address" in values:
         bind = str(values["bind_address"] or "").strip()

@@ -94,8 +94,11 @@ def test_pools_are_managed_by_their_owners_and_checked_against_the_registries(
     assert own.owned_by == alice_org and own.price_per_device_hour_usd == Decimal("0.25")
     assert AuditEvent.objects.filter(action="pool.create", organization=alice_org).exists()
     # Alice sees the shared pool and her own; Charlie sees only the shared one, and Alice's is a 404.
-    assert {p["name"] for p in _api(alice).get("/api/v1/pools/").json()} == {"cpu-local", "acme-cpu"}
-    assert {p["name"] for p in _api(charlie).get("/api/v1/pools/").json()} == {"cpu-local"}
+    assert {p["name"] for p in _api(alice).get("/api/v1/pools/").json()["results"]} == {
+        "cpu-local",
+        "acme-cpu",
+    }
+    assert {p["name"] for p in _api(charlie).get("/api/v1/pools/").json()["results"]} == {"cpu-local"}
     assert _api(charlie).get("/api/v1/pools/acme-cpu/").status_code == 404
     assert (
         _api(charlie).patch("/api/v1/pools/acme-cpu/", {"enabled": False}, format="json").status_code == 404
