@@ -71,9 +71,11 @@ def test_every_candidate_config_is_correct(gen: torch.Generator) -> None:
     x, r, w = _inputs(n, h, torch.bfloat16, gen)
     ref = fused_add_rmsnorm_ref(x, r, w)
     configs = candidate_configs(h) if ON_GPU else candidate_configs(h)[:3]
-    assert (
-        default_config(n, h) in candidate_configs(h) or ON_GPU is not None
-    )  # default need not be a candidate
+    assert configs, f"no candidate config for hidden {h}"
+    # The heuristic used where no tuned table covers a bucket need not be a candidate: check it too.
+    default = default_config(n, h)
+    if default not in configs:
+        configs.append(default)
     for cfg in configs:
         out = _poisoned((n, h), torch.bfloat16)
         fused_add_rmsnorm(x, r, w, config=cfg, out=out)
