@@ -72,6 +72,54 @@ FIRST_TRIAL_ESTIMATE_S = 200.0
 # be refused for the weights, not for the change. And n-gram speculation's acceptance depends on
 # the text, which random weights make meaningless. These are held at vLLM's defaults here; with a
 # real checkpoint the job searches them.
+# Shapes written here for `--load-format dummy` (the GPU bundle's make_dummy_model.py writes the
+# Llama ones): the published config.json fields of each architecture that decide its shapes.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-32b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+def write_shape(shape: str, out: Path, tokenizer_from: Path) -> Path:
+    """A model directory of `shape` for random weights: its config.json and the tokenizer files
+    of `tokenizer_from` (ids must stay below the shape's vocabulary, which the check enforces)."""
+    import shutil
+
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    tokenizer = tokenizer_from / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise SystemExit(f"{tokenizer_from} has no tokenizer.json")
+    config = SHAPES[shape]
+    vocab = len(json.loads(tokenizer.read_text()).get("model", {}).get("vocab", {}))
+    if vocab > config["vocab_size"]:
+        raise SystemExit(
+            f"the tokenizer's {vocab:,} ids exceed {shape}'s vocabulary of {config['vocab_size']:,}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, out / name)
+    return out
+
+
 RANDOM_WEIGHTS_FROZEN = (
     "dtype",
     "kv_cache_dtype",
@@ -329,6 +377,10 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu_tuning.json")
     args = parser.parse_args()
+    if args.write_shape:
+        if args.tokenizer_from is None:
+            parser.error("--write-shape needs --tokenizer-from")
+        write_shape(args.write_shape, args.model_dir, args.tokenizer_from)
     clock = Clock(args.deadline_s)
     state = _load(args.state)
     state.setdefault("device_seconds", 0.0)

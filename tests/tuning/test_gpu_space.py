@@ -180,3 +180,23 @@ def test_exports_run_as_given(llama8b: Path, tmp_path: Path) -> None:
     args = build_parser().parse_args(reproduce[1:])
     assert args.hardware == "h200" and args.load_format == "dummy" and args.max_model_len == 4096
     assert "render-k8s" in out["kubernetes"] and "--hardware h200" in out["kubernetes"]
+
+
+def test_gpu_benchmark_writes_a_qwen3_shape_that_fits_an_h200(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(TRACES.parents[1]))
+    from benchmarks.gpu_tuning import write_shape
+
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    model = model_info(write_shape("qwen3-32b", tmp_path / "qwen3-32b", tokenizer), require_weights=False)
+    assert model.architecture == "Qwen3ForCausalLM" and 32e9 < model.num_params < 34e9
+    space = build_space(model=model, hardware=HARDWARE["h200"], max_model_len=32768)
+    assert space.violations({}) == []  # 61 GiB of bf16 weights fit; the KV cache holds a sequence
+    (tokenizer / "tokenizer.json").write_text(
+        json.dumps({"model": {"vocab": {str(i): i for i in range(200_000)}}})
+    )
+    with pytest.raises(SystemExit, match="exceed"):
+        write_shape("qwen3-32b", tmp_path / "too-big", tokenizer)
