@@ -19,7 +19,7 @@ import copy
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,6 +243,9 @@ class SimResult:
     max_kv_blocks_used: int
     busy_s: float  # simulated time the engine spent in steps
     wall_s: float  # real time the simulation took
+    # tokens in one engine step -> (number of such steps, simulated seconds they took): what the
+    # kernels see (a fused-MoE or norm launch runs over every token of the step)
+    step_tokens: Mapping[int, tuple[int, float]] = field(default_factory=dict, repr=False)
 
 
 def _request_overhead_ms(step_model: StepTimeModel) -> float:
@@ -414,6 +417,7 @@ def simulate(
         max_kv_blocks_used=loop.max_blocks_used,
         busy_s=loop.busy_s,
         wall_s=time.perf_counter() - started,
+        step_tokens={n: (int(c), s) for n, (c, s) in sorted(loop.step_tokens.items())},
     )
 
 
@@ -466,6 +470,15 @@ class _Loop:
         self.max_blocks_used = 0
         self.op_s = {"gemm": 0.0, "attention": 0.0, "communication": 0.0, "overhead": 0.0}
         self.blocked_steps: dict[str, float] = {}
+        self.step_tokens: dict[int, list[float]] = {}  # tokens -> [steps, seconds]
+
+    def _count_steps(self, num_tokens: int, steps: int, seconds: float) -> None:
+        entry = self.step_tokens.get(num_tokens)
+        if entry is None:
+            self.step_tokens[num_tokens] = [float(steps), seconds]
+        else:
+            entry[0] += steps
+            entry[1] += seconds
 
     def _account_ops(self, st: StepTime, times: float = 1.0) -> None:
         self.op_s["gemm"] += st.gemm_s * times
@@ -510,6 +523,7 @@ class _Loop:
             now += dt
             self.busy_s += dt
             self.num_steps += 1
+            self._count_steps(out.num_tokens, 1, dt)
 
     _jump_end = 0.0
 
@@ -593,6 +607,7 @@ class _Loop:
             self.blocked_steps[blocked] = self.blocked_steps.get(blocked, 0.0) + total
         self.num_steps += k
         self.busy_s += total
+        self._count_steps(n, k, total)
         self._jump_end = end
         return True
 
