@@ -255,16 +255,20 @@ def _send_webhook(channel: AlertChannel, body: bytes, delivery: AlertDelivery) -
         "Tailguard-Event": delivery.alert.kind,
         "Tailguard-Delivery": str(delivery.id),
     }
-    response = httpx.post(
+    # Streamed and never read: only the status matters, and a receiver's body (of any size) is
+    # not ours to download.
+    with httpx.stream(
+        "POST",
         channel.target,
         content=body,
         headers=headers,
         timeout=settings.ALERT_WEBHOOK_TIMEOUT_S,
         follow_redirects=False,
-    )
-    if not 200 <= response.status_code < 300:
-        raise _HTTPFailure(response.status_code)
-    return response.status_code
+    ) as response:
+        status_code = response.status_code
+    if not 200 <= status_code < 300:
+        raise _HTTPFailure(status_code)
+    return status_code
 
 
 class _HTTPFailure(Exception):
