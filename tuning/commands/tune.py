@@ -27,6 +27,7 @@ from tuning.search.job import (
 from tuning.search.space import LOCAL_CPU, ModelLoadError, model_info
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import ingest_path
+from tuning.workload.synth import MIN_LENGTH_SCALE
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +74,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--max-output-tokens", type=int, help="cap on generated tokens (default: as prompts)")
     p.add_argument("--max-model-len", type=int, help="engine context (default: the caps, within the model's)")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        default=1.0,
+        help=f"replay every prompt and output at this factor of its length ({MIN_LENGTH_SCALE:g}-1; default 1: "
+        "real lengths) where the hardware cannot replay them in reasonable time: keeps the length "
+        "distribution's shape, where a cap flattens its tail; the caps then apply to the scaled lengths",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--load-format",
@@ -87,6 +96,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _tune(args: argparse.Namespace) -> int:
+    if not MIN_LENGTH_SCALE <= args.length_scale <= 1.0:  # also refuses NaN
+        print(f"tailguard tune: --length-scale must be {MIN_LENGTH_SCALE:g} to 1", file=sys.stderr)
+        return 1
     try:
         caps = _caps(args)
     except (TraceError, ModelLoadError, OSError) as exc:
@@ -109,6 +121,7 @@ def _tune(args: argparse.Namespace) -> int:
         max_prompt_tokens=caps.max_prompt_tokens,
         max_output_tokens=caps.max_output_tokens,
         max_model_len=caps.max_model_len,
+        length_scale=args.length_scale,
         seed=args.seed,
         load_format=args.load_format,
     )
@@ -158,6 +171,7 @@ def _caps(args: argparse.Namespace) -> Caps:
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_model_len=args.max_model_len,
+        length_scale=args.length_scale,
     )
 
 

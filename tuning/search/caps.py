@@ -1,9 +1,17 @@
-"""Length caps on the replayed traffic, and the one line every page says about them.
+"""Length caps and scaling of the replayed traffic, and the one line every page says about them.
 
 A CPU host cannot replay a 10,000-token prompt at a customer's rate in a trial of reasonable
-length, so the replayed prompts and outputs may be capped. A cap changes what is measured: the
-job records it as a field, and every page, report and JSON states it with the share of requests
-it clips (measured on the synthesised traffic the trials replay, not assumed).
+length, so the replayed lengths may be changed, in one of two stated ways (both job fields):
+
+- **capped**: prompts and outputs longer than a cap are clipped to it (the tail is flattened
+  onto the cap; shorter requests are replayed as they were);
+- **scaled**: every prompt and output is replayed at `length_scale` times its length (the shape
+  of the distribution, its ratios and tail, is kept; every request is shorter). Caps still
+  apply to the scaled lengths.
+
+Either changes what is measured: every page, report and JSON states the factor and the caps with
+the share of requests they change (counted on the synthesised traffic the trials replay, not
+assumed).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ class Caps:
     max_prompt_tokens: int | None  # None: replayed at full length
     max_output_tokens: int | None
     max_model_len: int  # the engine's context
+    length_scale: float = 1.0  # replayed lengths = sample lengths x this, before the caps
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -32,8 +41,10 @@ class CapsEffect:
     num_requests: int
     prompts_clipped: int  # requests whose prompt is longer than the cap
     outputs_clipped: int
-    requests_affected: int  # either clipped
+    requests_affected: int  # scaled or clipped
     line: str  # the sentence pages show
+    length_scale: float = 1.0
+    requests_scaled: int = 0  # requests whose prompt or output the factor shortened
 
     @property
     def affected_share(self) -> float:
@@ -44,21 +55,30 @@ class CapsEffect:
 
 
 def caps_effect(
-    workload: Path, *, max_prompt_tokens: int | None, max_output_tokens: int | None, max_model_len: int
+    workload: Path,
+    *,
+    max_prompt_tokens: int | None,
+    max_output_tokens: int | None,
+    max_model_len: int,
+    length_scale: float = 1.0,
 ) -> CapsEffect:
-    """How many requests of the synthesised workload (Mooncake JSONL) the caps clip."""
-    n = prompts = outputs = either = 0
+    """How many requests of the synthesised workload (Mooncake JSONL) the factor shortened (rows
+    carry their sample lengths once scaled) and the caps clip."""
+    n = prompts = outputs = either = scaled = 0
     with workload.open() as fh:
         for raw in fh:
             if not raw.strip():
                 continue
             row = json.loads(raw)
             n += 1
-            p = max_prompt_tokens is not None and int(row.get("input_length", 0)) > max_prompt_tokens
-            o = max_output_tokens is not None and int(row.get("output_length", 0)) > max_output_tokens
+            il, ol = int(row.get("input_length", 0)), int(row.get("output_length", 0))
+            s = il < int(row.get("sample_input_length", il)) or ol < int(row.get("sample_output_length", ol))
+            p = max_prompt_tokens is not None and il > max_prompt_tokens
+            o = max_output_tokens is not None and ol > max_output_tokens
             prompts += p
             outputs += o
-            either += p or o
+            scaled += s
+            either += p or o or s
     return CapsEffect(
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,
@@ -67,7 +87,19 @@ def caps_effect(
         prompts_clipped=prompts,
         outputs_clipped=outputs,
         requests_affected=either,
-        line=caps_line(max_prompt_tokens, max_output_tokens, max_model_len, n, prompts, outputs, either),
+        line=caps_line(
+            max_prompt_tokens,
+            max_output_tokens,
+            max_model_len,
+            n,
+            prompts,
+            outputs,
+            either,
+            length_scale=length_scale,
+            scaled=scaled,
+        ),
+        length_scale=length_scale,
+        requests_scaled=scaled,
     )
 
 
@@ -79,17 +111,29 @@ def caps_line(
     prompts: int,
     outputs: int,
     either: int,
+    *,
+    length_scale: float = 1.0,
+    scaled: int = 0,
 ) -> str:
     def pct(k: int) -> str:
         return f"{k / n:.0%}" if n else "0%"
 
+    scaling = length_scale != 1.0
+    parts = []  # scaled: only the caps that still clip something are named
+    if max_prompt is not None and (prompts or not scaling):
+        parts.append(f"prompts capped at {max_prompt:,} tokens ({pct(prompts)} of requests clipped)")
+    if max_output is not None and (outputs or not scaling):
+        parts.append(f"outputs {'capped ' if scaling else ''}at {max_output:,} ({pct(outputs)} clipped)")
+    if scaling:
+        head = (
+            f"Lengths scaled down for this hardware: every prompt and output replayed at {length_scale:g}x "
+            f"its sample length, {pct(scaled)} of requests ({scaled:,} of {n:,}) shorter than in the sample"
+        )
+        if parts:
+            head += "; then " + ", ".join(parts)
+        return f"{head}. Context {context:,} tokens."
     if not either:
         return f"Replayed at full length: no request exceeds the caps (context {context:,} tokens)."
-    parts = []
-    if max_prompt is not None:
-        parts.append(f"prompts capped at {max_prompt:,} tokens ({pct(prompts)} of requests clipped)")
-    if max_output is not None:
-        parts.append(f"outputs at {max_output:,} ({pct(outputs)} clipped)")
     return (
         f"Lengths capped for this hardware: {', '.join(parts)}; {pct(either)} of requests "
         f"({either:,} of {n:,}) are replayed shorter than in the sample. Context {context:,} tokens."

@@ -17,20 +17,29 @@ thresholds on the two measures.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
 from tuning.search.space import LOSSLESS
+from tuning.workload.prompts import draw_prompts, model_tokenizer
 
 GOLDEN_MIN_TOKENS = 16
 # Every golden prompt position is compared (top-k log-probabilities each), and the reference's
 # answers are stored with the job: longer prompts than this add storage, not evidence.
 GOLDEN_MAX_TOKENS = 128
+GOLDEN_NUM_PROMPTS = 8
+# The job's golden set, in its work dir only (owner-only permissions): where it holds the
+# customer's prompts, their token ids are the customer's text in another form.
+GOLDEN_FILE = "golden.json"
+CUSTOMER, SYNTHESISED = "customer prompts", "synthesised prompts"
 
 
 def stratified_lengths(lengths: Any, num_prompts: int = 8) -> tuple[int, ...]:
@@ -86,6 +95,93 @@ class GoldenSet:
             greedy_tokens=int(data["greedy_tokens"]),
             top_k=int(data["top_k"]),
         )
+
+
+def golden_for_job(
+    *,
+    work_dir: Path,
+    vocab_size: int,
+    workload_lengths: Sequence[int],
+    seed: int,
+    model_path: str | None = None,
+    trace_path: str | None = None,
+    why_synthesised: str = "the sample holds token counts only, no prompt text",
+) -> tuple[GoldenSet, dict[str, Any]]:
+    """The job's golden set and what the report may say about it (counts and lengths only).
+
+    Stored in `work_dir` the first time and read back afterwards, so every trial of the job,
+    resumed or not, is judged on the same prompts. `trace_path`: an OpenAI-style log whose
+    prompts the set is drawn from (stratified by length, tokenised with the tokenizer in
+    `model_path`, each bounded to GOLDEN_MAX_TOKENS); None, or a file without prompt text, or a
+    model without a tokenizer: random token ids following `workload_lengths`' length mix (the
+    report says why, `why_synthesised` when no trace was given).
+    Raises `TraceError` when the log cannot be read.
+    """
+    path = work_dir / GOLDEN_FILE
+    if path.exists():
+        data = json.loads(path.read_text())
+        return GoldenSet.from_dict(data["golden"]), dict(data["about"])
+    golden: GoldenSet | None = None
+    about: dict[str, Any]
+    why = why_synthesised
+    if trace_path is not None and model_path is not None:
+        tokenizer = model_tokenizer(model_path)
+        drawn = None
+        if tokenizer is None:
+            why = "the model directory has no usable tokenizer.json to tokenise the sample's prompts"
+        else:
+            drawn = draw_prompts(
+                trace_path,
+                tokenizer=tokenizer,
+                rng=np.random.default_rng(seed + 2),
+                num_prompts=GOLDEN_NUM_PROMPTS,
+                max_tokens=GOLDEN_MAX_TOKENS,
+            )
+        if drawn is None and tokenizer is not None:
+            why = "the sample's requests carry no prompt text"
+        if drawn is not None and max(max(p) for p in drawn.prompts) >= vocab_size:
+            why = "the model's tokenizer gives token ids beyond the model's vocabulary"
+        elif drawn is not None:
+            golden = GoldenSet(prompts=drawn.prompts, greedy_tokens=16, top_k=10)
+            about = {
+                "source": CUSTOMER,
+                "why": (
+                    f"a stratified draw of {len(drawn.prompts)} of the sample's {drawn.prompts_with_text:,} "
+                    f"prompts, tokenised with the model's tokenizer; longer ones keep their last "
+                    f"{GOLDEN_MAX_TOKENS} tokens. Kept in the job's work dir only, never in reports or logs."
+                ),
+                "prompts_with_text": drawn.prompts_with_text,
+                "prompts_bounded": drawn.num_bounded,
+                "full_prompt_tokens": list(drawn.full_lengths),
+            }
+    if golden is None:
+        golden = GoldenSet.make(
+            vocab_size=vocab_size,
+            rng=np.random.default_rng(seed + 1),
+            num_prompts=GOLDEN_NUM_PROMPTS,
+            prompt_lengths=stratified_lengths(workload_lengths, GOLDEN_NUM_PROMPTS),
+        )
+        about = {
+            "source": SYNTHESISED,
+            "why": f"random token ids following the traffic's prompt-length mix: {why}",
+        }
+    about = {
+        **about,
+        "num_prompts": len(golden.prompts),
+        "prompt_tokens": [len(p) for p in golden.prompts],
+        "max_prompt_tokens": GOLDEN_MAX_TOKENS,
+    }
+    _write_private(path, {"golden": golden.to_dict(), "about": about})
+    return golden, about
+
+
+def _write_private(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out)
+    tmp.replace(path)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from tuning.search.strategies import PENALTY, GridStrategy, Observation, Strateg
 from tuning.search.trial import TrialPlan, TrialResult, describe, run_trial
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import ingest_path
-from tuning.workload.synth import synthesize, write_mooncake_jsonl
+from tuning.workload.synth import MIN_LENGTH_SCALE, scale_lengths, synthesize, write_mooncake_jsonl
 
 SIM_PRIORS = 2  # simulator-ranked candidates tried before TPE's own proposals
 MIN_REQUESTS_FOR_P95 = 20  # fewer and a p95 is one or two requests' worth of evidence
@@ -98,6 +98,10 @@ class JobSpec:
     max_prompt_tokens: int | None = 1024
     max_output_tokens: int | None = 64
     max_model_len: int = 2048
+    # Where the hardware cannot replay the real lengths: every prompt and output is replayed at
+    # this factor of its length (MIN_LENGTH_SCALE to 1; 1: real lengths), before the caps, and
+    # every report states it with the share of requests it shortened.
+    length_scale: float = 1.0
     seed: int = 0
     trace_format: str = "auto"
     # The configuration serving now (a re-tuning job of the continual loop): measured first
@@ -147,6 +151,7 @@ class Prepared:
     competent: dict[str, Any]  # vLLM's defaults plus the host's fastest dtype: the baseline
     competent_why: str  # the evidence for the competent baseline's dtype
     caps: dict[str, Any]  # CapsEffect.to_dict(): the caps and the share of requests they clip
+    golden: dict[str, Any] = field(default_factory=dict)  # the golden set's source, counts and lengths
     sim: SimPrior | None = None  # the simulator for this model and hardware, when it can run
     sim_note: str = ""  # what the simulator's predictions rest on, or why there are none
     sim_ranked: tuple[dict[str, Any], ...] = ()  # sampled candidates, best predicted first
@@ -231,6 +236,12 @@ def validate(
 
 
 def _validate_caps(spec: JobSpec, model_max_len: int) -> None:
+    scale = spec.length_scale
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not MIN_LENGTH_SCALE <= scale <= 1.0:
+        raise JobSpecError(
+            "length_scale",
+            f"the length scale must be a number from {MIN_LENGTH_SCALE:g} to 1 (1: real lengths)",
+        )
     for name in ("max_prompt_tokens", "max_output_tokens"):
         value = getattr(spec, name)
         if value is not None and not 1 <= value <= MAX_TOKENS:
@@ -258,9 +269,12 @@ def caps_for(
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
     max_model_len: int | None = None,
+    length_scale: float = 1.0,
 ) -> Caps:
-    """The job's caps: what the caller gave, else the sample's p99 bounded by the hardware's
-    replay limit and the model's context (the context from the prompt and output caps)."""
+    """The job's caps: what the caller gave, else the sample's p99 (times `length_scale`, as
+    replayed) bounded by the hardware's replay limit and the model's context (the context from
+    the prompt and output caps)."""
+    input_p99, output_p99 = input_p99 * length_scale, output_p99 * length_scale
     out_cap = max_output_tokens or max(1, math.ceil(output_p99))
     if max_output_tokens is None and hardware.replay_output_tokens is not None:
         out_cap = min(out_cap, hardware.replay_output_tokens)
@@ -270,7 +284,12 @@ def caps_for(
         prompt_cap = min(prompt_cap, hardware.replay_prompt_tokens)
     prompt_cap = min(prompt_cap, model_max_len - out_cap)
     context = max_model_len or min(model_max_len, _round_up(prompt_cap + out_cap, 256))
-    return Caps(max_prompt_tokens=prompt_cap, max_output_tokens=out_cap, max_model_len=context)
+    return Caps(
+        max_prompt_tokens=prompt_cap,
+        max_output_tokens=out_cap,
+        max_model_len=context,
+        length_scale=length_scale,
+    )
 
 
 def _round_up(value: int, step: int) -> int:
@@ -304,6 +323,8 @@ def plan_job(
     # job, on other workers too, reuse the files.
     levels = (1.0, *spec.capacity_steps)
     files = {m: work_dir / ("workload.jsonl" if m == 1.0 else f"workload-x{m:g}.jsonl") for m in levels}
+    prompts_from: str | None = None  # an OpenAI-style log: the golden set is drawn from its prompts
+    why_synthesised = "the job's workload was prepared before golden sets were stored"
     if not all(f.exists() for f in files.values()):
         try:
             sample = ingest_path(spec.trace_path, trace_format=spec.trace_format, keep_blocks=True)
@@ -316,6 +337,9 @@ def plan_job(
                 "trace",
                 f"{sample.profile.num_requests} requests are too few to estimate a p95 (need {MIN_REQUESTS_FOR_P95})",
             )
+        if sample.profile.trace_format == "openai":
+            prompts_from = spec.trace_path
+        why_synthesised = f"the trace the job reads ({sample.profile.trace_format}) holds token counts only"
         for multiple, path in files.items():
             trace = synthesize(
                 sample,
@@ -323,23 +347,32 @@ def plan_job(
                 duration_s=spec.duration_s,
                 rng=np.random.default_rng(spec.seed),
             )
+            trace = scale_lengths(trace, spec.length_scale)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             with tmp.open("wb") as out:
                 write_mooncake_jsonl(trace, out)
             tmp.replace(path)
     workload = files[1.0]
-    # The golden set follows the traffic's prompt-length mix (the synthesised workload's lengths,
-    # capped as the trials cap them). The sample keeps numbers only, never prompt text, so the
-    # prompts are token ids drawn at random: the gate compares configurations on the same inputs.
+    # The golden set: a stratified draw of the customer's own prompts where the sample holds
+    # prompt text (kept in the work dir only); otherwise random token ids following the
+    # traffic's prompt-length mix (the synthesised workload's lengths, capped as the trials cap
+    # them). Fixed at the first plan and read back after, so every trial sees the same prompts.
     with workload.open() as fh:
         workload_lengths = [json.loads(line)["input_length"] for line in fh if line.strip()]
     if spec.max_prompt_tokens is not None:
         workload_lengths = [min(n, spec.max_prompt_tokens) for n in workload_lengths]
-    golden = gates.GoldenSet.make(
-        vocab_size=model.vocab_size,
-        rng=np.random.default_rng(spec.seed + 1),
-        prompt_lengths=gates.stratified_lengths(workload_lengths),
-    )
+    try:
+        golden, golden_about = gates.golden_for_job(
+            work_dir=work_dir,
+            vocab_size=model.vocab_size,
+            workload_lengths=workload_lengths,
+            seed=spec.seed,
+            model_path=spec.model_path,
+            trace_path=prompts_from,
+            why_synthesised=why_synthesised,
+        )
+    except TraceError as exc:
+        raise JobSpecError("trace", str(exc)) from None
     plan = TrialPlan(
         model_path=spec.model_path,
         workload_trace=str(workload),
@@ -367,6 +400,7 @@ def plan_job(
         max_prompt_tokens=spec.max_prompt_tokens,
         max_output_tokens=spec.max_output_tokens,
         max_model_len=spec.max_model_len,
+        length_scale=spec.length_scale,
     )
     sim, sim_note = prior.sim_prior(spec.model_path, spec.hardware, calibration)
     ranked: tuple[dict[str, Any], ...] = ()
@@ -392,6 +426,7 @@ def plan_job(
         competent=competent,
         competent_why=str(fastest.get("why", "")),
         caps=caps.to_dict(),
+        golden=golden_about,
         sim=sim,
         sim_note=sim_note,
         sim_ranked=ranked,
@@ -782,6 +817,7 @@ def report(prepared: Prepared, history: Sequence[TrialRecord]) -> dict[str, Any]
         "target_rps": prepared.spec.target_rps,
         "space": prepared.space.to_dict(),
         "caps": prepared.caps,
+        "golden_set": prepared.golden,
         "baselines": {
             "competent": prepared.competent,
             "competent_why": prepared.competent_why,

@@ -374,6 +374,22 @@ def _prompt_text(request: dict[str, Any], n: int) -> str | None:
     raise TraceError(n, "`prompt` must be a string or a list of strings")
 
 
+def request_prompt_text(obj: dict[str, Any], n: int) -> str | None:
+    """The prompt text of one OpenAI-style log line (under `request`, else at top level), chat
+    messages in one fixed rendering; None when the line has none."""
+    request = _as_dict(obj.get("request"))
+    prompt = _prompt_text(request, n) if request else None
+    return _prompt_text(obj, n) if prompt is None else prompt
+
+
+def request_failed(obj: dict[str, Any]) -> bool:
+    """Whether an OpenAI-style log line records a failed request (left out of the profile)."""
+    status = obj.get("status_code")
+    return obj.get("error") is not None or (
+        isinstance(status, int) and not isinstance(status, bool) and status >= 400
+    )
+
+
 def _completion_text(obj: dict[str, Any], response: dict[str, Any], n: int) -> str | None:
     completion = obj.get("completion")
     if isinstance(completion, str):
@@ -471,20 +487,16 @@ def parse_openai(
             if obj is BLANK:
                 continue
             raise TraceError(n, "expected a JSON object")
-        request = _as_dict(obj.get("request"))
         response = _as_dict(obj.get("response"))
         _, when = _first_present((obj, response), _TIME_KEYS)
         t_ns = _epoch_ns(when, n)
-        status = obj.get("status_code")
-        if obj.get("error") is not None or (isinstance(status, int) and status >= 400):
+        if request_failed(obj):
             builder.num_failed += 1
             continue
         usage = _as_dict(obj.get("usage")) or _as_dict(response.get("usage"))
         input_tokens = _reported_count(usage, obj, ("prompt_tokens", "input_tokens"), n, max_tokens)
         output_tokens = _reported_count(usage, obj, ("completion_tokens", "output_tokens"), n, max_tokens)
-        prompt = _prompt_text(request, n) if request else None
-        if prompt is None:
-            prompt = _prompt_text(obj, n)
+        prompt = request_prompt_text(obj, n)
         token_ids: list[int] = []
         if prompt is not None:
             token_ids = _encode(tokenizer, prompt, n)

@@ -13,7 +13,9 @@ introduced before it (system prompts, earlier turns) keep one id across the whol
 stay shared as they were in the sample.
 
 The output is a Mooncake-style trace (ms timestamps, lengths, `hash_ids` of 512-token blocks),
-which the load generator replays and `tailguard profile` reads back.
+which the load generator replays and `tailguard profile` reads back. `scale_lengths` shortens
+every request by one factor where the hardware cannot replay the real lengths; the scaled trace
+also carries each request's sample lengths (`sample_input_length`, `sample_output_length`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class SyntheticTrace:
     output_tokens: np.ndarray = field(repr=False)  # int64
     block_ids: np.ndarray | None = field(repr=False)  # int64, flat; None without prefix info
     block_offsets: np.ndarray | None = field(repr=False)  # int64, num_requests + 1
+    # After `scale_lengths`: the lengths the sample had (written beside the replayed ones, so
+    # that every report can count the requests the factor changed); None when not scaled.
+    sample_input_tokens: np.ndarray | None = field(default=None, repr=False)
+    sample_output_tokens: np.ndarray | None = field(default=None, repr=False)
+    length_scale: float = 1.0
 
     @property
     def num_requests(self) -> int:
@@ -99,6 +106,58 @@ def synthesize(
     )
 
 
+MIN_LENGTH_SCALE = 0.01
+
+
+def scale_lengths(trace: SyntheticTrace, factor: float) -> SyntheticTrace:
+    """The same requests with prompts and outputs `factor` times their length (rounded, at least
+    one token where there was any): the shape of the length distribution (its ratios, its tail)
+    is kept, unlike a cap, which flattens everything above it onto one value.
+
+    Prefix structure scales with the prompts: scaled block j stands for the sample's block that
+    holds the original position (j + 1) / factor blocks in, so two requests that shared k blocks
+    share about k x factor scaled blocks (block ids name whole prefixes, so sharing the later
+    block means sharing everything before it).
+    """
+    if not (np.isfinite(factor) and MIN_LENGTH_SCALE <= factor <= 1.0):
+        raise ValueError(f"the length scale must be {MIN_LENGTH_SCALE} to 1")
+    if factor == 1.0:
+        return trace
+
+    def scaled(values: np.ndarray) -> np.ndarray:
+        out = np.rint(values * factor).astype(np.int64)
+        return np.where(values > 0, np.maximum(out, 1), 0)
+
+    inputs = scaled(trace.input_tokens)
+    block_ids = block_offsets = None
+    if trace.block_ids is not None and trace.block_offsets is not None:
+        size = trace.block_size_tokens
+        counts = np.diff(trace.block_offsets)
+        new_counts = np.minimum(-(-inputs // size), np.where(counts > 0, np.iinfo(np.int64).max, 0))
+        parts: list[np.ndarray] = []
+        for r in range(inputs.shape[0]):
+            n_new = int(new_counts[r])
+            if n_new == 0:
+                continue
+            j = np.arange(1, n_new + 1, dtype=np.float64)
+            index = np.minimum(np.ceil(j / factor - 1e-9).astype(np.int64) - 1, int(counts[r]) - 1)
+            parts.append(trace.block_ids[trace.block_offsets[r] + index])
+        block_ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        block_offsets = np.zeros(inputs.shape[0] + 1, dtype=np.int64)
+        np.cumsum(new_counts, out=block_offsets[1:])
+    return SyntheticTrace(
+        block_size_tokens=trace.block_size_tokens,
+        arrival_ms=trace.arrival_ms,
+        input_tokens=inputs,
+        output_tokens=scaled(trace.output_tokens),
+        block_ids=block_ids,
+        block_offsets=block_offsets,
+        sample_input_tokens=trace.input_tokens,
+        sample_output_tokens=trace.output_tokens,
+        length_scale=factor,
+    )
+
+
 def _rename_blocks(
     ids: np.ndarray, offsets: np.ndarray, segments: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +205,12 @@ def write_mooncake_jsonl(trace: SyntheticTrace, stream: BinaryIO) -> None:
     lines: list[str] = []
     ids = trace.block_ids.tolist() if trace.block_ids is not None else None
     offsets = trace.block_offsets.tolist() if trace.block_offsets is not None else None
+    sample_in = trace.sample_input_tokens.tolist() if trace.sample_input_tokens is not None else None
+    sample_out = trace.sample_output_tokens.tolist() if trace.sample_output_tokens is not None else None
     for i in range(len(arrival)):
         head = f'{{"timestamp": {arrival[i]}, "input_length": {inputs[i]}, "output_length": {outputs[i]}'
+        if sample_in is not None and sample_out is not None:
+            head += f', "sample_input_length": {sample_in[i]}, "sample_output_length": {sample_out[i]}'
         if ids is not None and offsets is not None:
             blocks = ", ".join(map(str, ids[offsets[i] : offsets[i + 1]]))
             lines.append(f'{head}, "hash_ids": [{blocks}]}}\n')
