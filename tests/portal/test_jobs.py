@@ -300,6 +300,11 @@ def test_a_job_runs_end_to_end_in_the_portal(
     # The host was held and watched while it measured.
     assert competent.result["foreign_load"]["window_s"] > 0
     assert competent.result["contended"] in (True, False)
+    assert competent.result["gpu_load"] is None  # no GPU on this host: nothing to sample
+    # The engine's own TTFT (its /metrics histogram) sits beside the client's: what the load
+    # generator adds is visible in every trial.
+    assert 0 < competent.result["engine_ttft_p50_ms"] <= competent.result["engine_ttft_p95_ms"]
+    assert competent.result["engine_queue_p95_ms"] is not None
     # Nothing beyond the baseline was found, so nothing to confirm: said so, never a "win".
     assert job.report["selection"]["outcome"] == "unconfirmed"
     assert job.report["selection"]["summary"]

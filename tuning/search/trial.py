@@ -103,6 +103,12 @@ class TrialResult:
     # GPU hosts: utilisation and memory while it measured, and other processes on the GPUs
     # (a foreign compute process makes the trial contended). None on a host without GPUs.
     gpu_load: dict[str, Any] | None = None
+    # The engine's own view of the target-rate replays (its /metrics histograms, interpolated
+    # within vLLM's buckets): TTFT from request arrival to first token inside the server, and
+    # queueing. Beside the client's TTFT it shows what the load generator itself adds.
+    engine_ttft_p50_ms: float | None = None
+    engine_ttft_p95_ms: float | None = None
+    engine_queue_p95_ms: float | None = None
     host_wait_s: float = 0.0  # queued behind another measurement of the same host
     host_waited_for: str = ""
 
@@ -257,6 +263,7 @@ def _run_held(
             points.append(_point(result, 1.0, repeat, plan.slo))
             ttfts += [r.ttft_ms for r in result.requests if r.ok and r.ttft_ms is not None]
         at_target = [p for p in points if p.rate_multiple == 1.0]
+        engine_view = snapshot_delta(before, scrape(url))
         pooled_p50 = float(np.percentile(ttfts, 50)) if ttfts else math.nan
         pooled_p95 = float(np.percentile(ttfts, 95)) if ttfts else math.nan
         violations = []
@@ -328,6 +335,9 @@ def _run_held(
             foreign_load=load.to_dict(),
             contended=contended,
             gpu_load=gpu.to_dict() if gpu is not None else None,
+            engine_ttft_p50_ms=_finite(engine_view.ttft_p50_ms),
+            engine_ttft_p95_ms=_finite(engine_view.ttft_p95_ms),
+            engine_queue_p95_ms=_finite(engine_view.queue_p95_ms),
         )
     except Exception as exc:
         return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))
@@ -335,6 +345,10 @@ def _run_held(
         for gpu_meter in meters:
             gpu_meter.close()
         engine.stop()
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else value
 
 
 def _captured(config: EngineConfig, answers: gates.Capture, started: float) -> TrialResult:
