@@ -10,6 +10,7 @@ from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from tuning.search.job import MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
+from tuning.workload.synth import MIN_LENGTH_SCALE
 
 # A free-form object that may be absent (null), e.g. a job's selection before it has one.
 NULLABLE_OBJECT = {"type": "object", "additionalProperties": {}, "nullable": True}
@@ -243,6 +244,15 @@ class TuningJobCreateSerializer(serializers.Serializer):
     )
     max_model_len = serializers.IntegerField(
         required=False, allow_null=True, default=None, min_value=16, max_value=MAX_TOKENS
+    )
+    length_scale = serializers.FloatField(
+        default=1.0,
+        min_value=MIN_LENGTH_SCALE,
+        max_value=1.0,
+        help_text=(
+            "Replay every prompt and output at this factor of its length (1: real lengths); the caps "
+            "apply to the scaled lengths, and the job's caps line states the factor and the share shortened."
+        ),
     )
 
 

@@ -8,6 +8,7 @@ from portal.accounts.models import Organization
 from portal.jobs import selectors
 from portal.pools.selectors import pools_for
 from tuning.search.job import HARDWARE, MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
+from tuning.workload.synth import MIN_LENGTH_SCALE
 
 
 class ServedModelForm(forms.Form):
@@ -83,6 +84,18 @@ class TuningJobForm(forms.Form):
         label="Context length (tokens, optional)",
         help_text="Blank: the caps rounded up, within the model's context.",
     )
+    length_scale = forms.FloatField(
+        required=False,
+        min_value=MIN_LENGTH_SCALE,
+        max_value=1.0,
+        label="Length scale (optional; default 1)",
+        help_text=(
+            "Where this hardware cannot replay your real lengths in reasonable time: every prompt and "
+            "output is replayed at this factor of its length (0.5: half), which keeps the shape of "
+            "your length mix where a cap clips only the long ones. The caps then apply to the scaled "
+            "lengths. The job page states the factor and the share of requests shortened."
+        ),
+    )
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -102,6 +115,7 @@ class TuningJobForm(forms.Form):
             "max_prompt_tokens",
             "max_output_tokens",
             "max_model_len",
+            "length_scale",
         )
         return {k: self.cleaned_data[k] for k in keys if self.cleaned_data.get(k) is not None}
 

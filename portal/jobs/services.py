@@ -60,6 +60,7 @@ from tuning.search.job import (
 from tuning.search.prior import pairs_from_results
 from tuning.search.space import ModelLoadError, model_info
 from tuning.search.trial import describe
+from tuning.workload.synth import MIN_LENGTH_SCALE
 
 logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 5.0
@@ -139,9 +140,12 @@ def tuning_job_create(
     confirm_repeats: int = 3,
     finalists: int = 2,
     pool: str | None = None,
+    length_scale: float = 1.0,
 ) -> TuningJob:
-    """Create a job. Caps left as None come from the sample's profile (its p99 lengths) within
-    the hardware's replay limit and the model's context; the job page states what they clip."""
+    """Create a job. Caps left as None come from the sample's profile (its p99 lengths, times
+    `length_scale`) within the hardware's replay limit and the model's context; `length_scale`
+    below 1 replays every request shorter by that factor. The job page states both and the share
+    of requests they change."""
     require_role(actor=actor, organization=organization, minimum=Role.MEMBER, doing="start tuning jobs")
     return _job_create(
         actor=actor,
@@ -164,6 +168,7 @@ def tuning_job_create(
         confirm_repeats=confirm_repeats,
         finalists=finalists,
         pool=pool,
+        length_scale=length_scale,
     )
 
 
@@ -203,6 +208,7 @@ def tuning_job_create_for_loop(
         finalists=spec.finalists,
         incumbent=incumbent,
         pool=base.pool.name if base.pool_id else None,
+        length_scale=spec.length_scale,
     )
 
 
@@ -229,6 +235,7 @@ def _job_create(
     finalists: int = 2,
     incumbent: dict[str, Any] | None = None,
     pool: str | None = None,
+    length_scale: float = 1.0,
 ) -> TuningJob:
     billing_assert_can_start_jobs(organization=organization)
     chosen: Pool | None = None
@@ -257,6 +264,14 @@ def _job_create(
     target = HARDWARE.get(hardware)
     if target is None:
         raise ValidationError({"hardware": f"Unknown hardware {hardware!r}; known: {', '.join(HARDWARE)}."})
+    if (
+        isinstance(length_scale, bool)
+        or not isinstance(length_scale, int | float)
+        or not MIN_LENGTH_SCALE <= length_scale <= 1.0
+    ):
+        raise ValidationError(
+            {"length_scale": f"Use a factor from {MIN_LENGTH_SCALE:g} to 1 (1 replays the real lengths)."}
+        )
     try:
         model_max_len = model_info(served_model.path).max_position_embeddings
     except ModelLoadError as exc:
@@ -270,6 +285,7 @@ def _job_create(
         max_prompt_tokens=max_prompt_tokens,
         max_output_tokens=max_output_tokens,
         max_model_len=max_model_len,
+        length_scale=length_scale,
     )
     spec = JobSpec(
         trace_path=str(trace),
@@ -286,6 +302,7 @@ def _job_create(
         max_prompt_tokens=caps.max_prompt_tokens,
         max_output_tokens=caps.max_output_tokens,
         max_model_len=caps.max_model_len,
+        length_scale=length_scale,
         capacity_steps=capacity_steps,
         confirm_repeats=confirm_repeats,
         finalists=finalists,
@@ -324,6 +341,7 @@ def _job_create(
                 "budget_trials": budget_trials,
                 "strategy": strategy,
                 **({"pool": chosen.name} if chosen else {}),
+                **({"length_scale": length_scale} if length_scale != 1.0 else {}),
             },
         )
         job_id = str(job.id)
