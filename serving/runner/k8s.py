@@ -33,6 +33,7 @@ from serving.catalog.fit import ModelDoesNotFit, check_fit
 from serving.catalog.hardware import HARDWARE, Hardware, Region, UnknownHardware, get_hardware
 from serving.catalog.models import MODELS, ModelSpec, get_model
 from serving.engine.config import EngineConfig
+from serving.runner import k8s_tables
 from serving.runner.k8s_schema import (
     LWS_API_VERSION,
     LWS_KIND,
@@ -194,6 +195,8 @@ class EndpointSpec:
     shm_gib: int = 16  # /dev/shm (memory-backed): NCCL and the multiprocessing executor use it
     startup_timeout_s: int = 1800  # loading and compiling a large model takes minutes
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    # tuned fused-MoE tables of this revision: a ConfigMap mounted into the pods (k8s_tables)
+    moe_tables: k8s_tables.ShippedTables | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,13 @@ def plan_placement(spec: EndpointSpec) -> Placement:
     num_nodes, per_node = _layout(world, hardware, accelerator)
     selector, affinity = _node_labels(hardware, region, per_node)
     fit_tokens = _check_fit(spec, hardware, world)
+    if spec.moe_tables is not None:
+        try:
+            k8s_tables.check_tables(
+                spec.moe_tables, hardware=hardware.name, model=_catalog_model(spec.model), config=spec.config
+            )
+        except k8s_tables.TablesRefused as exc:
+            raise InvalidEndpointSpec(str(exc), field="moe_tables") from exc
     return Placement(
         hardware=hardware,
         region=region,
@@ -579,6 +589,14 @@ def render(spec: EndpointSpec) -> RenderedEndpoint:
             _deployment(spec, placement, _pod_template(spec, placement, base_args, serving=True))
         )
     objects = [workload, serialize(_service(spec, placement))]
+    if spec.moe_tables is not None:  # first: the pods mount it
+        labels = labels_for(spec, placement)
+        objects.insert(
+            0,
+            k8s_tables.configmap(
+                spec.moe_tables, endpoint=spec.name, namespace=spec.namespace, labels=labels
+            ),
+        )
     for obj in objects:
         validate_manifest(obj)
     return RenderedEndpoint(placement=placement, objects=objects)
@@ -696,7 +714,7 @@ def _pod_template(spec: EndpointSpec, placement: Placement, args: list[str], *, 
         )
     labels = labels_for(spec, placement)
     labels[LABEL_PREFIX + "role"] = "server" if serving else "worker"
-    return client.V1PodTemplateSpec(
+    template = client.V1PodTemplateSpec(
         metadata=client.V1ObjectMeta(labels=labels),
         spec=client.V1PodSpec(
             containers=[container],
@@ -714,6 +732,9 @@ def _pod_template(spec: EndpointSpec, placement: Placement, args: list[str], *, 
             termination_grace_period_seconds=60,
         ),
     )
+    if spec.moe_tables is not None:
+        k8s_tables.mount(template, spec.moe_tables, endpoint=spec.name)
+    return template
 
 
 def _deployment(spec: EndpointSpec, placement: Placement, template: Any) -> Any:
@@ -807,6 +828,7 @@ def write_manifests(rendered: RenderedEndpoint, out_dir: Path) -> list[Path]:
 _PATHS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments/{name}",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services/{name}",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps/{name}",
     (LWS_API_VERSION, LWS_KIND): "/apis/"
     + LWS_API_VERSION
     + "/namespaces/{namespace}/leaderworkersets/{name}",

@@ -267,4 +267,5 @@ def validate_manifest(data: Mapping[str, Any]) -> None:
 _BUILT_IN: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "V1Deployment",
     ("v1", "Service"): "V1Service",
+    ("v1", "ConfigMap"): "V1ConfigMap",
 }
