@@ -134,3 +134,29 @@ def test_a_stale_password_only_session_cannot_enrol_its_own_authenticator(alice:
     assert client.post(reverse("accounts:reauth"), {"password": PASSWORD}).status_code == 302
     enrolled = client.post(reverse("compliance:two_factor"), {"code": totp.code_at(secret, step)})
     assert enrolled.status_code == 200 and TOTPDevice.objects.get(user=alice).confirmed_at is not None
+
+
+def test_an_owner_who_must_enrol_signs_in_again_when_the_session_is_stale(
+    alice: User, alice_org: Organization
+) -> None:
+    from tests.compliance.test_two_factor import _baa
+
+    _baa(alice, alice_org)  # the owner of an organization with a BAA must use two-factor
+    client = Client()
+    client.force_login(alice)  # signed in long ago; two-factor not done (only its page is reachable)
+    assert client.get(reverse("compliance:two_factor")).status_code == 200
+    device = TOTPDevice.objects.get(user=alice)
+    secret = unseal(bytes(device.secret_encrypted), purpose="totp-secret").decode()
+    response = client.post(
+        reverse("compliance:two_factor"), {"code": totp.code_at(secret, int(time.time() // 30))}
+    )
+    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert TOTPDevice.objects.get(user=alice).confirmed_at is None
+    # Signed out: the stale session is gone, and signing in with the password is the way back.
+    assert client.get(reverse("accounts:dashboard")).status_code == 302
+    signed_in = client.post(reverse("accounts:login"), {"username": alice.email, "password": PASSWORD})
+    assert signed_in.status_code == 302
+    enrolled = client.post(
+        reverse("compliance:two_factor"), {"code": totp.code_at(secret, int(time.time() // 30))}
+    )
+    assert enrolled.status_code == 200 and TOTPDevice.objects.get(user=alice).confirmed_at is not None
