@@ -232,6 +232,7 @@ def _knee(
                 seed=1000 + i,
                 slo=slo.per_request(),
                 progress=False,
+                client_processes=prepared.plan.client_processes,
             )
             summary = result.summary
             met = slo.met_by(summary) and summary.num_errors == 0

@@ -34,6 +34,7 @@ def replay_trace(
     slo: SLO | None = None,
     request_timeout_s: float = 600.0,
     progress: bool | None = None,
+    client_processes: int = 1,
 ) -> ReplayResult:
     """Replay `trace` against `endpoint`: by its timestamps (x `time_scale` / `rate_scale`), or,
     with `rate_rps`, with the trace's requests (lengths and prefixes) sent by a gamma process at
@@ -72,6 +73,7 @@ def replay_trace(
         slo=slo,
         request_timeout_s=request_timeout_s,
         progress=progress,
+        client_processes=client_processes,
     )
 
 

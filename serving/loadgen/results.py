@@ -169,6 +169,10 @@ class ReplaySettings:
     ignore_eos: bool
     seed: int
     tokenizer: str
+    # Client processes the requests were spread over (round-robin), each with its own event loop:
+    # at thousands of streamed tokens a second one Python loop falls behind and adds its own
+    # delay to every TTFT it measures.
+    client_processes: int = 1
 
 
 @dataclass(frozen=True)

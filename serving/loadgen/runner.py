@@ -15,7 +15,7 @@ import gc
 import json
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +33,10 @@ from serving.loadgen.traces import TraceRequest
 T = TypeVar("T")
 
 _START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it is not born late
+# With several client processes, the shared start is this far ahead: every process must have
+# imported its client and opened its loop before the first send.
+_SHARDED_START_LEAD_S = 3.0
+MAX_CLIENT_PROCESSES = 32
 
 
 @dataclass(frozen=True)
@@ -177,8 +181,12 @@ async def run_prepared(
     connect_timeout_s: float = 10.0,
     max_connections: int = 0,
     progress: ProgressBar | None = None,
+    start_at: float | None = None,
 ) -> tuple[list[RequestResult], float, str]:
-    """Send `prepared` on schedule; returns per-request results, the run's duration and start time."""
+    """Send `prepared` on schedule; returns per-request results, the run's duration and start time.
+
+    `start_at`: the `time.perf_counter()` instant that schedule offsets count from (a shared start
+    across client processes: the clock is the system's monotonic one); default just after setup."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
     # limit=0: no cap on open connections, so a slow endpoint never holds back a send (open loop).
     connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=75)
@@ -192,7 +200,7 @@ async def run_prepared(
             if progress is not None:
                 progress.update(error=timing.error is not None)
 
-        start = time.perf_counter() + _START_LEAD_S
+        start = start_at if start_at is not None else time.perf_counter() + _START_LEAD_S
         started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         tasks = []
         for request in order:
@@ -228,6 +236,60 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
         gc.unfreeze()
 
 
+def _shard_worker(
+    args: tuple[list[PreparedRequest], dict[str, str], float, int, float],
+) -> tuple[list[RequestResult], float, float]:
+    """One client process: its share of the requests on its own event loop, from the shared start.
+    Returns its results, its first send and its finish (perf_counter instants)."""
+    shard, headers, request_timeout_s, max_connections, start_at = args
+
+    async def run() -> tuple[list[RequestResult], float, float]:
+        results, duration_s, _ = await run_prepared(
+            shard,
+            headers=headers,
+            request_timeout_s=request_timeout_s,
+            max_connections=max_connections,
+            start_at=start_at,
+        )
+        finished = time.perf_counter()
+        return results, finished - duration_s, finished
+
+    return run_event_loop(run())
+
+
+def run_sharded(
+    prepared: Sequence[PreparedRequest],
+    *,
+    headers: dict[str, str],
+    processes: int,
+    request_timeout_s: float = 600.0,
+    max_connections: int = 0,
+) -> tuple[list[RequestResult], float, str]:
+    """`run_prepared` spread round-robin over `processes` client processes (each its own event
+    loop), all counting the schedule from one shared start; results in request order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not 1 <= processes <= MAX_CLIENT_PROCESSES:
+        raise ValueError(f"client processes must be 1 to {MAX_CLIENT_PROCESSES}, got {processes}")
+    order = sorted(prepared, key=lambda r: r.scheduled_s)
+    shards = [order[i::processes] for i in range(processes)]
+    started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+    # spawn, not fork: the caller may hold threads (meters, progress) that a fork would copy mid-state
+    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        start_at = time.perf_counter() + _SHARDED_START_LEAD_S
+        outs = list(
+            pool.map(
+                _shard_worker,
+                [(shard, headers, request_timeout_s, max_connections, start_at) for shard in shards if shard],
+            )
+        )
+    results = sorted((r for out, _, _ in outs for r in out), key=lambda r: r.index)
+    first_send = min(first for _, first, _ in outs)
+    finished = max(end for _, _, end in outs)
+    return results, finished - first_send, started_at
+
+
 def replay(
     requests: Sequence[TraceRequest],
     offsets_s: Sequence[float],
@@ -239,8 +301,11 @@ def replay(
     request_timeout_s: float = 600.0,
     max_connections: int = 0,
     progress: bool | None = None,
+    client_processes: int = 1,
 ) -> ReplayResult:
-    """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done."""
+    """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done.
+
+    `client_processes` > 1 spreads the requests over that many client processes (see `run_sharded`)."""
     prepared = prepare_requests(
         requests,
         offsets_s,
@@ -250,15 +315,25 @@ def replay(
         max_output_tokens=settings.max_output_tokens,
         ignore_eos=settings.ignore_eos,
     )
-    bar = ProgressBar(len(prepared), enabled=progress)
-    results, duration_s, started_at = run_event_loop(
-        run_prepared(
+    if client_processes > 1:
+        results, duration_s, started_at = run_sharded(
             prepared,
             headers=target.headers(),
+            processes=client_processes,
             request_timeout_s=request_timeout_s,
             max_connections=max_connections,
-            progress=bar,
         )
-    )
+        settings = replace(settings, client_processes=client_processes)
+    else:
+        bar = ProgressBar(len(prepared), enabled=progress)
+        results, duration_s, started_at = run_event_loop(
+            run_prepared(
+                prepared,
+                headers=target.headers(),
+                request_timeout_s=request_timeout_s,
+                max_connections=max_connections,
+                progress=bar,
+            )
+        )
     summary = summarize(results, duration_s=duration_s, slo=slo or SLO())
     return ReplayResult(settings=settings, summary=summary, requests=tuple(results), started_at=started_at)

@@ -276,3 +276,44 @@ def test_replay_trace_against_any_openai_compatible_endpoint(
     assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 6
     # The first Mooncake prompts (tens of thousands of tokens, then 28) cut at 700.
     assert [r.num_prompt_tokens for r in result.requests] == [700, 700, 700, 700, 700, 28]
+
+
+def test_requests_spread_over_client_processes_keep_one_schedule(
+    tokenizer_dir: Path, shared_traces: Path
+) -> None:
+    """Three client processes (spawned, each its own event loop) send one schedule from a shared
+    start: every request once, in order, with its own offset, and the settings say how it ran."""
+    from serving.loadgen import replay_trace
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "their-model"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", _fake_completions)
+    base_url, stop = _serve_in_thread(app)
+    try:
+        result = replay_trace(
+            endpoint=base_url + "/v1",
+            trace=shared_traces / "azure2023_conv.csv",
+            tokenizer=tokenizer_dir,
+            api_key="k",
+            rate_rps=20.0,
+            arrival_cv=0.0,
+            max_requests=9,
+            max_prompt_tokens=64,
+            max_output_tokens=2,
+            client_processes=3,
+            progress=False,
+        )
+    finally:
+        stop()  # type: ignore[operator]
+    assert result.settings.client_processes == 3
+    assert [r.index for r in result.requests] == list(range(9))
+    assert [r.scheduled_s for r in result.requests] == pytest.approx([0.05 * i for i in range(9)])
+    assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 9
+    assert all(r.num_output_tokens == 2 for r in result.requests)
+    with pytest.raises(ValueError, match="client processes"):
+        from serving.loadgen.runner import run_sharded
+
+        run_sharded([], headers={}, processes=0)

@@ -110,6 +110,9 @@ def test_weights_are_required_unless_the_job_asks_for_random_ones(llama8b: Path,
     assert prepared.reference["dtype"] == "bfloat16"
     assert prepared.space.key(prepared.competent) == prepared.space.key(prepared.reference)
     assert prepared.sim is not None  # the H200 calibration forecasts every trial
+    # a GPU host replays with several load-generator processes (one loop cannot keep up)
+    assert prepared.plan.client_processes == HARDWARE["h200"].client_processes > 1
+    assert HARDWARE["local-cpu"].client_processes == 1
 
 
 def test_cli_prints_the_gpu_space(llama8b: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -389,6 +389,7 @@ def plan_job(
         max_prompt_tokens=spec.max_prompt_tokens,
         max_output_tokens=spec.max_output_tokens,
         seed=spec.seed,
+        client_processes=hardware.client_processes,
     )
     reference = {**space.baseline(), "dtype": "float32" if hardware.device_kind == "cpu" else "bfloat16"}
     fastest = fastest_dtype(device_kind=hardware.device_kind, checkpoint_dtype=model.checkpoint_dtype)

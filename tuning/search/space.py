@@ -110,6 +110,8 @@ class HardwareTarget:
     # the KV cache is what `gpu_memory_utilization` of it leaves after weights and activations.
     device_memory_gib: float | None = None
     catalog_name: str | None = None  # the accelerator in serving.catalog.hardware
+    # Load-generator processes a trial replays with (see `TrialPlan.client_processes`).
+    client_processes: int = 1
 
     def kv_cache_gib_for(self, model: ModelInfo, values: Mapping[str, Any]) -> float:
         """The KV cache one replica gets with these knob values (GPUs: memory x utilisation,
@@ -124,6 +126,7 @@ class HardwareTarget:
 # the search uses to refuse points that cannot fit before any engine starts.
 GPU_ACTIVATION_RESERVE_GIB = 4.0
 GPU_DEFAULT_MEMORY_UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
+GPU_CLIENT_PROCESSES = 4  # load-generator processes on a GPU host (16+ cores beside the engine)
 
 
 def gpu_budget(hardware: HardwareTarget, model: ModelInfo, values: Mapping[str, Any]) -> dict[str, float]:
@@ -185,6 +188,7 @@ def gpu_target(name: str, *, region: str, num_devices: int = 1) -> HardwareTarge
         device_kind="gpu",
         device_memory_gib=round(memory, 1),
         catalog_name=spec.name,
+        client_processes=GPU_CLIENT_PROCESSES,
     )
 
 

@@ -52,6 +52,10 @@ class TrialPlan:
     # Foreign CPU load (cores) above which a trial is marked contended; None: record only.
     contention_cores: float | None = 0.3
     host_wait_s: float = 6 * 3600.0  # longest wait for the engine host (another measurement holds it)
+    # Load-generator processes (each its own event loop): one on a small CPU host, where more
+    # would take cores from the engine; several on a GPU host, where one loop cannot keep up
+    # with thousands of streamed tokens a second and would add its own delay to every TTFT.
+    client_processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -394,6 +398,7 @@ def _replay(plan: TrialPlan, url: str, multiple: float, repeat: int) -> ReplayRe
         slo=plan.slo.per_request(),
         request_timeout_s=plan.request_timeout_s,
         progress=False,
+        client_processes=plan.client_processes,
     )
 
 
