@@ -231,7 +231,9 @@ def test_a_scaled_job_states_the_factor_and_the_share_it_shortened(
     assert f"({caps['requests_scaled']:,} of {caps['num_requests']:,})" in caps["line"]
     rows = [json.loads(line) for line in (tmp_path / "w" / "workload.jsonl").read_text().splitlines()]
     assert all(r["input_length"] == max(1, round(r["sample_input_length"] * 0.25)) for r in rows)
-    assert json.loads(json.dumps(report(prepared, [])))["caps"]["length_scale"] == 0.25
+    data = json.loads(json.dumps(report(prepared, [])))
+    assert data["caps"]["length_scale"] == 0.25 and data["spec"]["length_scale"] == 0.25
+    assert "--length-scale 0.25" in data["exports"]["reproduce"]
     # The same job at the real lengths: today's caps line, no factor named.
     plain = plan_job(_spec(trace, model, max_prompt_tokens=512), tmp_path / "real").caps
     assert plain["length_scale"] == 1.0 and plain["requests_scaled"] == 0

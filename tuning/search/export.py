@@ -102,6 +102,8 @@ def tune_command(spec: Mapping[str, Any]) -> str:
     ):
         if spec.get(key) is not None:
             words += [flag, str(spec[key])]
+    if spec.get("length_scale", 1.0) != 1.0:
+        words += ["--length-scale", f"{spec['length_scale']:g}"]
     return shlex.join([*words, "--json", "report.json"])
 
 
