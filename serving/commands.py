@@ -96,6 +96,13 @@ def register(subparsers: Any) -> None:
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--request-timeout-s", type=float, default=600.0)
     replay.add_argument("--no-progress", action="store_true")
+    replay.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread the requests over this many client processes, each its own event loop "
+        "(1-32; use several where thousands of tokens a second stream back)",
+    )
     replay.set_defaults(func=_replay)
 
 
@@ -180,6 +187,11 @@ def _engine_start(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from serving.loadgen.api import replay_trace
+    from serving.loadgen.runner import MAX_CLIENT_PROCESSES
+
+    if not 1 <= args.client_processes <= MAX_CLIENT_PROCESSES:
+        print(f"replay: --client-processes must be 1 to {MAX_CLIENT_PROCESSES}", file=sys.stderr)
+        return 2
 
     api_key = args.api_key or os.environ.get("TAILGUARD_API_KEY") or os.environ.get("OPENAI_API_KEY")
     slo = SLO(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms)
@@ -203,6 +215,7 @@ def _replay(args: argparse.Namespace) -> int:
         slo=slo,
         request_timeout_s=args.request_timeout_s,
         progress=False if args.no_progress else None,
+        client_processes=args.client_processes,
     )
     result.write_json(args.json_out)
     print(format_summary(result))
