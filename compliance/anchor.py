@@ -7,7 +7,9 @@ of every chain is written, periodically, outside the database: to the object sto
 organization's region (the platform chain: the deployment's home region), under
 `audit-anchors/<chain>/<seq>-<hash prefix>.json`, holding the position and hash of the head
 and when it was anchored. Objects are sealed by the store (AES-GCM locally, the bucket's
-encryption on S3) and organization deletion leaves them (it removes `org/<id>/` only).
+encryption on S3) and organization deletion leaves them (it removes `org/<id>/` only). Where
+the bucket has S3 Object Lock enabled, each anchor is written in compliance mode, retained for
+COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS: not even the bucket's owner can delete or overwrite it.
 
 Verification compares each chain with its newest anchor: the event at the anchored position
 must still exist with the anchored hash. Truncation (the head now below the anchor) and
@@ -23,7 +25,7 @@ import io
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -31,7 +33,7 @@ from django.utils import timezone
 
 from compliance import chain
 from compliance.models import AuditChainHead, AuditEvent
-from compliance.storage import StorageError, get_store
+from compliance.storage import S3Store, StorageError, get_store
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +159,42 @@ def audit_anchor_write(*, now: datetime | None = None) -> dict[str, int]:
             {"chain": head.chain, "seq": head.seq, "hash": head.hash, "anchored_at": chain.timestamp(moment)},
             sort_keys=True,
         ).encode()
-        store.put(
-            region=_region_for(head.chain),
-            key=_key(head.chain, head.seq, head.hash),
-            stream=io.BytesIO(body),
-            max_bytes=MAX_ANCHOR_BYTES,
-        )
+        region, key = _region_for(head.chain), _key(head.chain, head.seq, head.hash)
+        if not (isinstance(store, S3Store) and _put_locked(store, region, key, body, moment)):
+            store.put(region=region, key=key, stream=io.BytesIO(body), max_bytes=MAX_ANCHOR_BYTES)
         counts["anchored"] += 1
     return counts
+
+
+def _put_locked(store: S3Store, region: str, key: str, body: bytes, moment: datetime) -> bool:
+    """Writes the anchor under S3 Object Lock (compliance mode) when the region's bucket has it
+    enabled; False when it has not (the caller then writes it plainly)."""
+    from botocore.exceptions import ClientError
+
+    client, bucket = store._client(region), store._bucket(region)
+    try:
+        config = client.get_object_lock_configuration(Bucket=bucket).get("ObjectLockConfiguration", {})
+    except ClientError:
+        return False  # no Object Lock on this bucket (or the store does not implement it)
+    if config.get("ObjectLockEnabled") != "Enabled":
+        return False
+    kms = store.kms_keys.get(region)
+    encryption = (
+        {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms} if kms else {"ServerSideEncryption": "AES256"}
+    )
+    try:
+        client.put_object(
+            Bucket=bucket,
+            Key=key,
+            Body=body,
+            ObjectLockMode="COMPLIANCE",
+            ObjectLockRetainUntilDate=moment
+            + timedelta(days=settings.COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS),
+            ChecksumAlgorithm="SHA256",
+            **encryption,
+        )
+    except ClientError as exc:
+        raise StorageError(
+            f"could not write the audit anchor in region {region!r}: {type(exc).__name__}"
+        ) from exc
+    return True

@@ -453,6 +453,8 @@ CELERY_BEAT_SCHEDULE["compliance-audit-anchor"] = {
     "task": "compliance.tasks.audit_anchor",
     "schedule": float(env.int("COMPLIANCE_AUDIT_ANCHOR_INTERVAL_S", 3600, minimum=60)),
 }
+# How long an anchor stays undeletable where the bucket has S3 Object Lock (compliance mode).
+COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS = env.int("COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS", 7 * 366, minimum=1)
 CELERY_BEAT_SCHEDULE["compliance-sla-close"] = {
     "task": "compliance.tasks.sla_windows_close",
     "schedule": 3600.0,

@@ -37,9 +37,9 @@ def _move_head(key: str, event: AuditEvent) -> None:
 
 
 def test_anchors_are_written_to_the_regions_object_store_once_per_move(
-    s3_regions,
+    s3_regions,  # noqa: F811 (the fixture imported above)
     alice: User,
-    alice_org: Organization,  # noqa: F811
+    alice_org: Organization,
 ) -> None:
     _events(alice, alice_org, 2)
     first = anchor.audit_anchor_write()
@@ -55,9 +55,9 @@ def test_anchors_are_written_to_the_regions_object_store_once_per_move(
 
 
 def test_truncation_by_a_superuser_is_caught_by_the_anchor(
-    s3_regions,
+    s3_regions,  # noqa: F811 (the fixture imported above)
     alice: User,
-    alice_org: Organization,  # noqa: F811
+    alice_org: Organization,
 ) -> None:
     events = _events(alice, alice_org, 4)
     anchor.audit_anchor_write()
@@ -81,9 +81,9 @@ def test_truncation_by_a_superuser_is_caught_by_the_anchor(
 
 
 def test_rewriting_and_rehashing_by_a_superuser_is_caught_by_the_anchor(
-    s3_regions,
+    s3_regions,  # noqa: F811 (the fixture imported above)
     alice: User,
-    alice_org: Organization,  # noqa: F811
+    alice_org: Organization,
 ) -> None:
     events = _events(alice, alice_org, 3)
     anchor.audit_anchor_write()
@@ -111,9 +111,9 @@ def test_rewriting_and_rehashing_by_a_superuser_is_caught_by_the_anchor(
 
 
 def test_an_intact_chain_exports_with_its_anchor(
-    s3_regions,
+    s3_regions,  # noqa: F811 (the fixture imported above)
     alice: User,
-    alice_org: Organization,  # noqa: F811
+    alice_org: Organization,
 ) -> None:
     import json
 
@@ -126,3 +126,36 @@ def test_an_intact_chain_exports_with_its_anchor(
     assert anchored is not None
     by_seq = {row["seq"]: row["hash"] for row in exported["events"]}
     assert by_seq[anchored["seq"]] == anchored["hash"]
+
+
+def test_where_the_bucket_has_object_lock_anchors_are_locked(
+    s3_regions,  # noqa: F811 (the fixture imported above)
+    moto_server,  # noqa: F811
+    alice: User,
+    alice_org: Organization,
+) -> None:
+    import uuid
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", region_name="us-east-2", endpoint_url=moto_server)
+    bucket = f"tg-us-locked-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(
+        Bucket=bucket,
+        CreateBucketConfiguration={"LocationConstraint": "us-east-2"},
+        ObjectLockEnabledForBucket=True,
+    )
+    s3_regions.COMPLIANCE_S3_BUCKETS = {**s3_regions.COMPLIANCE_S3_BUCKETS, "us": bucket}
+    _events(alice, alice_org, 1)
+    assert anchor.audit_anchor_write()["anchored"] >= 1
+    key = str(alice_org.pk)
+    latest = anchor.latest_anchor(key)
+    assert latest is not None and latest.region == "us"
+    name = anchor._key(key, latest.seq, latest.hash)
+    head = client.head_object(Bucket=bucket, Key=name)
+    assert head["ObjectLockMode"] == "COMPLIANCE" and head["ObjectLockRetainUntilDate"].year >= 2030
+    # Not even the bucket's owner removes the locked version.
+    with pytest.raises(ClientError):
+        client.delete_object(Bucket=bucket, Key=name, VersionId=head["VersionId"])
+    assert anchor.latest_anchor(key) == latest
