@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from compliance import sla
 from portal.billing.usage import parse_month
-from tests.compliance.test_sla import TERMS, _api, _endpoint
+from tests.factories import SLA_TERMS, api_client, deployed_endpoint
 from tests.portal.test_billing import enable_billing
 
 EDGE_MONTHS = ["0001-01", "9999-12", "0000-06", "1999-12", "3000-01"]
@@ -31,11 +31,11 @@ def test_parsers_accept_the_range() -> None:
 
 @pytest.mark.django_db
 def test_sla_api_answers_400_for_edge_months(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = _endpoint(alice_org)
+    endpoint = deployed_endpoint(alice_org, alice)
     url = f"/api/v1/compliance/endpoints/{endpoint.id}/sla/"
-    assert _api(alice).put(url, TERMS, format="json").status_code == 200
+    assert api_client(alice).put(url, SLA_TERMS, format="json").status_code == 200
     for value in ("0001-01", "9999-12"):
-        response = _api(alice).get(url, {"month": value})
+        response = api_client(alice).get(url, {"month": value})
         assert response.status_code == 400, (value, response.status_code)
         assert "2000-01 to 2999-12" in str(response.json())
 
@@ -46,5 +46,5 @@ def test_billing_usage_answers_400_for_edge_months(alice, alice_client, settings
     for value in ("0001-01", "9999-12"):
         page = alice_client.get(reverse("billing:usage"), {"month": value})
         assert page.status_code == 400 and b"out of range" in page.content
-        api = _api(alice).get("/api/v1/billing/usage/", {"month": value})
+        api = api_client(alice).get("/api/v1/billing/usage/", {"month": value})
         assert api.status_code == 400 and "out of range" in str(api.json())

@@ -18,6 +18,7 @@ from portal.accounts.models import Membership, Organization
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.compliance.conftest import s3_keys
+from tests.factories import SLA_TERMS, deployed_endpoint, metric_series
 
 pytestmark = pytest.mark.django_db
 
@@ -128,12 +129,11 @@ def test_metric_retention_freezes_sla_windows_before_deleting_snapshots(alice, a
 
     from compliance.models import SLAWindowReport
     from portal.endpoints.models import Endpoint, MetricSnapshot
-    from tests.compliance.test_sla import TERMS, _endpoint, _snapshots
 
-    endpoint = _endpoint(alice_org)
+    endpoint = deployed_endpoint(alice_org, alice)
     Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 9, 1, tzinfo=UTC))
-    _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 30)
-    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    metric_series(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 30)
+    services.sla_terms_set(actor=alice, endpoint=endpoint, **SLA_TERMS)
     with pytest.raises(ValidationError, match="Use 35 to 3650 days"):
         services.retention_policy_set(
             actor=alice, organization=alice_org, sample_retention_days=30, metric_retention_days=7

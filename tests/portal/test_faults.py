@@ -36,7 +36,7 @@ from portal.jobs.models import TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tests.conftest import REPO_ROOT
-from tests.portal.test_jobs import SLO, _model, _sample
+from tests.factories import LOOSE_SLO, build_model_dir, ready_sample, served_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,10 +62,8 @@ def _fresh_connections_after() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving.models.tiny import build_tiny_model
-
     root = tmp_path_factory.mktemp("models")
-    build_tiny_model(arch="llama", size="xs", out_dir=root / "llama-xs", seed=0)
+    build_model_dir(root)
     return root
 
 
@@ -233,10 +231,10 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     settings.TUNING_MODEL_ROOTS = [model_root]
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
-    model = _model(alice_org, alice, model_root)
+    model = served_model(alice_org, alice, model_root)
     # A hanging broker is ended by the socket timeout; shorter here than the default, same option.
     timeouts = dict(settings.REDIS_BROKER_TIMEOUTS)
     if down == "hangs":
@@ -362,8 +360,8 @@ def test_a_database_restart_during_a_step(
     """
     settings.TUNING_MODEL_ROOTS = [model_root]
     source = shared_traces / "mooncake_synthetic.jsonl"
-    sample = _sample(alice_org, alice, source, django_capture_on_commit_callbacks)
-    model = _model(alice_org, alice, model_root)
+    sample = ready_sample(alice_org, alice, source, django_capture_on_commit_callbacks)
+    model = served_model(alice_org, alice, model_root)
     trace = workload_path(sample)
     trace.unlink()
     os.mkfifo(trace)
@@ -376,7 +374,7 @@ def test_a_database_restart_during_a_step(
             name="outage",
             traffic_sample=sample,
             served_model=model,
-            slo=SLO,
+            slo=LOOSE_SLO,
             peak_rps=1.0,
             budget_trials=1,
         )
@@ -456,10 +454,10 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
     (the job is not FAILED without its audit event), the step releases its lease, and the beat
     hands the job to a new step, which finishes it once."""
     settings.TUNING_MODEL_ROOTS = [model_root]
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
-    model = _model(alice_org, alice, model_root)
+    model = served_model(alice_org, alice, model_root)
 
     with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS):
         job = services.tuning_job_create(
@@ -468,7 +466,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
             name="killed while finishing",
             traffic_sample=sample,
             served_model=model,
-            slo=SLO,
+            slo=LOOSE_SLO,
             peak_rps=1.0,
             budget_trials=1,
         )
@@ -527,10 +525,10 @@ def test_redispatch_leaves_live_steps_alone_and_stops_a_job_whose_step_keeps_dyi
 
     settings.TUNING_MODEL_ROOTS = [model_root]
     settings.TUNING_MAX_INTERRUPTIONS = 3
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
-    model = _model(alice_org, alice, model_root)
+    model = served_model(alice_org, alice, model_root)
     with _broker(f"redis://127.0.0.1:{_closed_port()}/0", settings.REDIS_BROKER_TIMEOUTS):
         jobs = [
             services.tuning_job_create(
@@ -539,7 +537,7 @@ def test_redispatch_leaves_live_steps_alone_and_stops_a_job_whose_step_keeps_dyi
                 name=name,
                 traffic_sample=sample,
                 served_model=model,
-                slo=SLO,
+                slo=LOOSE_SLO,
                 peak_rps=1.0,
             )
             for name in ("live", "died once", "died thrice", "lost by the broker")
@@ -589,10 +587,10 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
     refuses new ones for a few seconds. The heartbeat reconnects (the lease holds), the step
     replaces its dead session before writing, and the job ends with each trial once."""
     settings.TUNING_MODEL_ROOTS = [model_root]
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
-    model = _model(alice_org, alice, model_root)
+    model = served_model(alice_org, alice, model_root)
     env = {**_worker_env(redis_url, settings, model_root), "TUNING_LEASE_S": "30"}
     with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS), _worker(env, tmp_path) as log:
         job = services.tuning_job_create(
@@ -601,7 +599,7 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
             name="restart under a trial",
             traffic_sample=sample,
             served_model=model,
-            slo=SLO,
+            slo=LOOSE_SLO,
             peak_rps=1.0,
             budget_trials=1,
             duration_s=8,

@@ -17,7 +17,7 @@ from portal.endpoints import charts as endpoint_charts
 from portal.endpoints import selectors
 from portal.plotting import figure_json, memoized, memoized_clear
 from portal.traffic import charts as traffic_charts
-from tests.portal.test_endpoint_dashboard import _endpoint, _series, _snap
+from tests.factories import chart_series, deployed_endpoint, metric_snapshot
 
 
 def _named_template_json(fig: go.Figure) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def test_each_figure_gets_its_own_copy_of_the_template() -> None:
 def test_the_apps_charts_are_drawn_in_plotly_white() -> None:
     white = _named_template_json(go.Figure())["layout"]["template"]
     length = traffic_charts.length_figure({"bin_edges": [0.0, 64.0, 128.0], "counts": [3, 5]}, "input")
-    ttft = endpoint_charts.ttft_figure(_series(), {"ttft_p50_ms": 600.0, "ttft_p95_ms": 1500.0})
+    ttft = endpoint_charts.ttft_figure(chart_series(), {"ttft_p50_ms": 600.0, "ttft_p95_ms": 1500.0})
     for figure in (length, ttft):
         assert figure["layout"]["template"] == white
     assert length["data"][0]["y"] == [3, 5] and length["layout"]["height"] == 320
@@ -110,11 +110,11 @@ def test_the_dashboard_moment_rounds_up_to_the_scrape_step() -> None:
 def test_polls_within_one_scrape_step_share_the_endpoint_charts(  # type: ignore[no-untyped-def]
     alice, alice_org, monkeypatch
 ) -> None:
-    endpoint = _endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     start = datetime(2026, 12, 1, 7, 0, 0, tzinfo=UTC)
     for minutes in range(1, 30):
-        _snap(endpoint, start - timedelta(minutes=minutes), p50=300.0 + minutes)
-    _snap(endpoint, start + timedelta(seconds=2), p50=777.0)  # the scrape just before the polls
+        metric_snapshot(endpoint, start - timedelta(minutes=minutes), p50=300.0 + minutes)
+    metric_snapshot(endpoint, start + timedelta(seconds=2), p50=777.0)  # the scrape just before the polls
     built: list[dict[str, Any]] = []
     real = endpoint_charts.figure_json
 
@@ -135,7 +135,7 @@ def test_polls_within_one_scrape_step_share_the_endpoint_charts(  # type: ignore
     p50 = next(t for t in first[0]["figure"]["data"] if t["name"] == "p50 TTFT")
     assert p50["y"][-1] == 777.0  # rounding up never leaves out the newest scrape
     assert poll(start + timedelta(seconds=11)) == first and len(built) == 5  # same step: nothing rebuilt
-    _snap(endpoint, start + timedelta(seconds=17), p50=555.0)
+    metric_snapshot(endpoint, start + timedelta(seconds=17), p50=555.0)
     later = poll(start + timedelta(seconds=18))
     # The next step: the live charts (TTFT, rates, prefix cache) again; SLA and history unchanged.
     assert len(built) == 8
