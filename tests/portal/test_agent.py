@@ -9,13 +9,18 @@ quarantined and takes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -76,13 +81,20 @@ def _send_through(broker: str, settings) -> None:  # type: ignore[no-untyped-def
     settings.CELERY_TASK_ALWAYS_EAGER = False
 
 
-def _agent(pool: str, name: str, broker: str, tmp_path: Path, settings) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+def _agent(  # type: ignore[no-untyped-def]
+    pool: str, name: str, broker: str, tmp_path: Path, settings, host: _NetnsHost | None = None
+) -> subprocess.Popen[str]:
     env = dict(os.environ)
     # Each agent is its own engine host: its own measuring lock (serving.engine.host.lock_path).
     env["TAILGUARD_HOST_LOCK"] = str(tmp_path / f"{name}.lock")
+    database, broker_url = _database_url(), broker
+    if host is not None:
+        # From its own network namespace the host reaches PostgreSQL and Redis over the veth.
+        database = database.replace("127.0.0.1", host.gateway).replace("localhost", host.gateway)
+        broker_url = broker.replace("127.0.0.1", host.gateway).replace("localhost", host.gateway)
     env.update(
-        DATABASE_URL=_database_url(),
-        CELERY_BROKER_URL=broker,
+        DATABASE_URL=database,
+        CELERY_BROKER_URL=broker_url,
         CELERY_TASK_ALWAYS_EAGER="false",
         AGENT_HEARTBEAT_S="1",
         TUNING_WORK_DIR=str(settings.TUNING_WORK_DIR),
@@ -90,8 +102,11 @@ def _agent(pool: str, name: str, broker: str, tmp_path: Path, settings) -> subpr
         ENDPOINTS_DIR=str(tmp_path / f"endpoints-{name}"),
         TUNING_MODEL_ROOTS=str(settings.TUNING_MODEL_ROOTS[0]),
     )
+    command = [sys.executable, "-m", "tuning.cli", "agent", "--pool", pool, "--name", name]
+    if host is not None:
+        command = ["ip", "netns", "exec", host.namespace, *command]  # execs: the same pid
     return subprocess.Popen(
-        [sys.executable, "-m", "tuning.cli", "agent", "--pool", pool, "--name", name],
+        command,
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -99,6 +114,96 @@ def _agent(pool: str, name: str, broker: str, tmp_path: Path, settings) -> subpr
         text=True,
         start_new_session=True,
     )
+
+
+class _Relay(threading.Thread):
+    """A TCP relay on the veth's host side to a service on this machine's loopback (PostgreSQL
+    and Redis listen there only); it counts the connections it carried."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.server = socket.create_server(listen)
+        self.target, self.connections = target, 0
+
+    def run(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@dataclass
+class _NetnsHost:
+    namespace: str
+    gateway: str  # the root namespace's end of the veth
+    relays: list[_Relay]
+
+
+@contextlib.contextmanager
+def _netns_host(label: str) -> Iterator[_NetnsHost | None]:
+    """A second host on this machine: a network namespace joined to this one by a veth pair,
+    with PostgreSQL and Redis relayed onto the veth. None where namespaces cannot be made (not
+    root, no `ip`): the agent then runs as a plain second process."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        yield None
+        return
+    tag = f"{os.getpid() % 100000}"
+    namespace, outer, inner = f"tg{label}{tag}", f"tgo{tag}", f"tgi{tag}"
+    subnet = f"10.231.{os.getpid() % 250}"
+    gateway, address = f"{subnet}.1", f"{subnet}.2"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    relays: list[_Relay] = []
+    try:
+        ip("netns", "add", namespace)
+        ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        ip("link", "set", inner, "netns", namespace)
+        ip("addr", "add", f"{gateway}/30", "dev", outer)
+        ip("link", "set", outer, "up")
+        ip("netns", "exec", namespace, "ip", "addr", "add", f"{address}/30", "dev", inner)
+        ip("netns", "exec", namespace, "ip", "link", "set", inner, "up")
+        ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
+        for port in (5432, 6379):
+            relay = _Relay((gateway, port), ("127.0.0.1", port))
+            relay.start()
+            relays.append(relay)
+    except (subprocess.CalledProcessError, OSError):
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            ip("netns", "del", namespace)
+        yield None
+        return
+    try:
+        yield _NetnsHost(namespace=namespace, gateway=gateway, relays=relays)
+    finally:
+        for relay in relays:
+            relay.close()
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            ip("netns", "del", namespace)  # the veth pair goes with it
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            ip("link", "del", outer)
 
 
 def _stop(process: subprocess.Popen[str]) -> str:
@@ -169,6 +274,7 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
     os.write(lock, b"another measurement on engine-a")
     agent_a = _agent("cpu-a", "engine-a", broker, tmp_path, settings)
     agent_b = None
+    second_host = contextlib.ExitStack()
     try:
         _await(
             lambda: Host.objects.filter(name="engine-a", state=Host.State.ACTIVE).exists(),
@@ -194,8 +300,11 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
         assert job_services.tuning_jobs_redispatch(now=later)["died"] == 1
         assert queues.llen("pool.cpu-a") == 1
         # Cancelled while it waits, so host B's step plans the job and ends it, engine-free.
+        # Host B is another host: its own network namespace, reaching the database and the
+        # broker over a veth pair (where namespaces can be made; a plain process otherwise).
         TuningJob.objects.filter(pk=job.pk).update(cancel_requested=True)
-        agent_b = _agent("cpu-a", "engine-b", broker, tmp_path, settings)
+        netns = second_host.enter_context(_netns_host("b"))
+        agent_b = _agent("cpu-a", "engine-b", broker, tmp_path, settings, host=netns)
         _await(
             lambda: TuningJob.objects.filter(pk=job.pk, status=TuningJob.Status.CANCELLED).exists(),
             agent_b,
@@ -215,11 +324,15 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
             agent_b,
             "a heartbeat",
         )
+        if netns is not None:
+            # Everything host B did went over the veth: PostgreSQL and Redis through the relays.
+            assert all(relay.connections > 0 for relay in netns.relays)
     finally:
         os.close(lock)
         if agent_a.poll() is None:
             _stop(agent_a)
         output = _stop(agent_b) if agent_b is not None else ""
+        second_host.close()
     assert "tuning_job_step" in output
     assert Host.objects.get(name="engine-b").state == Host.State.STOPPED
 
