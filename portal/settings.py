@@ -539,6 +539,10 @@ SLA_EDGE_RETENTION_DAYS = env.int("SLA_EDGE_RETENTION_DAYS", 100, minimum=62)
 # the month allows (14.4: a 30-day budget gone in about two days), in tenths.
 SLA_BURN_RATE_ALERT = env.int("SLA_BURN_RATE_ALERT_TENTHS", 144, minimum=10) / 10
 CELERY_BEAT_SCHEDULE["sla-periods-close"] = {"task": "portal.sla.tasks.sla_periods_close", "schedule": 3600.0}
+CELERY_BEAT_SCHEDULE["sla-edge-settle"] = {
+    "task": "portal.sla.tasks.edge_intervals_settle",
+    "schedule": 300.0,
+}
 CELERY_BEAT_SCHEDULE["sla-alerts-check"] = {
     "task": "portal.sla.tasks.sla_alerts_check",
     "schedule": float(env.int("SLA_ALERTS_CHECK_INTERVAL_S", 300, minimum=30)),

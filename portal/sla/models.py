@@ -162,3 +162,32 @@ class SLAPeriod(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint_id} {self.window_start:%Y-%m}"
+
+
+class EdgeIntervalSummary(models.Model):
+    """One settled interval judged from the edge records (`compliance.edge.EdgeInterval`), kept so
+    that a month's report reads a few thousand rows instead of every request. Written only by
+    the scheduled settle task; a late batch that covers the interval deletes it (judged again)."""
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="+")
+    # The measurement terms it was judged under (another version's terms judge it again).
+    interval_s = models.PositiveIntegerField()
+    peak_rps = models.FloatField()
+    start = models.DateTimeField()
+    covered = models.BooleanField()
+    admitted = models.PositiveIntegerField()
+    excluded = models.PositiveIntegerField()
+    failed = models.PositiveIntegerField()
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p95_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["endpoint", "interval_s", "peak_rps", "start"], name="edge_interval_summary_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_id} {self.start:%Y-%m-%d %H:%M} ({self.interval_s} s)"

@@ -4,7 +4,7 @@ and, beside it, the engine's own figure (from the scraped histogram snapshots)."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from compliance import edge, sla
 from portal.endpoints.models import Endpoint, MetricSnapshot
-from portal.sla.models import EdgeCoverage, EdgeRequest, SLAAgreement, SLAPeriod
+from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
 
 
 def sla_agreement_in_force(*, endpoint: Endpoint) -> SLAAgreement | None:
@@ -78,18 +78,71 @@ def _records(endpoint_id: object, start: datetime, end: datetime) -> Iterator[ed
         )
 
 
-def edge_intervals(*, agreement: SLAAgreement, start: datetime, end: datetime) -> list[edge.EdgeInterval]:
+def raw_intervals(
+    *, endpoint_id: object, interval_s: int, peak_rps: float, start: datetime, end: datetime
+) -> list[edge.EdgeInterval]:
+    """[start, end) judged from the request records themselves (start on an interval boundary)."""
     coverage = EdgeCoverage.objects.filter(
-        endpoint_id=agreement.endpoint_id, covered_to__gt=start, covered_from__lt=end
+        endpoint_id=endpoint_id, covered_to__gt=start, covered_from__lt=end
     ).values_list("covered_from", "covered_to")
     return edge.intervals(
-        _records(agreement.endpoint_id, start, end),
+        _records(endpoint_id, start, end),
         start=start,
         end=end,
-        interval_s=agreement.interval_s,
-        peak_rps=agreement.peak_rps,
+        interval_s=interval_s,
+        peak_rps=peak_rps,
         coverage=list(coverage),
     )
+
+
+def _from_summary(row: EdgeIntervalSummary, step: timedelta) -> edge.EdgeInterval:
+    return edge.EdgeInterval(
+        start=row.start,
+        end=row.start + step,
+        covered=row.covered,
+        admitted=row.admitted,
+        excluded=row.excluded,
+        failed=row.failed,
+        ttft_p50_ms=row.ttft_p50_ms,
+        ttft_p95_ms=row.ttft_p95_ms,
+    )
+
+
+def edge_intervals(*, agreement: SLAAgreement, start: datetime, end: datetime) -> list[edge.EdgeInterval]:
+    """[start, end) as intervals of the agreement's terms: the settled ones from their stored
+    summaries, the others (a run of intervals not summarised yet, and the recent tail) judged from
+    the request records. The same intervals either way; only the cost differs."""
+    step = timedelta(seconds=agreement.interval_s)
+    stored = {
+        row.start: _from_summary(row, step)
+        for row in EdgeIntervalSummary.objects.filter(
+            endpoint_id=agreement.endpoint_id,
+            interval_s=agreement.interval_s,
+            peak_rps=agreement.peak_rps,
+            start__gte=start,
+            start__lt=end,
+        )
+    }
+    out: list[edge.EdgeInterval] = []
+    cursor = start
+    while cursor + step <= end:
+        if cursor in stored:
+            out.append(stored[cursor])
+            cursor += step
+            continue
+        # A run of intervals without summaries: judged from the records in one pass.
+        run_end = cursor
+        while run_end + step <= end and run_end not in stored:
+            run_end += step
+        out += raw_intervals(
+            endpoint_id=agreement.endpoint_id,
+            interval_s=agreement.interval_s,
+            peak_rps=agreement.peak_rps,
+            start=cursor,
+            end=run_end,
+        )
+        cursor = run_end
+    return out
 
 
 def _span(s: sla.Span) -> dict[str, Any]:

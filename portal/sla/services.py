@@ -31,7 +31,7 @@ from portal.alerts.services import alert_raise
 from portal.billing.services import invoice_credit_add
 from portal.endpoints.models import Endpoint
 from portal.sla import selectors
-from portal.sla.models import EdgeCoverage, EdgeRequest, SLAAgreement, SLAPeriod
+from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
 from tuning.search.slo import SLOParseError, parse_slo
 
 # The provider's default terms when a job gives only targets (the provider edits them freely).
@@ -452,6 +452,12 @@ def edge_batch_record(*, endpoint: Endpoint, payload: Any, now: datetime | None 
             covered_to=covered_to,
             requests=len(records),
         )
+        # A late batch changes the intervals it covers: their summaries are judged again.
+        EdgeIntervalSummary.objects.filter(
+            endpoint=endpoint,
+            start__gt=covered_from - timedelta(seconds=edge.MAX_INTERVAL_S),
+            start__lt=covered_to,
+        ).delete()
     return {"received": len(records), "stored": after - before}
 
 
@@ -505,6 +511,81 @@ def sla_periods_close(*, now: datetime | None = None) -> int:
     return closed
 
 
+# An interval is summarised once it ended this long ago: batches of it still in flight (the
+# measuring point sends every few seconds to minutes) have arrived. A later one re-judges it.
+EDGE_SETTLE = timedelta(minutes=10)
+# Intervals summarised per agreement and run (a month of 60 s intervals is 44,640).
+_SETTLE_MAX_INTERVALS = 50_000
+
+
+def edge_intervals_settle(*, now: datetime | None = None) -> int:
+    """Stores the summary of every settled interval of this month and the last (for each
+    agreement in force in them) that has none yet. Idempotent. Returns summaries stored."""
+    now = now or timezone.now()
+    this_month, _ = sla.month_window(now)
+    last_month, _ = sla.month_window(this_month - timedelta(days=1))
+    stored = 0
+    agreements = SLAAgreement.objects.filter(in_force_from__isnull=False).exclude(
+        in_force_until__lt=last_month
+    )
+    for agreement in agreements.order_by("endpoint_id", "version")[:1000]:
+        step = timedelta(seconds=agreement.interval_s)
+        for month_start in (last_month, this_month):
+            _, month_end = sla.month_window(month_start)
+            settled = min(month_end, now - EDGE_SETTLE)
+            # Whole intervals only, counted from the month's start.
+            settled = (
+                month_start + ((settled - month_start) // step) * step
+                if settled > month_start
+                else month_start
+            )
+            have = set(
+                EdgeIntervalSummary.objects.filter(
+                    endpoint_id=agreement.endpoint_id,
+                    interval_s=agreement.interval_s,
+                    peak_rps=agreement.peak_rps,
+                    start__gte=month_start,
+                    start__lt=settled,
+                ).values_list("start", flat=True)
+            )
+            missing = [
+                month_start + k * step
+                for k in range(min(int((settled - month_start) / step), _SETTLE_MAX_INTERVALS))
+                if month_start + k * step not in have
+            ]
+            if not missing:
+                continue
+            judged = selectors.raw_intervals(
+                endpoint_id=agreement.endpoint_id,
+                interval_s=agreement.interval_s,
+                peak_rps=agreement.peak_rps,
+                start=missing[0],
+                end=missing[-1] + step,
+            )
+            wanted = set(missing)
+            rows = [
+                EdgeIntervalSummary(
+                    organization_id=agreement.organization_id,
+                    endpoint_id=agreement.endpoint_id,
+                    interval_s=agreement.interval_s,
+                    peak_rps=agreement.peak_rps,
+                    start=i.start,
+                    covered=i.covered,
+                    admitted=i.admitted,
+                    excluded=i.excluded,
+                    failed=i.failed,
+                    ttft_p50_ms=i.ttft_p50_ms,
+                    ttft_p95_ms=i.ttft_p95_ms,
+                )
+                for i in judged
+                if i.start in wanted
+            ]
+            stored += len(
+                EdgeIntervalSummary.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
+            )
+    return stored
+
+
 # Rows deleted per statement, and statements per run, when old edge records are purged.
 _PURGE_BATCH, _PURGE_BATCHES = 50_000, 20
 
@@ -524,6 +605,7 @@ def edge_records_purge(*, now: datetime | None = None) -> int:
             break
         deleted += EdgeRequest.objects.filter(id__in=ids).delete()[0]
     deleted += EdgeCoverage.objects.filter(covered_to__lt=cutoff).delete()[0]
+    deleted += EdgeIntervalSummary.objects.filter(start__lt=cutoff).delete()[0]
     return deleted
 
 

@@ -15,6 +15,12 @@ def sla_periods_close() -> dict[str, int]:
 
 
 @shared_task(acks_late=True)
+def edge_intervals_settle() -> int:
+    # Scheduled (CELERY_BEAT_SCHEDULE["sla-edge-settle"]): summaries of settled intervals.
+    return services.edge_intervals_settle()
+
+
+@shared_task(acks_late=True)
 def sla_alerts_check() -> int:
     # Scheduled (CELERY_BEAT_SCHEDULE["sla-alerts-check"]); at most one alert per kind and hour.
     return services.sla_alerts_check()

@@ -64,7 +64,7 @@ from portal.billing.models import WebhookEvent
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.jobs.models import TuningJob
 from portal.sla import services as sla_services
-from portal.sla.models import SLAAgreement
+from portal.sla.models import EdgeIntervalSummary, SLAAgreement
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.db_roles import application_role
@@ -354,6 +354,20 @@ def world(  # type: ignore[no-untyped-def]
     )
     SLAAgreement.objects.filter(pk=o["sla_agreement"].pk).update(in_force_from=previous)
     sla_services.sla_periods_close(now=now)
+    # One settled interval's summary (the settle task writes them; made directly here, cheaply).
+    EdgeIntervalSummary.objects.create(
+        organization=alice_org,
+        endpoint=endpoint,
+        interval_s=300,
+        peak_rps=2.0,
+        start=previous,
+        covered=True,
+        admitted=1,
+        excluded=0,
+        failed=0,
+        ttft_p50_ms=300.0,
+        ttft_p95_ms=300.0,
+    )
     alert_watch.alerts_scan(now=now)
     WebhookEvent.objects.create(
         stripe_event_id="evt_acme_subscription",

@@ -401,3 +401,49 @@ def test_the_api_lists_signs_refuses_credit_edits_reports_and_packs(
     pack = api(alice).get("/api/v1/compliance/evidence-pack/", {"month": "2026-10"})
     assert pack.status_code == 200 and pack["Content-Type"] == "application/zip"
     assert api(bob).get("/api/v1/compliance/evidence-pack/").status_code == 403
+
+
+def test_settled_summaries_give_the_same_report_and_a_late_batch_is_judged_again(
+    endpoint: Endpoint, provider: User, alice: User
+) -> None:
+    v1 = services.sla_agreement_propose(
+        actor=provider,
+        endpoint=endpoint,
+        terms=services.sla_terms_derive(endpoint=endpoint) | {"credit_tiers": TIERS, "interval_s": 3600},
+    )
+    services.sla_agreement_sign(actor=alice, agreement=v1)
+    SLAAgreement.objects.filter(pk=v1.pk).update(in_force_from=datetime(2026, 10, 1, tzinfo=UTC))
+    v1.refresh_from_db()
+    base = datetime(2026, 10, 20, 12, tzinfo=UTC)
+    rows = [
+        {
+            "id": f"a{i}",
+            "arrived_at": base.timestamp() + i * 2,
+            "ttft_ms": 300.0 + (i % 50) * 10,
+            "status": 200,
+        }
+        for i in range(1800)
+    ]
+    services.edge_batch_record(
+        endpoint=endpoint, payload=_batch(base, 3600, rows), now=base + timedelta(hours=2)
+    )
+    start, end = datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)
+    now = datetime(2026, 11, 1, 0, 30, tzinfo=UTC)
+    from_records = selectors.sla_window(agreement=v1, window_start=start, window_end=end, now=now)
+    # October's 744 hours (November's first hour has not ended).
+    assert services.edge_intervals_settle(now=now) == 744
+    assert services.edge_intervals_settle(now=now) == 0
+    assert selectors.sla_window(agreement=v1, window_start=start, window_end=end, now=now) == from_records
+    # A late batch for an hour already summarised (the measuring point was cut off): judged again.
+    late = base + timedelta(hours=1)
+    slow = [
+        {"id": f"b{i}", "arrived_at": late.timestamp() + i * 2, "ttft_ms": 5000.0, "status": 200}
+        for i in range(1800)
+    ]
+    services.edge_batch_record(endpoint=endpoint, payload=_batch(late, 3600, slow), now=now)
+    after = selectors.sla_window(agreement=v1, window_start=start, window_end=end, now=now)
+    assert after["edge"]["criteria"]["ttft_p50_ms"]["breached_s"] == 3600
+    assert after["edge"]["criteria"]["ttft_p50_ms"]["compliant_s"] == 3600
+    # The summary the batch overlaps was dropped and is stored again.
+    assert services.edge_intervals_settle(now=now) == 1
+    assert selectors.sla_window(agreement=v1, window_start=start, window_end=end, now=now) == after
