@@ -13,8 +13,6 @@ sets it when it accepts a token, and `RequestScopeMiddleware` clears it when the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
@@ -25,6 +23,7 @@ from portal.accounts.models import ROLE_RANK
 class RoleCap:
     organization_id: object  # the token's organization: the only one the request may act in
     role: str  # the highest role the request may act with there
+    user_id: object  # the token's creator: other people's memberships keep their own roles
 
 
 _cap: ContextVar[RoleCap | None] = ContextVar("tailguard_role_cap", default=None)
@@ -34,12 +33,12 @@ def role_cap() -> RoleCap | None:
     return _cap.get()
 
 
-def cap_role(*, organization_id: object, role: str) -> None:
+def cap_role(*, organization_id: object, role: str, user_id: object) -> None:
     """Caps what the rest of this request may do (called by token authentication)."""
     current = _cap.get()
     if current is not None and current.organization_id == organization_id:
         role = min(role, current.role, key=lambda r: ROLE_RANK[r])
-    _cap.set(RoleCap(organization_id=organization_id, role=role))
+    _cap.set(RoleCap(organization_id=organization_id, role=role, user_id=user_id))
 
 
 def begin_request() -> Token[RoleCap | None]:
@@ -50,21 +49,12 @@ def end_request(token: Token[RoleCap | None]) -> None:
     _cap.reset(token)
 
 
-@contextmanager
-def acting_as_token(*, organization_id: object, role: str) -> Iterator[None]:
-    """The cap for work done outside a web request on a token's behalf."""
-    token = _cap.set(RoleCap(organization_id=organization_id, role=role))
-    try:
-        yield
-    finally:
-        _cap.reset(token)
-
-
-def effective_role(*, organization_id: object, role: str) -> str | None:
+def effective_role(*, organization_id: object, role: str, user_id: object) -> str | None:
     """The role a membership acts with under the current cap; None where the cap allows nothing
-    (a token acting outside its own organization)."""
+    (a token acting outside its own organization). Only the token creator's memberships are
+    capped: a check on someone else's role (the member being removed) sees their own."""
     cap = _cap.get()
-    if cap is None:
+    if cap is None or str(cap.user_id) != str(user_id):
         return role
     if str(cap.organization_id) != str(organization_id):
         return None

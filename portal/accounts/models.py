@@ -112,7 +112,7 @@ class Membership(models.Model):
         the request is signed with one (None outside the token's organization)."""
         from portal.accounts.acting import effective_role
 
-        return effective_role(organization_id=self.organization_id, role=self.role)
+        return effective_role(organization_id=self.organization_id, role=self.role, user_id=self.user_id)
 
     def has_role(self, minimum: str) -> bool:
         acting = self.acting_role

@@ -33,7 +33,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         # the services' role checks see the token's cap, not only its creator's current role.
         if transaction.get_connection().in_atomic_block:
             rls.scope_transaction(organization_id=token.organization_id, user_id=token.created_by_id)
-        acting.cap_role(organization_id=token.organization_id, role=token.role)
+        acting.cap_role(organization_id=token.organization_id, role=token.role, user_id=token.created_by_id)
         return token.created_by, token
 
     def authenticate_header(self, request: Request) -> str:

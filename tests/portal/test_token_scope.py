@@ -48,6 +48,10 @@ def test_a_member_token_stays_a_member_inside_services_after_its_creator_is_prom
         # Services that need more than the token's cap refuse, whatever the view checked.
         with pytest.raises(PermissionDenied, match="capped by this API token"):
             services.invitation_create(actor=dave, organization=alice_org, email="x@evil.test", role="viewer")
+        # Other people's memberships keep their own roles (Alice is still the owner).
+        assert Membership.objects.get(user__email="alice@acme.test", organization=alice_org).has_role(
+            Role.OWNER
+        )
         # A token cannot mint a token above its own cap.
         minted = services.api_token_create(actor=dave, organization=alice_org, name="escalate")
         assert minted.token.role == Role.MEMBER
