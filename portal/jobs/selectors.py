@@ -233,6 +233,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
             else ("defaults" if baseline["is_defaults"] else "reference")
         ),
         "caps": (job.report or {}).get("caps"),
+        "golden_set": (job.report or {}).get("golden_set"),
         "confirmation": confirmation_rows(job=job),
         "outcome": selection.get("outcome", "unconfirmed"),
         "selection": {

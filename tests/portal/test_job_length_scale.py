@@ -18,6 +18,7 @@ from portal.jobs import services
 from portal.jobs.models import TuningJob
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
+from tuning.search.job import JobSpec, plan_job, report
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def ready(settings, tmp_path: Path, alice, alice_org, shared_traces, django_capt
 
 
 @pytest.mark.django_db
-def test_the_job_form_and_api_take_a_length_scale(alice, alice_org, ready) -> None:  # type: ignore[no-untyped-def]
+def test_the_job_form_and_api_take_a_length_scale(alice, alice_org, ready, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     sample, model = ready
     client = Client()
     client.force_login(alice)
@@ -87,6 +88,15 @@ def test_the_job_form_and_api_take_a_length_scale(alice, alice_org, ready) -> No
     assert job.spec["length_scale"] == 0.5
     page = client.get(reverse("jobs:detail", args=[job.id])).content.decode()
     assert "every prompt and output scaled to 0.5\u00d7 its sample length" in page
+    # Once planned (as the job's first step does), its page and report state the factor and the
+    # share shortened, and what the correctness gate judges on (counts and lengths only).
+    prepared = plan_job(JobSpec.from_dict(job.spec), tmp_path / "work")
+    TuningJob.objects.filter(id=job.id).update(report=report(prepared, []))
+    page = client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    assert prepared.caps["line"] in page and "0.5x its sample length" in page
+    page = client.get(reverse("jobs:report", args=[job.id])).content.decode()
+    assert 'id="report-golden">Correctness gate: 8 synthesised prompts of' in page
+    assert "token counts only" in page
     # The defaults keep today's behaviour: real lengths, nothing said about scaling.
     client.post(reverse("jobs:list"), {**form, "name": "real lengths"})
     plain = TuningJob.objects.get(name="real lengths")

@@ -1,7 +1,10 @@
 """`tailguard tune`: search serving configurations against an SLO on the customer's traffic.
 
 State lives in `--work-dir` (default: next to `--json`): re-running the same command resumes
-after the last finished trial instead of starting over.
+after the last finished trial instead of starting over. With an OpenAI-style log that holds prompt
+text, the work dir also holds the correctness gate's golden set (golden.json, owner-only): token
+ids of a few of your prompts, and the reference's answers to them in state.json. Nothing else
+(the report, the log lines) carries them: delete the work dir with the job.
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tuning.search.caps import Caps
 from tuning.search.job import (
@@ -136,6 +141,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     history = _load_history(work_dir, spec)
     print(prepared.caps["line"], file=sys.stderr)
+    print(golden_line(prepared.golden), file=sys.stderr)
     try:
         run_trials(
             prepared,
@@ -153,6 +159,12 @@ def _tune(args: argparse.Namespace) -> int:
     print(data["selection"]["summary"])
     print(prepared.caps["line"])
     return 0
+
+
+def golden_line(about: Mapping[str, Any]) -> str:
+    """What the correctness gate judges on, in counts and lengths (never the prompts)."""
+    lengths = ", ".join(str(n) for n in about.get("prompt_tokens") or [])
+    return f"Correctness gate: {about.get('num_prompts')} {about.get('source')} of {lengths} tokens ({about.get('why')})."
 
 
 def _caps(args: argparse.Namespace) -> Caps:
