@@ -244,10 +244,8 @@ def _serve_in_thread(app: web.Application) -> tuple[str, object]:
     return f"http://127.0.0.1:{box['port']}", stop
 
 
-def test_replay_trace_against_any_openai_compatible_endpoint(
-    tokenizer_dir: Path, shared_traces: Path
-) -> None:
-    from serving.loadgen import replay_trace
+def _fake_openai_app() -> web.Application:
+    """A streaming OpenAI-compatible endpoint serving one model, "their-model"."""
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "their-model"}]})
@@ -255,7 +253,15 @@ def test_replay_trace_against_any_openai_compatible_endpoint(
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", _fake_completions)
-    base_url, stop = _serve_in_thread(app)
+    return app
+
+
+def test_replay_trace_against_any_openai_compatible_endpoint(
+    tokenizer_dir: Path, shared_traces: Path
+) -> None:
+    from serving.loadgen import replay_trace
+
+    base_url, stop = _serve_in_thread(_fake_openai_app())
     try:
         result = replay_trace(
             endpoint=base_url + "/v1",
@@ -285,13 +291,7 @@ def test_requests_spread_over_client_processes_keep_one_schedule(
     start: every request once, in order, with its own offset, and the settings say how it ran."""
     from serving.loadgen import replay_trace
 
-    async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "their-model"}]})
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", _fake_completions)
-    base_url, stop = _serve_in_thread(app)
+    base_url, stop = _serve_in_thread(_fake_openai_app())
     try:
         result = replay_trace(
             endpoint=base_url + "/v1",
