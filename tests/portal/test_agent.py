@@ -157,6 +157,7 @@ class _Relay(threading.Thread):
 class _NetnsHost:
     namespace: str
     gateway: str  # the root namespace's end of the veth
+    address: str  # the host's own end: how other machines reach it
     relays: list[_Relay]
 
 
@@ -196,7 +197,7 @@ def _netns_host(label: str) -> Iterator[_NetnsHost | None]:
         yield None
         return
     try:
-        yield _NetnsHost(namespace=namespace, gateway=gateway, relays=relays)
+        yield _NetnsHost(namespace=namespace, gateway=gateway, address=address, relays=relays)
     finally:
         for relay in relays:
             relay.close()
@@ -367,8 +368,9 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
 ) -> None:  # type: ignore[no-untyped-def]
     """Deploy on a pool: the pool's agent starts the supervisor (the test process, standing in
     for web and workers, holds no engine), the endpoint answers at the pool's configured public
-    address (127.0.0.2 here, the router listening on every address), the watch scrapes it on its
-    host, and the stop runs there in the background."""
+    address (the host's end of a veth when it runs in its own network namespace, the router
+    listening on every address there), the watch scrapes it on its host, and the stop runs there
+    in the background."""
     import openai
 
     from portal.endpoints import services as endpoint_services
@@ -382,21 +384,27 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
     settings.TUNING_WORK_DIR = tmp_path / "jobs"
     settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
     ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
-    pool = services.pool_create(
-        actor=ops,
-        name="cpu-serve",
-        region="local",
-        accelerator="local-cpu",
-        bind_address="0.0.0.0",  # noqa: S104 (the router listens where clients reach it)
-        endpoint_url_template="http://127.0.0.2:{port}",
-    )
-    job = _finished_job(alice_org, alice, tmp_path / "models")
-    TuningJob.objects.filter(pk=job.pk).update(pool=pool, spec={"hardware": "local-cpu"})
-    job.refresh_from_db()
-    _send_through(broker, settings)
-    agent = _agent("cpu-serve", "engine-b", broker, tmp_path, settings)
+    second_host = contextlib.ExitStack()
+    agent: subprocess.Popen[str] | None = None
     endpoint = None
     try:
+        # The engine host is another host (its own network namespace, where one can be made):
+        # its public address is its end of the veth; otherwise a loopback alias, not 127.0.0.1.
+        netns = second_host.enter_context(_netns_host("e"))
+        public = netns.address if netns is not None else "127.0.0.2"
+        pool = services.pool_create(
+            actor=ops,
+            name="cpu-serve",
+            region="local",
+            accelerator="local-cpu",
+            bind_address="0.0.0.0",  # noqa: S104 (the router listens where clients reach it)
+            endpoint_url_template=f"http://{public}:{{port}}",
+        )
+        job = _finished_job(alice_org, alice, tmp_path / "models")
+        TuningJob.objects.filter(pk=job.pk).update(pool=pool, spec={"hardware": "local-cpu"})
+        job.refresh_from_db()
+        _send_through(broker, settings)
+        agent = _agent("cpu-serve", "engine-b", broker, tmp_path, settings, host=netns)
         _await(
             lambda: Host.objects.filter(name="engine-b", state=Host.State.ACTIVE).exists(),
             agent,
@@ -404,7 +412,7 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
         )
         with django_capture_on_commit_callbacks(execute=True):
             endpoint, api_key = endpoint_services.endpoint_deploy(actor=alice, job=job)
-        assert endpoint.base_url.startswith("http://127.0.0.2:")
+        assert endpoint.base_url.startswith(f"http://{public}:")
 
         def healthy() -> bool:
             # What the beat does every 15 s: the endpoint's round goes to its host's queue.
@@ -436,10 +444,11 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
         )
         assert not process_alive(supervisor)
     finally:
-        output = _stop(agent)
+        output = _stop(agent) if agent is not None else ""
         if endpoint is not None:
             endpoint.refresh_from_db()
             pid = (endpoint.runner_handle or {}).get("pid")
             if pid and process_alive(int(pid)):
                 os.killpg(int(pid), signal.SIGKILL)
+        second_host.close()
     assert "endpoint_start" in output and "endpoint_stop" in output
