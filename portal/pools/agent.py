@@ -14,6 +14,11 @@ facts every AGENT_HEARTBEAT_S, and each task it runs is recorded as the host's c
 A clean shutdown marks the host stopped; a killed agent simply stops heartbeating, so after
 POOL_HOST_LIVE_S its pool shows "waiting for a host" again, and its unfinished job step is
 handed to another host by the jobs' lease and `jobs_redispatch`.
+
+It needs what every worker needs: DATABASE_URL (with the workers' database role, which
+row-level security lets do platform work), CELERY_BROKER_URL, the deployment's SECRET_KEY or
+COMPLIANCE_STORAGE_KEY (an endpoint's key reaches the host sealed with it), and the model
+folders the portal registered, at the same paths.
 """
 
 from __future__ import annotations

@@ -261,9 +261,13 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
         job = job_services.tuning_job_create(**base, pool=local.name)
     assert job.pool == local and job.spec["hardware"] == "local-cpu"
     assert job.spec["price_per_hour_usd"] == pytest.approx(1.0)  # 0.5 per device-hour x 2 devices
-    # The API takes and shows the pool by name.
+    # The API takes and shows the pool by name; the job form offers the pools Alice may use.
     response = _api(alice).get(f"/api/v1/tuning-jobs/{job.id}/")
     assert response.json()["pool"] == "cpu-local"
+    page = Client()
+    page.force_login(alice)
+    form = page.get("/jobs/").content.decode()
+    assert "cpu-local (local-cpu x2, local)" in form and "other-cpu" not in form
 
     # Endpoints: the job's pool by default, residency checked the same way.
     TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED, winner_trial=0)
