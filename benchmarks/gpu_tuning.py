@@ -217,7 +217,8 @@ def _knee(
         ready_s = time.monotonic() - started
         _log(f"[{name}] knee engine ready in {ready_s:.0f} s")
         warm_up(engine.base_url)
-        for i, rate in enumerate(LADDER):
+        ladder = [r for r in LADDER if r >= args.ladder_start] or [LADDER[-1]]
+        for i, rate in enumerate(ladder):
             synth = synthesize(
                 sample, target_rps=rate, duration_s=args.knee_duration_s, rng=np.random.default_rng(1000 + i)
             )
@@ -359,6 +360,12 @@ def main() -> int:
     parser.add_argument("--knee-fraction", type=float, default=0.8)
     parser.add_argument("--knee-duration-s", type=float, default=15.0)
     parser.add_argument("--knee-estimate-s", type=float, default=330.0)
+    parser.add_argument(
+        "--ladder-start",
+        type=float,
+        default=LADDER[0],
+        help="first knee-probe rate (req/s): skip rates an earlier run showed far below the knee",
+    )
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--search-budget", type=int, default=3)
     parser.add_argument("--confirm-repeats", type=int, default=3)
@@ -413,6 +420,7 @@ def main() -> int:
                 "confirm_repeats": args.confirm_repeats,
                 "finalists": args.finalists,
                 "max_model_len_cap": args.max_model_len,
+                "ladder_start_rps": args.ladder_start,
                 "frozen_knobs": args.frozen_knobs,
                 "frozen_why": "random weights: the gate cannot judge precision changes on random models, "
                 "and n-gram speculation's acceptance depends on meaningful text",
