@@ -232,3 +232,33 @@ def sla_window(
         },
         "engine": _engine_figure(agreement, window_start, window_end, now),
     }
+
+
+def console_rows(*, limit: int = 500) -> list[dict[str, Any]]:
+    """Every endpoint with an agreement (platform scope): the version in force, a proposal
+    awaiting a signature, and the last closed month with its credit. Reads stored rows only."""
+    agreements = (
+        SLAAgreement.objects.filter(status__in=[SLAAgreement.Status.IN_FORCE, SLAAgreement.Status.PROPOSED])
+        .select_related("endpoint", "organization")
+        .order_by("organization__name", "endpoint__name", "-version")[: max(1, min(limit, 2000))]
+    )
+    rows: dict[object, dict[str, Any]] = {}
+    for agreement in agreements:
+        row = rows.setdefault(
+            agreement.endpoint_id,
+            {
+                "endpoint": agreement.endpoint,
+                "organization": agreement.organization,
+                "in_force": None,
+                "proposed": None,
+            },
+        )
+        row["in_force" if agreement.status == SLAAgreement.Status.IN_FORCE else "proposed"] = agreement
+    last = {}
+    for period in SLAPeriod.objects.filter(endpoint_id__in=list(rows)).order_by(
+        "endpoint_id", "-window_start"
+    ):
+        last.setdefault(period.endpoint_id, period)
+    for endpoint_id, row in rows.items():
+        row["last_period"] = last.get(endpoint_id)
+    return list(rows.values())

@@ -6,6 +6,7 @@ app_name = "sla"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("console/", views.console, name="console"),
     path("endpoints/<uuid:endpoint_id>/", views.endpoint_detail, name="endpoint"),
     path("endpoints/<uuid:endpoint_id>/propose/", views.propose, name="propose"),
     path("agreements/<uuid:agreement_id>/sign/", views.sign, name="sign"),

@@ -88,6 +88,18 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+def console(request: HttpRequest) -> HttpResponse:
+    """The provider's view of every tenant's agreements: in force, awaiting a signature, the last
+    closed month and its credit (platform admins; 404 to everyone else). Audited as staff access."""
+    if not services.is_provider(request.user):
+        raise Http404
+    rls.scope_transaction(platform=True)  # every tenant's agreements: the console's whole point
+    staff_access_record(actor=request.user, what="sla console")
+    return render(request, "sla/console.html", {"rows": selectors.console_rows()})
+
+
+@login_required
+@require_GET
 def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint_for(request, endpoint_id)
     provider = services.is_provider(request.user)

@@ -573,6 +573,7 @@ ROUTES: dict[str, Route] = {
         writes={"POST": lambda w: {"baa": str(w.baa.pk), "effective_on": f"{w.baa.effective_on:%Y-%m-%d}"}},
     ),
     "sla:overview": Route(),
+    "sla:console": Route(staff_only=True),
     "sla:endpoint": Route(
         objects=_obj("endpoint", "endpoint_id"), queries=lambda w: [{"month": w.sla_month}]
     ),

@@ -125,6 +125,10 @@ def test_provider_proposes_from_the_job_customer_signs_and_changes_are_versions(
     assert [(v, s) for v, s, _ in _state(endpoint)] == [(1, "superseded"), (2, "in_force")]
     v1.refresh_from_db()
     assert v1.in_force_until is not None
+    # The provider's console lists it; to a customer the console does not exist.
+    console = provider_client.get(reverse("sla:console")).content.decode()
+    assert "voice agent" in console and "v2 since" in console
+    assert alice_client.get(reverse("sla:console")).status_code == 404
     actions = list(
         AuditEvent.objects.filter(action__startswith="sla.agreement.")
         .order_by("id")
