@@ -259,3 +259,19 @@ def test_tailguard_tune_takes_a_length_scale(
     assert args.func(args) == 0
     first = json.loads((tmp_path / "b.json.work" / "workload.jsonl").read_text().splitlines()[0])
     assert first["input_length"] == max(1, round(first["sample_input_length"] * 0.5))
+
+
+def test_prompts_too_short_to_judge_on_are_not_used(model: Path, tmp_path: Path) -> None:
+    log = tmp_path / "short.jsonl"
+    row = {"prompt": "ok", "usage": {"prompt_tokens": 1, "completion_tokens": 3}}
+    log.write_text("".join(json.dumps({**row, "timestamp": 1_700_000_000 + i}) + "\n" for i in range(30)))
+    golden, about = gates.golden_for_job(
+        work_dir=tmp_path / "w",
+        vocab_size=2048,
+        workload_lengths=[1] * 30,
+        seed=0,
+        model_path=str(model),
+        trace_path=str(log),
+    )
+    assert about["source"] == gates.SYNTHESISED and "too short to judge on" in about["why"]
+    assert all(len(p) == gates.GOLDEN_MIN_TOKENS for p in golden.prompts)

@@ -36,6 +36,9 @@ GOLDEN_MIN_TOKENS = 16
 # answers are stored with the job: longer prompts than this add storage, not evidence.
 GOLDEN_MAX_TOKENS = 128
 GOLDEN_NUM_PROMPTS = 8
+# Fewer compared positions than this over the whole set and one disagreement moves top-1
+# agreement by more than the gate's margin: the customer's prompts are then too short to use.
+GOLDEN_MIN_POSITIONS = 64
 # The job's golden set, in its work dir only (owner-only permissions): where it holds the
 # customer's prompts, their token ids are the customer's text in another form.
 GOLDEN_FILE = "golden.json"
@@ -139,8 +142,11 @@ def golden_for_job(
             )
         if drawn is None and tokenizer is not None:
             why = "the sample's requests carry no prompt text"
+        positions = sum(len(p) - 1 for p in drawn.prompts) if drawn is not None else 0
         if drawn is not None and max(max(p) for p in drawn.prompts) >= vocab_size:
             why = "the model's tokenizer gives token ids beyond the model's vocabulary"
+        elif drawn is not None and positions < GOLDEN_MIN_POSITIONS:
+            why = f"the sample's prompts are too short to judge on ({positions} compared positions)"
         elif drawn is not None:
             golden = GoldenSet(prompts=drawn.prompts, greedy_tokens=16, top_k=10)
             about = {
