@@ -11,10 +11,8 @@ with its audit event), not trials.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,8 +33,8 @@ from portal.jobs import services
 from portal.jobs.models import TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
-from tests.conftest import REPO_ROOT
 from tests.factories import LOOSE_SLO, build_model_dir, ready_sample, served_model
+from tests.workers import redis_or_skip, require_postgres, running_worker, sending_to, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,48 +67,17 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def redis_url() -> str:
-    import redis
-
-    url = os.environ.get("TAILGUARD_TEST_FAULTS_REDIS_URL", "redis://127.0.0.1:6379/14")
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=2)
-        client.ping()
-    except redis.ConnectionError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs Redis at {url}: {exc}")
-        pytest.skip(f"Redis not reachable at {url}")
-    # This Redis database is these tests' alone: clear what an earlier run may have left.
-    client.flushdb()
-    return url
+    return redis_or_skip(os.environ.get("TAILGUARD_TEST_FAULTS_REDIS_URL", "redis://127.0.0.1:6379/14"))
 
 
 @pytest.fixture
 def postgres() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("workers share the test database only on PostgreSQL")
+    require_postgres()
 
 
-def _database_url() -> str:
-    s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-@contextmanager
-def _broker(url: str, transport_options: dict[str, Any]) -> Iterator[None]:
-    """This process (the web side) sends its tasks to `url` for real (not eagerly)."""
-    from portal.celery import app
-
-    saved = (app.conf.broker_url, app.conf.broker_transport_options)
-    app.conf.update(task_always_eager=False, broker_url=url, broker_transport_options=transport_options)
-    # Drop connections made to another broker earlier in this process.
-    app._pool = None
-    app.amqp._producer_pool = None
-    try:
-        yield
-    finally:
-        app.conf.update(task_always_eager=True, broker_url=saved[0], broker_transport_options=saved[1])
-        app._pool = None
-        app.amqp._producer_pool = None
+# The names the fault tests of endpoints and the journeys still import from here.
+_broker = sending_to
+_wait = wait_for
 
 
 def _closed_port() -> int:
@@ -134,65 +101,19 @@ def _broker_down(kind: str) -> Iterator[str]:
 
 
 def _worker_env(redis_url: str, settings: Any, model_root: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=_database_url(),
-        CELERY_BROKER_URL=redis_url,
-        CELERY_TASK_ALWAYS_EAGER="false",
-        TRAFFIC_STAGING_DIR=str(settings.TRAFFIC_STAGING_DIR),
-        TRAFFIC_WORKLOAD_DIR=str(settings.TRAFFIC_WORKLOAD_DIR),
-        TUNING_WORK_DIR=str(settings.TUNING_WORK_DIR),
-        COMPLIANCE_STORAGE_DIR=str(settings.COMPLIANCE_STORAGE_DIR),
-        TUNING_MODEL_ROOTS=str(model_root),
-        **_FAST_RECOVERY,
+    return worker_env(
+        broker_url=redis_url, settings=settings, TUNING_MODEL_ROOTS=str(model_root), **_FAST_RECOVERY
     )
-    return env
 
 
 @contextmanager
 def _worker(env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
     """A real worker process with its embedded beat; yields its log file."""
     log = tmp_path / "worker.log"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "portal",
-            "worker",
-            "--beat",
-            f"--schedule={tmp_path / 'beat-schedule'}",
-            "--pool=solo",
-            "-Q",
-            django_settings.CELERY_TASK_DEFAULT_QUEUE,
-            "--loglevel=INFO",
-            "--without-mingle",
-            "--without-gossip",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with running_worker(
+        env, log, queues=[django_settings.CELERY_TASK_DEFAULT_QUEUE], beat_schedule=tmp_path / "beat-schedule"
+    ):
         yield log
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
-def _wait(condition: Any, log: Path, what: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen; worker log:\n{log.read_text(errors='replace')[-5000:]}")
-        time.sleep(0.3)
 
 
 def _job_form(sample: TrafficSample, model: Any) -> dict[str, object]:
@@ -240,7 +161,7 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
     if down == "hangs":
         timeouts["socket_timeout"] = 2
 
-    with _broker_down(down) as down_url, _broker(down_url, timeouts):
+    with _broker_down(down) as down_url, sending_to(down_url, timeouts):
         started = alice_client.post(reverse("jobs:list"), _job_form(sample, model))
         with (shared_traces / "mooncake_synthetic.jsonl").open("rb") as fh:
             uploaded = alice_client.post(
@@ -265,10 +186,10 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
     # The job's step must end at plan time (no engine here): its workload goes missing.
     workload_path(sample).unlink()
     with (
-        _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS),
+        sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS),
         _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log,
     ):
-        _wait(
+        wait_for(
             lambda: (
                 not TuningJob.objects.get(pk=job.pk).is_active
                 and not TrafficSample.objects.get(pk=late.pk).is_pending
@@ -367,7 +288,7 @@ def test_a_database_restart_during_a_step(
     os.mkfifo(trace)
     lost = "lost the database; its lease will run out"
 
-    with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS):
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
         job = services.tuning_job_create(
             actor=alice,
             organization=alice_org,
@@ -392,7 +313,7 @@ def test_a_database_restart_during_a_step(
                 return True
 
             try:
-                _wait(step_reads_the_trace, log, "the step opening its trace")
+                wait_for(step_reads_the_trace, log, "the step opening its trace")
                 first = TuningJob.objects.get(pk=job.pk)
                 assert first.status == TuningJob.Status.RUNNING
                 assert first.dispatch == TuningJob.Dispatch.TAKEN and first.lease_owner
@@ -410,13 +331,13 @@ def test_a_database_restart_during_a_step(
                     writer = None
                     staged.replace(trace)
                     if outage == "outlasts the step":
-                        _wait(lambda: lost in log.read_text(errors="replace"), log, "the step failing")
+                        wait_for(lambda: lost in log.read_text(errors="replace"), log, "the step failing")
                         # Nothing the failed step did after the outage reached the database.
                         held = TuningJob.objects.get(pk=job.pk)
                         assert held.status == TuningJob.Status.RUNNING
                         assert held.lease_owner == first.lease_owner
                         allow()
-                _wait(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end")
+                wait_for(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end")
             finally:
                 if writer is not None:
                     os.close(writer)
@@ -459,7 +380,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
     )
     model = served_model(alice_org, alice, model_root)
 
-    with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS):
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
         job = services.tuning_job_create(
             actor=alice,
             organization=alice_org,
@@ -487,7 +408,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
                         )
                         return cursor.fetchone() is not None
 
-                _wait(step_waits_for_the_audit_lock, log, "the step's final transaction")
+                wait_for(step_waits_for_the_audit_lock, log, "the step's final transaction")
                 # Its job update is written but not committed: nobody else sees FAILED.
                 assert TuningJob.objects.get(pk=job.pk).status == TuningJob.Status.RUNNING
                 with connection.cursor() as cursor:
@@ -498,7 +419,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
                     )
                     assert cursor.fetchone()[0] == 1
             # The lock is free again: the step the beat sends next can finish.
-            _wait(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end")
+            wait_for(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end")
             output = log.read_text(errors="replace")
 
     assert "terminating connection due to administrator command" in output
@@ -529,7 +450,7 @@ def test_redispatch_leaves_live_steps_alone_and_stops_a_job_whose_step_keeps_dyi
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
     model = served_model(alice_org, alice, model_root)
-    with _broker(f"redis://127.0.0.1:{_closed_port()}/0", settings.REDIS_BROKER_TIMEOUTS):
+    with sending_to(f"redis://127.0.0.1:{_closed_port()}/0", settings.REDIS_BROKER_TIMEOUTS):
         jobs = [
             services.tuning_job_create(
                 actor=alice,
@@ -592,7 +513,7 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
     )
     model = served_model(alice_org, alice, model_root)
     env = {**_worker_env(redis_url, settings, model_root), "TUNING_LEASE_S": "30"}
-    with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS), _worker(env, tmp_path) as log:
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS), _worker(env, tmp_path) as log:
         job = services.tuning_job_create(
             actor=alice,
             organization=alice_org,
@@ -606,12 +527,12 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
             repeats=1,
             capacity_steps=(1.5,),
         )
-        _wait(lambda: job.trials.filter(number=0).exists(), log, "trial 0 starting", timeout_s=300)
+        wait_for(lambda: job.trials.filter(number=0).exists(), log, "trial 0 starting", timeout_s=300)
         time.sleep(5)  # inside run_trial: the engine is starting
         with _database_refusing_connections():
             assert _terminate_other_backends() >= 1
             time.sleep(3)
-        _wait(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end", timeout_s=900)
+        wait_for(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end", timeout_s=900)
     job.refresh_from_db()
     assert job.status == TuningJob.Status.SUCCEEDED, job.error
     trials = list(job.trials.order_by("number"))
