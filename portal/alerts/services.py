@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
@@ -80,14 +80,31 @@ def _kinds(kinds: list[str]) -> list[str]:
     return [k for k in AlertKind.values if k in set(kinds)]
 
 
+def _require_manager(
+    actor: User, organization: Organization, *, kind: str, target: str, channel: AlertChannel | None = None
+) -> None:
+    """Owners and admins manage every channel; any member manages their own subscription (an
+    e-mail channel to their own address that they made). Else PermissionDenied saying so."""
+    membership = require_role(actor=actor, organization=organization, minimum=Role.VIEWER, doing="see alerts")
+    if membership.has_role(Role.ADMIN):
+        return
+    own = kind == AlertChannel.Kind.EMAIL and target.lower() == actor.email.lower()
+    if own and (channel is None or channel.created_by_id == actor.pk):
+        return
+    raise PermissionDenied(
+        "Only an owner or admin manages the organization's alert channels; you can subscribe your own "
+        f"address ({actor.email}) to the alerts you want."
+    )
+
+
 def alert_channel_create(
     *, actor: User, organization: Organization, kind: str, name: str, target: str, kinds: list[str]
 ) -> AlertChannel:
     """A new channel. For a webhook the signing secret is generated here and returned on the
     channel (show it once)."""
-    require_role(actor=actor, organization=organization, minimum=Role.ADMIN, doing="manage alert channels")
-    errors: dict[str, str] = {}
     name, target = (name or "").strip(), (target or "").strip()
+    _require_manager(actor, organization, kind=kind, target=target)
+    errors: dict[str, str] = {}
     if not name or len(name) > 100:
         errors["name"] = "Name the channel in 1 to 100 characters."
     if kind == AlertChannel.Kind.EMAIL:
@@ -135,9 +152,7 @@ def alert_channel_update(
     *, actor: User, channel: AlertChannel, kinds: list[str], enabled: bool
 ) -> AlertChannel:
     """Which alerts the channel receives, and whether it is on."""
-    require_role(
-        actor=actor, organization=channel.organization, minimum=Role.ADMIN, doing="manage alert channels"
-    )
+    _require_manager(actor, channel.organization, kind=channel.kind, target=channel.target, channel=channel)
     chosen = _kinds(list(kinds))
     with transaction.atomic():
         before = {"kinds": channel.kinds, "enabled": channel.enabled}
@@ -156,9 +171,7 @@ def alert_channel_update(
 
 
 def alert_channel_delete(*, actor: User, channel: AlertChannel) -> None:
-    require_role(
-        actor=actor, organization=channel.organization, minimum=Role.ADMIN, doing="manage alert channels"
-    )
+    _require_manager(actor, channel.organization, kind=channel.kind, target=channel.target, channel=channel)
     with transaction.atomic():
         audit_record(
             actor=actor,

@@ -24,6 +24,7 @@ def _page(
         "alerts": selectors.alert_recent(organization=organization),
         "kinds": AlertKind.choices,
         "can_manage": request.membership.has_role(Role.ADMIN),  # type: ignore[attr-defined]
+        "own_email": request.user.email,  # type: ignore[union-attr]
         "errors": errors or {},
         "posted": request.POST if request.method == "POST" else {},
         "new_secret": request.session.pop("alerts_new_secret", None),

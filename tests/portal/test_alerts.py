@@ -308,9 +308,12 @@ def test_roles_and_tenants_on_alert_channels(
         target="ops@acme.test",
         kinds=["job.failed"],
     )
-    form = {"kind": "email", "name": "mine", "target": "bob@acme.test", "kinds": ["job.failed"]}
+    # Bob (viewer) cannot send the organization's alerts elsewhere, nor touch Alice's channel.
+    form = {"kind": "email", "name": "mine", "target": "elsewhere@acme.test", "kinds": ["job.failed"]}
     assert bob_client.post(reverse("alerts:channel_create"), form).status_code == 403
     assert bob_client.post(reverse("alerts:channel_delete", args=[channel.pk])).status_code == 403
+    update = {"kinds": ["job.finished"], "enabled": "on"}
+    assert bob_client.post(reverse("alerts:channel_update", args=[channel.pk]), update).status_code == 403
     assert charlie_client.post(reverse("alerts:channel_delete", args=[channel.pk])).status_code == 404
     assert (
         charlie_client.post(
@@ -320,6 +323,16 @@ def test_roles_and_tenants_on_alert_channels(
     )
     assert list(AlertChannel.objects.values_list("name", "kinds")) == [("ops", ["job.failed"])]
     assert "ops@acme.test" not in charlie_client.get(reverse("alerts:overview")).content.decode()
+    # ...but subscribes himself to what he wants, and changes or ends that subscription.
+    assert 'id="subscribe-form"' in bob_client.get(reverse("alerts:overview")).content.decode()
+    mine = {"kind": "email", "name": "bob", "target": "bob@acme.test", "kinds": ["sla.breached"]}
+    assert bob_client.post(reverse("alerts:channel_create"), mine).status_code == 302
+    own = AlertChannel.objects.get(target="bob@acme.test")
+    assert bob_client.post(reverse("alerts:channel_update", args=[own.pk]), update).status_code == 302
+    own.refresh_from_db()
+    assert own.kinds == ["job.finished"]
+    assert bob_client.post(reverse("alerts:channel_delete", args=[own.pk])).status_code == 302
+    assert list(AlertChannel.objects.values_list("name", flat=True)) == ["ops"]
 
 
 def test_endpoint_loop_and_payment_states_alert_once_per_episode(
