@@ -1,7 +1,7 @@
 """Suite-wide fixtures and the rule for slow tests.
 
-Tests marked `engine` or `browser` are slow. On a developer machine they may be skipped with
-`TAILGUARD_FAST=1`; under CI (`CI=true`) nothing is ever skipped that way.
+Tests marked `engine`, `browser` or `slow` are slow. On a developer machine they may be skipped
+with `TAILGUARD_FAST=1`; under CI (`CI=true`) nothing is ever skipped that way.
 """
 
 from __future__ import annotations
@@ -33,12 +33,16 @@ def shared_traces() -> Path:
     return path
 
 
+# The markers of the tier between "fast" and "everything" (pyproject.toml describes each).
+SLOW_MARKERS = ("engine", "browser", "slow")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _truthy("CI") or not _truthy("TAILGUARD_FAST"):
         return
     skip = pytest.mark.skip(reason="TAILGUARD_FAST=1 skips slow tests on a developer machine (never in CI)")
     for item in items:
-        if "engine" in item.keywords or "browser" in item.keywords:
+        if any(marker in item.keywords for marker in SLOW_MARKERS):
             item.add_marker(skip)
 
 

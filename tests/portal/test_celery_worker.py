@@ -13,7 +13,7 @@ from portal.accounts.models import Invitation, Organization, User
 from tests.conftest import PASSWORD
 from tests.workers import redis_or_skip, require_postgres, running_worker, sending_to, worker_env
 
-pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.celery_worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from portal.accounts.models import Invitation
 from tests.conftest import PASSWORD
 from tests.workers import database_url, require_postgres, running_worker, sending_to
 
-pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.celery_worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_embedded_broker_worker_runs_a_task(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from portal.traffic.services import workload_path
 from tests.factories import LOOSE_SLO, build_model_dir, ready_sample, served_model
 from tests.workers import redis_or_skip, require_postgres, running_worker, sending_to, wait_for, worker_env
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # Worker settings that make the recovery quick: a step's lease runs out after 10 s (the least
 # the settings allow) and the beat looks for undelivered or abandoned work every second.
