@@ -1,0 +1,150 @@
+"""benchmarks/kernels_e2e.py on a CPU: the dry run checks the whole plan and starts nothing; the
+figures and the log reading the GPU run relies on, on made-up blocks and logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import kernels_e2e as e2e
+from serving.engine import EngineConfig, moe_tables
+from tailguard import moe_step
+
+
+def test_dry_run_checks_the_plan_and_writes_no_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "result.json"
+    plan_path = tmp_path / "plan.json"
+    argv = [
+        "--dry-run", "--no-validate", "--shapes", "qwen3-30b-a3b-e64", "--traces", "azure_conv",
+        "--sim-requests", "60", "--sim-window-s", "5", "--work", str(tmp_path / "work"),
+        "--out", str(out), "--plan-out", str(plan_path),
+    ]  # fmt: skip
+    assert e2e.main(argv) == 0
+    assert not out.exists()  # the result file is written by a GPU run only
+    plan = json.loads(plan_path.read_text())
+    shape = plan["shapes"]["qwen3-30b-a3b-e64"]
+    assert shape["table_file_name"] == "E=64,N=768,device_name=NVIDIA_H200.json"
+    if shape["checked_against"] is not None:  # vLLM installed here: it ships no H200 table for it
+        assert shape["vllm_ships_table"] is False
+    trace = shape["traces"]["azure_conv"]
+    assert list(trace["loads"]) == ["0.4x", "0.8x"]
+    assert 0 < trace["loads"]["0.4x"] < trace["loads"]["0.8x"] <= trace["saturation_rate_scale"]
+    assert all(16 <= n <= e2e.MAX_BLOCK_REQUESTS for n in trace["requests_per_replay"].values())
+    traffic, uniform = trace["traffic_table"], shape["uniform_table"]
+    # Both tables spend the same number of candidate trials; the traffic's goes where its time is.
+    assert sum(b["candidates"] for b in traffic["buckets"]) <= 216
+    assert sum(b["candidates"] for b in uniform["buckets"]) == 216
+    assert [b["key"] for b in uniform["buckets"]] == list(moe_tables.BATCH_SIZE_KEYS)
+    assert sum(b["weight"] for b in traffic["buckets"]) == pytest.approx(1.0, abs=1e-4)
+    heaviest = max(traffic["buckets"], key=lambda b: b["weight"])
+    assert heaviest["candidates"] == max(b["candidates"] for b in traffic["buckets"])
+    assert all(len(b["points"]) <= 2 for b in traffic["buckets"])
+    # The arms differ only in where vLLM looks for tables.
+    arms = plan["arms"]
+    assert moe_tables.ENV_VAR not in arms["default"]["env"]
+    assert arms["traffic"]["env"][moe_tables.ENV_VAR].startswith("/WORK/tables/traffic")
+    assert arms["default"]["args"] == arms["traffic"]["args"]
+    assert "--load-format" in arms["default"]["args"] and "dummy" in arms["default"]["args"]
+    assert plan["estimate"]["blocks"] == 1 * 1 * 3 * 3
+    config = json.loads((tmp_path / "work" / "models" / "qwen3-30b-a3b-e64" / "config.json").read_text())
+    assert config["num_experts"] == 64 and config["moe_intermediate_size"] == 768
+    assert "plan OK: 9 engine blocks" in capsys.readouterr().out
+
+
+def test_a_plan_that_would_not_fit_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--dry-run", "--no-validate", "--shapes", "qwen3-30b-a3b", "--traces", "mooncake",
+        "--tune-budget-s", "5", "--work", str(tmp_path),
+    ]  # fmt: skip
+    assert e2e.main(argv) == 2
+    assert "the plan is refused" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        e2e.main(["--dry-run", "--repeats", "0"])
+    with pytest.raises(SystemExit):
+        e2e.main(["--dry-run", "--shapes", "llama-3.1-8b"])
+
+
+def _block(arm: str, round_: int, tpot: float, ttft: list[float]) -> dict[str, object]:
+    return {
+        "shape": "s",
+        "trace": "t",
+        "arm": arm,
+        "round": round_,
+        "table_used": "default",
+        "replays": {"0.8x": {"ttft_ms": ttft, "tpot_p50_ms": tpot, "errors": 0}},
+    }
+
+
+def test_figures_are_ratios_with_intervals_from_the_blocks() -> None:
+    rng = np.random.default_rng(0)
+    blocks = []
+    for r in range(3):
+        for arm, tpot, scale in (("default", 10.0, 1.0), ("uniform", 9.5, 0.95), ("traffic", 8.0, 0.9)):
+            blocks.append(_block(arm, r, tpot + 0.1 * r, list(scale * rng.uniform(50, 150, 200))))
+    f = e2e.figures(blocks, "0.8x", seed=0)
+    assert f["blocks"] == {"default": 3, "uniform": 3, "traffic": 3}
+    tpot = f["tpot_ratio_vs_default"]
+    assert tpot["value"] == pytest.approx(np.mean([8.0, 8.1, 8.2]) / np.mean([10.0, 10.1, 10.2]), rel=1e-3)
+    assert tpot["ci_low"] <= tpot["value"] <= tpot["ci_high"] < 1.0
+    assert f["tpot_ratio_vs_uniform_tuned"]["value"] < 1.0
+    assert 0.7 < f["ttft_p95_ratio_vs_default"]["value"] < 1.1
+    # A load no block measured gives counts and no figures.
+    none = {"default": 0, "uniform": 0, "traffic": 0}
+    assert e2e.figures(blocks, "0.4x", seed=0) == {"blocks": none, "errors": none}
+    # A block with failed requests is left out of the ratios and counted.
+    blocks[0]["replays"]["0.8x"]["errors"] = 3  # type: ignore[index]
+    f = e2e.figures(blocks, "0.8x", seed=0)
+    assert f["blocks"]["default"] == 2 and f["errors"]["default"] == 3
+
+
+def test_a_resumed_run_rewrites_tables_its_fresh_machine_lacks(tmp_path: Path) -> None:
+    planned = moe_step.plan_tables(
+        model="qwen3-30b-a3b",
+        config=EngineConfig(),
+        gpu_name="NVIDIA H200",
+        sample=None,
+        budget=18,
+        time_budget_s=60,
+        pool_size=4,
+        min_per_bucket=1,
+    )
+    entry = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 64,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+    state = {"tune-x": {"table": {"1": entry, "64": entry}, "vllm_file_name": None}}
+    clock = e2e.Clock(0.0)  # no time left: nothing may be tuned, only restored
+    record = e2e.tune_step(argparse.Namespace(), "tune-x", planned, tmp_path, state, clock)
+    assert record is not None
+    assert moe_tables.read_table(tmp_path / planned.table.file_name, expect=planned.table) == {
+        1: entry,
+        64: entry,
+    }
+    # A step not yet run, with no time left, is not started.
+    assert e2e.tune_step(argparse.Namespace(), "tune-y", planned, tmp_path, state, clock) is None
+
+
+def test_the_engine_log_says_which_table_was_read(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "INFO ... Using configuration from /w/tables/traffic/E=64,N=768,device_name=NVIDIA_H200.json "
+        "for MoE layer.\n"
+    )
+    assert e2e.table_used(log) == "/w/tables/traffic/E=64,N=768,device_name=NVIDIA_H200.json"
+    log.write_text(
+        "WARNING ... Using default MoE config. Performance might be sub-optimal! Config file not found\n"
+    )
+    assert e2e.table_used(log).startswith("default")
+    assert e2e.table_used(tmp_path / "absent.log").startswith("unknown")
