@@ -18,20 +18,14 @@ import sys
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available() and os.environ.get("TAILGUARD_KERNELS_INTERPRET", "0") in ("", "0")
+from tests.kernels.device import DEVICE, ON_GPU
+
 if not ON_GPU:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "triton was imported before tests/kernels/conftest.py could enable its interpreter"
         )
     os.environ["TRITON_INTERPRET"] = "1"
-
-DEVICE = "cuda" if ON_GPU else "cpu"
-
-# ||out - ref|| / ||ref|| bounds by the dtype the kernel computes and stores in.
-REL_TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-# e4m3 keeps 3 mantissa bits: a round-off of up to 1/16 of each value, ~3% in norm.
-FP8_REL_TOL = 0.05
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,10 +1,27 @@
-"""Comparison helpers shared by the kernel tests."""
+"""Comparison helpers and inputs shared by the kernel tests."""
 
 from __future__ import annotations
 
 import torch
 
-from tests.kernels.conftest import FP8_REL_TOL, REL_TOL
+from tests.kernels.device import FP8_REL_TOL, REL_TOL
+
+# A workload profile as `tailguard profile TRACE --json` prints it (the kernels' tuning input).
+PROFILE = {
+    "num_requests": 1000,
+    "duration_s": 100.0,
+    "input_tokens": {
+        "mean": 1200.0,
+        "p50": 1000.0,
+        "p90": 3000.0,
+        "p95": 4000.0,
+        "p99": 9000.0,
+        "max": 20000.0,
+    },
+    "output_tokens": {"mean": 200.0, "p50": 120.0, "p90": 400.0, "p95": 450.0, "p99": 600.0, "max": 1000.0},
+    "arrival": {"mean_rps": 10.0, "peak_rps_60s": 20.0, "interarrival_cv": 1.0},
+    "prefix": {"reuse_ratio": None},
+}
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from kernels.cli import register
-from tests.kernels.conftest import ON_GPU
-from tests.kernels.test_workload import PROFILE
+from tests.kernels.device import ON_GPU
+from tests.kernels.helpers import PROFILE
 
 
 def _run(argv: list[str]) -> int:

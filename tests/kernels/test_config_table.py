@@ -9,7 +9,7 @@ import torch
 
 from kernels import config_table
 from kernels.silu_mul import silu_and_mul, silu_and_mul_ref
-from tests.kernels.conftest import DEVICE
+from tests.kernels.device import DEVICE
 from tests.kernels.helpers import assert_close
 
 

@@ -9,7 +9,7 @@ from kernels.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.device import DEVICE, ON_GPU
 from tests.kernels.helpers import assert_close
 
 # (num_seqs, num_heads, num_kv_heads, head_dim, page_size, max_seq_len)

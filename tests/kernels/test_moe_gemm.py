@@ -14,7 +14,7 @@ from kernels.moe_gemm import (
     moe_grouped_gemm,
     moe_grouped_gemm_ref,
 )
-from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.device import DEVICE, ON_GPU
 from tests.kernels.helpers import assert_close
 
 # (tokens, K, N, experts, top_k)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.rmsnorm import candidate_configs, default_config, fused_add_rmsnorm, fused_add_rmsnorm_ref
-from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.device import DEVICE, ON_GPU
 from tests.kernels.helpers import assert_close, assert_fp8_close
 
 # (tokens, hidden): odd sizes on purpose, so masks at both edges are exercised.

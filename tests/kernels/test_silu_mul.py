@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.silu_mul import candidate_configs, default_config, silu_and_mul, silu_and_mul_ref
-from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.device import DEVICE, ON_GPU
 from tests.kernels.helpers import assert_close, assert_fp8_close
 
 # (tokens, d): the input is [tokens, 2d]

@@ -9,24 +9,9 @@ from pathlib import Path
 import pytest
 
 from kernels.workload import EngineAssumptions, ProfileError, buckets_from_profile
+from tests.kernels.helpers import PROFILE
 
 PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "profiles"
-
-PROFILE = {
-    "num_requests": 1000,
-    "duration_s": 100.0,
-    "input_tokens": {
-        "mean": 1200.0,
-        "p50": 1000.0,
-        "p90": 3000.0,
-        "p95": 4000.0,
-        "p99": 9000.0,
-        "max": 20000.0,
-    },
-    "output_tokens": {"mean": 200.0, "p50": 120.0, "p90": 400.0, "p95": 450.0, "p99": 600.0, "max": 1000.0},
-    "arrival": {"mean_rps": 10.0, "peak_rps_60s": 20.0, "interarrival_cv": 1.0},
-    "prefix": {"reuse_ratio": None},
-}
 
 
 def test_weights_sum_to_one_and_buckets_are_powers_of_two() -> None:
