@@ -1,10 +1,12 @@
 """The engine-host agent: `tailguard agent --pool NAME` on each engine host.
 
 It is a Celery worker of the portal's own app (the same tasks, the same database and broker)
-that consumes exactly two queues: its pool's (`pool.NAME`: trials, endpoint starts; any host of
-the pool may take them) and its own host's (`host.<id>`: operations on endpoints already running
-here). It runs one task at a time in its own process (Celery's solo pool, prefetch 1): a
-measuring host runs one measurement, and a second trial waits in the queue for another host.
+on its pool's queue (`pool.NAME`: trials, endpoint starts; any host of the pool may take them),
+one task at a time in its own process (Celery's solo pool, prefetch 1): a measuring host runs
+one measurement, and a second trial waits in the queue for another host. Beside it, a second
+worker process of the same agent takes its own host's queue (`host.<id>`: a new configuration,
+the watch's scrape, a stop for the endpoints running here), so those never wait behind a
+trial; it ends with the agent (and on its own if the agent is killed).
 
 Before it takes any work it registers its host with the facts it reports (CPU model and ISA,
 GPUs from NVML or torch, vLLM version, free memory, its engine command); a host whose hardware
@@ -26,9 +28,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "e.g. a GPU host's CUDA build: '/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server'",
     )
     parser.add_argument("--loglevel", default="INFO")
+    # Internal: the agent starts its host queue's worker with this (see the module docstring).
+    parser.add_argument("--control-for", help=argparse.SUPPRESS)
 
 
 def _describe(task: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None) -> str:
@@ -110,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from portal.pools.models import Host
     from serving.runner.hostfacts import gpu_facts, host_facts
 
+    if args.control_for:
+        return _control_worker(app, args)
+
     gpus = gpu_facts()
     facts = host_facts(gpus=gpus).to_dict()
     try:
@@ -145,6 +155,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"[tailguard-agent] host {host.name} ({host_id}) of pool {host.pool.name}: queues {host.pool.queue}, {host.queue}",
         flush=True,
     )
+    control = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "portal.pools.agent",
+            "--pool",
+            args.pool,
+            "--name",
+            args.name,
+            "--loglevel",
+            args.loglevel,
+            "--control-for",
+            host_id,
+        ]
+    )
     try:
         app.worker_main(
             [
@@ -153,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--concurrency=1",
                 "--prefetch-multiplier=1",
                 "-Q",
-                f"{host.pool.queue},{host.queue}",
+                host.pool.queue,
                 "-n",
                 f"agent-{host.name}@{socket.gethostname()}",
                 f"--loglevel={args.loglevel}",
@@ -163,7 +188,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     finally:
         beat.stopping.set()
+        control.terminate()
+        try:
+            control.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            control.kill()
         services.host_stopped(host_id=host_id)
+    return 0
+
+
+def _control_worker(app: Any, args: argparse.Namespace) -> int:
+    """The agent's second worker: its host's queue only, ending when the agent ends."""
+    from portal.pools.routing import host_queue
+
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        # A killed agent cannot stop this process: it stops itself (a warm shutdown).
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=orphaned, daemon=True, name="agent-parent-watch").start()
+    app.worker_main(
+        [
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "-Q",
+            host_queue(args.control_for),
+            "-n",
+            f"agent-control-{args.name}@{socket.gethostname()}",
+            f"--loglevel={args.loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
     return 0
 
 
