@@ -293,6 +293,31 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
         assert queues.llen("pool.cpu-a") == 0
         host_a.refresh_from_db()
         assert str(job.id) in host_a.current_task  # what runs on it, for the admin page
+        # While its measuring worker waits, the host's own queue still moves: an endpoint
+        # recorded on host A gets its watch round there (a gap: nothing serves it in this test).
+        from portal.endpoints import services as endpoint_services
+        from portal.endpoints.models import Endpoint, MetricSnapshot
+
+        served = Endpoint.objects.create(
+            organization=alice_org,
+            name="on-a",
+            served_model=model,
+            job=job,
+            pool=pool,
+            host=host_a,
+            config={},
+            port=1,
+            api_key_prefix="x",
+            api_key_hash="y",
+            status=Endpoint.Status.HEALTHY,
+        )
+        endpoint_services.endpoints_watch()
+        _await(
+            lambda: MetricSnapshot.objects.filter(endpoint=served, gap=True).exists(),
+            agent_a,
+            "the watch on A",
+        )
+        Endpoint.objects.filter(pk=served.pk).update(status=Endpoint.Status.STOPPED)
         # Host A dies mid-step (kill -9 of its agent): its lease runs out (here: time moved on),
         # the beat's redispatch sends the step to the pool's queue again, and host B takes it.
         os.killpg(agent_a.pid, signal.SIGKILL)
