@@ -15,7 +15,7 @@ from kernels import moe_tuning as mtu
 from kernels.moe_tuning import MoEShape, TuneBucket, TuningWontFit
 from serving.engine import EngineConfig, moe_tables
 from tailguard import moe_step
-from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.device import DEVICE, ON_GPU
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 
