@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import browser, page_factory  # noqa: F401 (the browser tests' fixtures, for every package)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

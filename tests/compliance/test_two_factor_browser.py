@@ -14,7 +14,6 @@ from django.utils import timezone
 from compliance import services as compliance_services
 from compliance import totp
 from tests.conftest import PASSWORD
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +25,7 @@ def _sign_in(page, base: str) -> None:  # type: ignore[no-untyped-def]
     page.click("button:has-text('Sign in')")
 
 
-def test_enrol_in_a_browser_then_sign_in_with_a_recovery_code(live_server, page_factory) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_enrol_in_a_browser_then_sign_in_with_a_recovery_code(live_server, page_factory) -> None:  # type: ignore[no-untyped-def]
     from portal.accounts import services
 
     user = services.user_signup(email="dana@clinic.test", password=PASSWORD)

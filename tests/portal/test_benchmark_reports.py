@@ -40,7 +40,6 @@ from portal.benchmarks.selectors import benchmark_report_view
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
 
 API_KEY = "sk-prospect-secret-0123456789"
 
@@ -918,7 +917,7 @@ def _watched(page: Any, problems: list[str]) -> Any:
 
 @pytest.mark.browser
 @pytest.mark.django_db(transaction=True)
-def test_the_report_page_draws_every_chart_in_chromium(live_server, page_factory, sam, sample) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_the_report_page_draws_every_chart_in_chromium(live_server, page_factory, sam, sample) -> None:  # type: ignore[no-untyped-def]
     report = _finished_report(sam, sample)
     _link, secret = services.benchmark_share_create(actor=sam, report=report, days=1)
     problems: list[str] = []

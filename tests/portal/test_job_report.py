@@ -16,7 +16,6 @@ from portal.jobs import charts, selectors
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
 from tuning.search import gates
 from tuning.search.selection import Candidate, select
 from tuning.search.trial import LoadPoint, TrialResult, ttft_sample
@@ -477,7 +476,7 @@ def test_pdf_export_prints_the_report(report_job, alice_client) -> None:  # type
 @pytest.mark.django_db(transaction=True)
 def test_report_draws_in_chromium_online_and_offline(  # type: ignore[no-untyped-def]
     live_server,
-    page_factory,  # noqa: F811 (the fixture imported above)
+    page_factory,
     report_job,
     alice_client,
     tmp_path: Path,
