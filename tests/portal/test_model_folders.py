@@ -19,17 +19,9 @@ from portal.jobs.models import ServedModel
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(scope="module")
-def built_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("built") / "llama-xs"
-    build_tiny_model(arch="llama", size="xs", out_dir=out, seed=0)
-    return out
-
-
 @pytest.fixture
-def root(settings, tmp_path: Path, built_model: Path) -> Path:  # type: ignore[no-untyped-def]
+def root(settings, tmp_path: Path, model_root: Path) -> Path:  # type: ignore[no-untyped-def]
+    built_model = model_root / "llama-xs"
     root = tmp_path / "models"
     shutil.copytree(built_model, root / "shared" / "llama-xs")
     shutil.copytree(built_model, root / "orgs" / "acme-voice" / "llama-xs")

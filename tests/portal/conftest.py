@@ -1,0 +1,30 @@
+"""Fixtures of the portal's tests.
+
+The personas (`alice`, `bob`, `charlie` and their clients) and the browser are suite-wide
+(tests/conftest.py); rows are built by tests/factories.py and real workers run through
+tests/workers.py. What is here is what several portal modules need and nothing outside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.factories import build_model_dir
+from tests.workers import require_postgres
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `llama-xs` (random weights, local tokenizer), built once per run. Tests
+    only read it; a module that needs its own copy defines its own `model_root`."""
+    root = tmp_path_factory.mktemp("models")
+    build_model_dir(root)
+    return root
+
+
+@pytest.fixture
+def postgres() -> None:
+    """Skips where the test database is not PostgreSQL (a worker process cannot share it)."""
+    require_postgres()
