@@ -37,7 +37,7 @@ from portal.pools.models import Host
 from tests.conftest import REPO_ROOT
 from tests.portal.test_pools import SLO, _sample
 
-pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.celery_worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 WAIT_S = 120  # an upper bound on each awaited event (polled), never a sleep the test relies on
 
 
