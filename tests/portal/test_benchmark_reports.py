@@ -951,7 +951,7 @@ def bench_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any
     module ends: their session-wide engine imported here would stay up beside theirs."""
     from serving.engine import start_engine
     from serving.models import build_tiny_model
-    from tests.serving.conftest import engine_config
+    from tests.serving.helpers import engine_config
 
     model = tmp_path_factory.mktemp("bench-models") / "llama-s"
     build_tiny_model(arch="llama", size="s", out_dir=model, seed=0)

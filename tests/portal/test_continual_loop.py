@@ -23,7 +23,7 @@ from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.jobs.services import _work_dir
 from portal.traffic.models import TrafficSample
 from serving.engine import EngineConfig
-from tests.tuning.test_continual import BOUNDS
+from tests.tuning.workload_factories import BOUNDS
 from tuning.continual import LiveWindow, bucketed
 from tuning.search.job import JobSpec
 

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.engine import EngineConfig, EngineProcess, start_engine
+from serving.engine import EngineProcess, start_engine
 from serving.models import build_tiny_model
 from serving.models.tokenizer import build_tokenizer, save_tokenizer
-
-# The engine tests' model length: long enough for trace slices capped at 2-3k prompt tokens.
-ENGINE_MAX_MODEL_LEN = 4096
+from tests.serving.helpers import engine_config
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +35,6 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = build_tokenizer(family="llama", vocab_size=2048, rng=np.random.default_rng(0))
     save_tokenizer(tokenizer, family="llama", out_dir=out, model_max_length=8192)
     return out
-
-
-def engine_config() -> EngineConfig:
-    return EngineConfig.cpu_default(max_model_len=ENGINE_MAX_MODEL_LEN, cpu_kv_cache_space_gib=1, seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,7 @@ from serving.loadgen import (
 )
 from serving.loadgen.api import replay_trace
 from serving.metrics import scrape, snapshot_delta
-from tests.serving.conftest import engine_config
+from tests.serving.helpers import engine_config
 
 pytestmark = pytest.mark.engine
 

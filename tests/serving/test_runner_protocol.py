@@ -21,7 +21,7 @@ from serving.runner.base import (
 )
 from serving.runner.k8s_runner import ClusterTarget, KubernetesRunner, object_name
 from serving.runner.supervisor import LocalSupervisorRunner
-from tests.serving.test_metrics import metrics_text
+from tests.serving.helpers import metrics_text
 
 CONFIG = EngineConfig.cpu_default(max_model_len=1024).to_mapping()
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from serving.metrics import Histogram
+from tests.tuning.workload_factories import BOUNDS
 from tuning.continual import (
     LiveWindow,
     bucketed,
@@ -22,9 +22,6 @@ from tuning.continual import (
     tuned_for_profile,
 )
 from tuning.workload import ingest_path
-
-# vLLM's length buckets (1-2-5 steps) up to a 2048-token context.
-BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, math.inf)
 
 
 def _workload(path: Path, prompts: np.ndarray, outputs: np.ndarray, rate: float) -> Path:

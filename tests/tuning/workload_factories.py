@@ -1,13 +1,18 @@
-"""Seeded generators of small Mooncake-format traces for drift and synthesis tests."""
+"""Seeded generators of small Mooncake-format traces for drift and synthesis tests, and the length
+buckets the continual-loop tests count in."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
 
 import numpy as np
 
 from tuning.workload import IngestResult, ingest
+
+# vLLM's length buckets (1-2-5 steps) up to a 2048-token context.
+BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, math.inf)
 
 
 def mooncake_trace(
