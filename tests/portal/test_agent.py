@@ -336,8 +336,15 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
             agent_b,
             "host B re-running the step",
         )
+        # The host records the task as done once the task returns (after the job's last write).
+        _await(
+            lambda: Host.objects.filter(
+                name="engine-b", tasks_done=1, last_task__contains=str(job.id)
+            ).exists(),
+            agent_b,
+            "host B recording the step it ran",
+        )
         host_b = Host.objects.get(name="engine-b")
-        assert str(job.id) in host_b.last_task and host_b.tasks_done == 1
         assert TuningJob.objects.get(pk=job.pk).interruptions == 1
         # Host A never said goodbye: it turns silent once its heartbeats are older than the limit.
         host_a.refresh_from_db()
