@@ -8,6 +8,7 @@ Plain functions, not fixtures: a test calls them with the personas it already ha
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,12 @@ LOOSE_SLO = "ttft_p50_ms<=2000,ttft_p95_ms<=8000"
 ENDPOINT_SLO = "ttft_p50_ms<=600,ttft_p95_ms<=1500"
 ENDPOINT_CONFIG = {"dtype": "float32", "max_num_seqs": 128, "enable_prefix_caching": True}
 MODEL_NAME = "llama-xs"
+# A Mooncake trace of 24 requests a second apart, short prompts (an upload that ingests in no time).
+SMALL_TRACE = b"".join(
+    json.dumps({"timestamp": 1000 * i, "input_length": 40 + 7 * i, "output_length": 3 + i % 4}).encode()
+    + b"\n"
+    for i in range(24)
+)
 # SLA terms on an endpoint's TTFT p50, two credit tiers (the body of the compliance SLA API).
 SLA_TERMS = {
     "metric": "ttft_p50_ms",

@@ -18,7 +18,7 @@ from compliance.models import AuditEvent, BAARecord, RetentionPolicy, StoredObje
 from portal.accounts.models import User
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
-from tests.compliance.conftest import two_factor_done
+from tests.compliance.helpers import two_factor_done
 
 pytestmark = pytest.mark.django_db
 PDF = b"%PDF-1.4 signed business associate agreement"

@@ -17,7 +17,7 @@ from compliance.models import AuditEvent, BAARecord, StoredObject
 from portal.accounts.models import Membership, Organization
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
-from tests.compliance.conftest import s3_keys
+from tests.compliance.helpers import s3_keys
 from tests.factories import SLA_TERMS, deployed_endpoint, metric_series
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from compliance import services
 from compliance.models import AuditEvent, StoredObject
 from compliance.storage import LocalStore, ObjectTooLarge, RegionNotAvailable, StorageError, get_store
-from tests.compliance.conftest import s3_keys
+from tests.compliance.helpers import s3_keys
 
 pytestmark = pytest.mark.django_db
 

@@ -27,9 +27,10 @@ from compliance.verify_export import main as verify_export
 from portal.accounts import services as account_services
 from portal.accounts.models import ApiToken, Organization, User
 from portal.traffic.models import TrafficSample
-from tests.compliance.conftest import regions, two_factor_done  # noqa: F401 (the fixture)
+from tests.compliance.conftest import regions  # noqa: F401 (the fixture)
+from tests.compliance.helpers import two_factor_done
 from tests.conftest import REPO_ROOT
-from tests.portal.test_isolation_sweep import TRACE
+from tests.factories import SMALL_TRACE
 
 pytestmark = pytest.mark.django_db
 
@@ -102,7 +103,7 @@ def test_oversized_json_and_form_bodies_are_413_naming_the_limit(alice, alice_or
     # An upload's non-file fields count too.
     response = api.post(
         "/api/v1/traffic-samples/",
-        {"name": "n" * 5000, "file": SimpleUploadedFile("t.jsonl", TRACE)},
+        {"name": "n" * 5000, "file": SimpleUploadedFile("t.jsonl", SMALL_TRACE)},
         format="multipart",
     )
     assert response.status_code == 413
@@ -215,7 +216,9 @@ def test_hostile_upload_names_are_never_used_as_paths(  # type: ignore[no-untype
     page = Client()
     page.force_login(alice)
     before = _files_under(tmp_path)
-    body, content_type = _multipart({"name": "hostile", "trace_format": "auto"}, {"file": (filename, TRACE)})
+    body, content_type = _multipart(
+        {"name": "hostile", "trace_format": "auto"}, {"file": (filename, SMALL_TRACE)}
+    )
     with django_capture_on_commit_callbacks(execute=True):
         by_api = api.generic("POST", "/api/v1/traffic-samples/", body, content_type=content_type)
         by_form = page.generic("POST", reverse("traffic:list"), body, content_type=content_type)
@@ -333,7 +336,7 @@ def test_csv_audit_export_neutralises_formulas_and_still_verifies(tmp_path) -> N
     api = _token_client(user, org)
     response = api.post(
         "/api/v1/traffic-samples/",
-        {"name": FORMULA, "file": SimpleUploadedFile("t.jsonl", TRACE)},
+        {"name": FORMULA, "file": SimpleUploadedFile("t.jsonl", SMALL_TRACE)},
         format="multipart",
         HTTP_X_REQUEST_ID="-2-3-cmd-request",
     )
