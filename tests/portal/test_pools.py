@@ -297,3 +297,77 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     assert endpoint.status_detail.startswith("waiting for a host of pool cpu-local"), endpoint.status_detail
     assert not endpoint.snapshots.exists()
     assert ServedModel.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_kubernetes_pool_deploys_through_the_kubernetes_runner(
+    alice,
+    alice_org,
+    platform_admin,
+    regions,
+    model_root,
+    monkeypatch,
+    tmp_path,
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    """The pool decides the runner: a Kubernetes pool's endpoint is rendered and applied by the
+    deployment's workers (no host); with no cluster configured it fails saying so, and its
+    address is the pool's ingress, never a host's loopback."""
+    from tuning.search.job import HARDWARE
+
+    target = next((n for n, t in HARDWARE.items() if t.device_kind == "gpu"), None)
+    if target is None:
+        pytest.skip("no GPU hardware target in the tuning registry")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["us"])
+    with pytest.raises(ValidationError) as info:
+        services.pool_create(
+            actor=platform_admin, name="k8s", region="us", accelerator=target, runner="kubernetes"
+        )
+    assert {"k8s_namespace", "k8s_region"} <= set(info.value.message_dict)
+    pool = services.pool_create(
+        actor=platform_admin,
+        name="gpu-k8s",
+        region="us",
+        accelerator=target,
+        runner="kubernetes",
+        k8s_namespace="llm",
+        k8s_region="us-east-1",
+        endpoint_url_template="https://{endpoint}.llm.example.test",
+    )
+    sample = TrafficSample.objects.create(
+        organization=alice_org, name="s", status=TrafficSample.Status.READY, profile={"num_requests": 100}
+    )
+    model = ServedModel.objects.create(organization=alice_org, name="m", path=str(model_root / "llama-xs"))
+    job = TuningJob.objects.create(
+        organization=alice_org,
+        name="j",
+        traffic_sample=sample,
+        served_model=model,
+        pool=pool,
+        spec={"hardware": target},
+        status=TuningJob.Status.SUCCEEDED,
+        winner_trial=0,
+    )
+    Trial.objects.create(
+        organization=alice_org,
+        job=job,
+        number=0,
+        assignment={},
+        label="baseline",
+        status=Trial.Status.DONE,
+        result={"config": EngineConfig().to_mapping(), "ttft_p50_ms": 20.0},
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        endpoint, _ = endpoint_services.endpoint_deploy(actor=alice, job=job)
+    endpoint.refresh_from_db()
+    assert endpoint.runner_kind == "kubernetes" and endpoint.host is None
+    assert endpoint.base_url.startswith("https://tg-") and endpoint.base_url.endswith(".llm.example.test")
+    assert endpoint.status == Endpoint.Status.FAILED
+    assert "no Kubernetes cluster is configured" in endpoint.status_detail
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/endpoints/{endpoint.id}/").content.decode()
+    assert "on pool <strong>gpu-k8s</strong>" in html and "through the kubernetes runner" in html
+    assert f"{endpoint.base_url}/v1" in html
