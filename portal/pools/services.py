@@ -107,8 +107,24 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
         elif runner == "kubernetes":
             if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", str(values.get("k8s_namespace") or "")):
                 errors["k8s_namespace"] = "A Kubernetes pool needs its namespace (a DNS label)."
-            if not str(values.get("k8s_region") or "").strip():
+            k8s_region = str(values.get("k8s_region") or "").strip()
+            hardware = CATALOG.get(str(values.get("accelerator") or ""))
+            offered = {r.name: r.code for r in hardware.regions} if hardware is not None else {}
+            if not k8s_region:
                 errors["k8s_region"] = "A Kubernetes pool needs its provider region, as the catalog lists it."
+            elif hardware is None:
+                errors["accelerator"] = (
+                    "A Kubernetes pool's accelerator must be one the hardware catalog lists."
+                )
+            elif k8s_region not in offered:
+                errors["k8s_region"] = (
+                    f"The catalog does not offer {hardware.name} in {k8s_region!r}; it does in {', '.join(sorted(offered))}."
+                )
+            elif offered[k8s_region] != str(values.get("region") or ""):
+                # The residency rule is checked on the pool's region: it must be where the cluster is.
+                errors["region"] = (
+                    f"{k8s_region} is in {offered[k8s_region]!r}, not {values.get('region')!r}."
+                )
         out["runner"] = runner
     if errors:
         raise ValidationError(errors)

@@ -326,6 +326,24 @@ def test_a_kubernetes_pool_deploys_through_the_kubernetes_runner(
             actor=platform_admin, name="k8s", region="us", accelerator=target, runner="kubernetes"
         )
     assert {"k8s_namespace", "k8s_region"} <= set(info.value.message_dict)
+    # The cluster's region must be the pool's residency region (the rule is checked on the pool's).
+    from serving.catalog.hardware import HARDWARE as CATALOG
+
+    offered = {r.code: r.name for r in CATALOG[target].regions}
+    if "us" not in offered or len(offered) < 2:
+        pytest.skip(f"the catalog offers {target} in {offered}: no US region and another to compare")
+    elsewhere = next(code for code in offered if code != "us")
+    with pytest.raises(ValidationError) as info:
+        services.pool_create(
+            actor=platform_admin,
+            name="k8s",
+            region="us",
+            accelerator=target,
+            runner="kubernetes",
+            k8s_namespace="llm",
+            k8s_region=offered[elsewhere],
+        )
+    assert f"{elsewhere!r}" in str(info.value.message_dict["region"])
     pool = services.pool_create(
         actor=platform_admin,
         name="gpu-k8s",
@@ -333,7 +351,7 @@ def test_a_kubernetes_pool_deploys_through_the_kubernetes_runner(
         accelerator=target,
         runner="kubernetes",
         k8s_namespace="llm",
-        k8s_region="us-east-1",
+        k8s_region=offered["us"],
         endpoint_url_template="https://{endpoint}.llm.example.test",
     )
     sample = TrafficSample.objects.create(
