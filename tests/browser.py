@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,16 @@ def page_factory(browser, request: pytest.FixtureRequest) -> Iterator[object]:  
     for page in pages:
         page.context.close()
     assert not refused, "the Content-Security-Policy refused:\n" + "\n".join(refused)
+
+
+def watched(page: Any, problems: list[str]) -> Any:
+    """Collects the page's console errors and uncaught exceptions (Chromium's own request for
+    /favicon.ico, which the portal does not serve, aside)."""
+
+    def on_console(msg: Any) -> None:
+        if msg.type == "error" and not str(msg.location.get("url", "")).endswith("/favicon.ico"):
+            problems.append(f"{msg.text} at {msg.location.get('url', '')}")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    return page

@@ -2,7 +2,8 @@
 
 The personas (`alice`, `bob`, `charlie` and their clients) and the browser are suite-wide
 (tests/conftest.py); rows are built by tests/factories.py and real workers run through
-tests/workers.py. What is here is what several portal modules need and nothing outside them.
+tests/workers.py. What is here is what several portal modules need and nothing outside them; the benchmark
+reports' servers and people are in tests/portal/benchmarks.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.factories import build_model_dir
+
+# The benchmark reports' fixtures (local OpenAI-compatible servers, the sales engineer, a sample).
+from tests.portal.benchmarks import bench_settings, bench_tokenizer, sam, sam_client, sample, serve  # noqa: F401
 from tests.workers import require_postgres
 
 

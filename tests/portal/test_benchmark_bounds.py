@@ -13,24 +13,16 @@ from django.urls import reverse
 from compliance.models import AuditEvent
 from portal.benchmarks import services
 from portal.benchmarks.models import BenchmarkReport
-from tests.portal.test_benchmark_reports import (  # noqa: F401 (fixtures)
-    _form_data,
-    _target,
-    bench_settings,
-    bench_tokenizer,
-    sam,
-    sam_client,
-    sample,
-)
+from tests.portal.benchmarks import benchmark_form, target_spec
 
 pytestmark = pytest.mark.django_db
 
 
-def test_the_form_refuses_out_of_range_token_caps_with_a_clear_error(sam_client, sample) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_the_form_refuses_out_of_range_token_caps_with_a_clear_error(sam_client, sample) -> None:  # type: ignore[no-untyped-def]
     url = reverse("benchmarks:create")
     for field in ("max_output_tokens", "max_prompt_tokens"):
         for value in ("9" * 40, "2147483648", str(services.MAX_TOKENS_CAP + 1), "0", "-3"):
-            response = sam_client.post(url, _form_data(sample, **{field: value}))
+            response = sam_client.post(url, benchmark_form(sample, **{field: value}))
             assert response.status_code == 400, (field, value)
             html = unescape(response.content.decode())
             errors = re.findall(rf'data-field="{field}">([^<]*)', html)
@@ -39,13 +31,13 @@ def test_the_form_refuses_out_of_range_token_caps_with_a_clear_error(sam_client,
     assert not AuditEvent.objects.filter(action="benchmark_report.create").exists()
 
 
-def test_the_service_refuses_them_too(sam, sample) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_the_service_refuses_them_too(sam, sample) -> None:  # type: ignore[no-untyped-def]
     for value in (2**40, 0, services.MAX_TOKENS_CAP + 1):
         with pytest.raises(ValidationError) as caught:
             services.benchmark_report_create(
                 actor=sam,
                 traffic_sample=sample,
-                targets=[_target("Tuned", "https://api.provider.example/v1")],
+                targets=[target_spec("Tuned", "https://api.provider.example/v1")],
                 load_multipliers=[1.0],
                 duration_s=10,
                 max_output_tokens=value,

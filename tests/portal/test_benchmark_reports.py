@@ -9,13 +9,9 @@ asserted, never an upper bound.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 import socket
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from html import unescape
@@ -24,9 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -39,9 +33,15 @@ from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, Benchm
 from portal.benchmarks.selectors import benchmark_report_view
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
+from tests.browser import watched
 from tests.conftest import PASSWORD
-
-API_KEY = "sk-prospect-secret-0123456789"
+from tests.portal.benchmarks import (
+    API_KEY,
+    FakeOpenAI,
+    benchmark_form,
+    closed_port_url,
+    target_spec,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -49,165 +49,6 @@ def _internal_targets_allowed(settings: Any) -> None:
     """These tests measure fake endpoints on this machine and enter a private address: the
     operator setting that allows them (the refusal itself is tested in test_benchmark_ssrf)."""
     settings.BENCHMARK_ALLOWED_NETWORKS = ["127.0.0.0/8", "10.0.0.0/8"]
-
-
-# --- A local OpenAI-compatible server ---------------------------------------------------------
-
-
-@dataclass
-class FakeOpenAI:
-    """mode: "stream" (SSE chunks after `ttft_s`, `tpot_s` apart), "json" (a non-streaming
-    answer) or "hang" (never answers)."""
-
-    mode: str = "stream"
-    ttft_s: float = 0.0
-    tpot_s: float = 0.0
-    received: list[dict[str, Any]] = field(default_factory=list)
-    base_url: str = ""
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.received.append({"body": body, "authorization": request.headers.get("Authorization")})
-        num_tokens = int(body["max_tokens"])
-        usage = {
-            "prompt_tokens": 7 + len(body["messages"][0]["content"].split()),
-            "completion_tokens": num_tokens,
-        }
-        if self.mode == "hang":
-            await asyncio.sleep(3600)
-        if self.mode == "json":
-            return web.json_response(
-                {
-                    "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
-                    "usage": usage,
-                }
-            )
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await asyncio.sleep(self.ttft_s)
-        for i in range(num_tokens):
-            if i:
-                await asyncio.sleep(self.tpot_s)
-            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " w"}}]}
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-
-@pytest.fixture
-def serve() -> Iterator[Any]:
-    """Starts FakeOpenAI servers on loopback, each in its own thread; stops them all at the end."""
-    stops = []
-
-    def start(server: FakeOpenAI) -> FakeOpenAI:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", server.chat)
-        runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
-
-        async def up() -> int:
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-        port = asyncio.run_coroutine_threadsafe(up(), loop).result(timeout=10)
-        server.base_url = f"http://127.0.0.1:{port}/v1"
-
-        def stop() -> None:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-
-        stops.append(stop)
-        return server
-
-    yield start
-    for stop in stops:
-        stop()
-
-
-def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
-
-
-# --- Fixtures -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def bench_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving.models.tokenizer import build_tokenizer, save_tokenizer
-
-    out = tmp_path_factory.mktemp("bench-tokenizer") / "llama-xs"
-    tokenizer = build_tokenizer(family="llama", vocab_size=2048, rng=np.random.default_rng(0))
-    save_tokenizer(tokenizer, family="llama", out_dir=out, model_max_length=8192)
-    return out
-
-
-@pytest.fixture
-def bench_settings(settings, bench_tokenizer: Path):  # type: ignore[no-untyped-def]
-    settings.BENCHMARK_TOKENIZER_DIR = bench_tokenizer
-    return settings
-
-
-@pytest.fixture
-def sam(db) -> User:  # type: ignore[no-untyped-def]
-    """A sales engineer (staff)."""
-    return User.objects.create_user(
-        email="sam@tailguard.test", password=PASSWORD, is_staff=True, staff_role=User.StaffRole.SALES_ENGINEER
-    )
-
-
-@pytest.fixture
-def sam_client(sam: User) -> Client:
-    client = Client()
-    client.force_login(sam)
-    return client
-
-
-def _trace_bytes(num_requests: int = 180, span_s: float = 60.0) -> bytes:
-    rng = np.random.default_rng(3)
-    times = np.sort(rng.uniform(0, span_s * 1000, size=num_requests)).astype(int)
-    lines = [
-        json.dumps(
-            {
-                "timestamp": int(t),
-                "input_length": int(rng.integers(40, 160)),
-                "output_length": int(rng.integers(3, 8)),
-                "hash_ids": [int(i % 4)],
-            }
-        )
-        for i, t in enumerate(times)
-    ]
-    return ("\n".join(lines) + "\n").encode()
-
-
-@pytest.fixture
-def sample(alice, alice_org, bench_settings, django_capture_on_commit_callbacks) -> TrafficSample:  # type: ignore[no-untyped-def]
-    with django_capture_on_commit_callbacks(execute=True):
-        sample = traffic_services.traffic_sample_create(
-            actor=alice,
-            organization=alice_org,
-            name="acme voice week 12",
-            upload=SimpleUploadedFile("trace.jsonl", _trace_bytes()),
-        )
-    sample.refresh_from_db()
-    assert sample.status == TrafficSample.Status.READY, sample.error
-    return sample
-
-
-def _target(name: str, url: str, **extra: Any) -> services.TargetSpec:
-    price = {"price_per_hour_usd": Decimal("4.50")}
-    if extra.get("pricing") == BenchmarkTarget.Pricing.PER_TOKEN:
-        price = {}
-    return services.TargetSpec(name=name, base_url=url, model="acme-chat", **{**price, **extra})
 
 
 def _run(
@@ -246,10 +87,10 @@ def test_targets_are_measured_side_by_side_and_failures_are_reported_not_missing
         sam,
         sample,
         [
-            _target("Fast", fast.base_url, api_key=API_KEY),
-            _target("Slow", slow.base_url),
-            _target("Refuses", refused),
-            _target("Plain JSON", plain.base_url),
+            target_spec("Fast", fast.base_url, api_key=API_KEY),
+            target_spec("Slow", slow.base_url),
+            target_spec("Refuses", refused),
+            target_spec("Plain JSON", plain.base_url),
         ],
         django_capture_on_commit_callbacks,
         load_multipliers=[1.0, 2.0],
@@ -308,14 +149,14 @@ def test_a_target_that_never_answers_times_out_and_per_token_cost_follows_the_pr
         sam,
         sample,
         [
-            _target(
+            target_spec(
                 "Provider",
                 fast.base_url,
                 pricing=BenchmarkTarget.Pricing.PER_TOKEN,
                 price_input_per_mtok_usd=Decimal("0.50"),
                 price_output_per_mtok_usd=Decimal("1.50"),
             ),
-            _target("Silent", hang.base_url),
+            target_spec("Silent", hang.base_url),
         ],
         django_capture_on_commit_callbacks,
         duration_s=1.5,
@@ -344,7 +185,7 @@ def test_a_duplicate_delivery_is_skipped_and_a_killed_run_resumes_where_it_stopp
     report = services.benchmark_report_create(  # not committed: the task does not run by itself
         actor=sam,
         traffic_sample=sample,
-        targets=[_target("A", first.base_url), _target("B", second.base_url)],
+        targets=[target_spec("A", first.base_url), target_spec("B", second.base_url)],
         load_multipliers=[1.0],
         duration_s=1.0,
     )
@@ -634,7 +475,7 @@ def test_only_sales_engineers_and_platform_admins_see_benchmarks(
         services.benchmark_report_create(
             actor=alice,
             traffic_sample=sample,
-            targets=[_target("x", "http://h/v1")],
+            targets=[target_spec("x", "http://h/v1")],
             load_multipliers=[1],
             duration_s=5,
         )
@@ -646,35 +487,6 @@ def test_only_sales_engineers_and_platform_admins_see_benchmarks(
     # The navigation shows the page to staff only.
     assert '<a href="/benchmarks/">Benchmarks</a>' in sam_client.get(urls[0]).content.decode()
     assert 'href="/benchmarks/"' not in alice_client.get(reverse("traffic:list")).content.decode()
-
-
-def _form_data(sample: TrafficSample, **overrides: str) -> dict[str, str]:
-    data = {
-        "traffic_sample": str(sample.id),
-        "traffic_source": "prospect",
-        "load_multipliers": "0.5, 1, 1.25",
-        "duration_s": "30",
-        "request_timeout_s": "30",
-        "targets-TOTAL_FORMS": "4",
-        "targets-INITIAL_FORMS": "0",
-        "targets-MIN_NUM_FORMS": "1",
-        "targets-MAX_NUM_FORMS": "4",
-        "targets-0-name": "Provider",
-        "targets-0-base_url": "https://api.provider.example/v1",
-        "targets-0-model": "gpt-x",
-        "targets-0-api_key": API_KEY,
-        "targets-0-pricing": "per_token",
-        "targets-0-price_input_per_mtok_usd": "0.5",
-        "targets-0-price_output_per_mtok_usd": "1.5",
-        "targets-1-name": "Tuned",
-        "targets-1-base_url": "http://10.0.0.5:8000",
-        "targets-1-model": "acme-chat",
-        "targets-1-pricing": "hourly",
-        "targets-1-price_per_hour_usd": "4.5",
-        "targets-1-send_ignore_eos": "on",
-    }
-    data.update(overrides)
-    return {k: v for k, v in data.items() if v is not None}
 
 
 @pytest.mark.django_db
@@ -706,7 +518,7 @@ def test_the_form_names_each_bad_field_and_creates_nothing(sam_client, sample) -
         ({"duration_s": "100000"}, "duration_s", "1 to 3600"),
     ]
     for overrides, where, words in cases:
-        response = sam_client.post(url, _form_data(sample, **overrides))
+        response = sam_client.post(url, benchmark_form(sample, **overrides))
         assert response.status_code == 400, overrides
         html = unescape(response.content.decode())
         if where == "targets-errors":
@@ -721,7 +533,7 @@ def test_the_form_names_each_bad_field_and_creates_nothing(sam_client, sample) -
     assert not BenchmarkReport.objects.exists()
     assert not AuditEvent.objects.filter(action="benchmark_report.create").exists()
     # No targets at all: the first one is required.
-    empty = {k: v for k, v in _form_data(sample).items() if not k.startswith("targets-") or "FORMS" in k}
+    empty = {k: v for k, v in benchmark_form(sample).items() if not k.startswith("targets-") or "FORMS" in k}
     assert sam_client.post(url, empty).status_code == 400
     assert not BenchmarkReport.objects.exists()
 
@@ -729,7 +541,7 @@ def test_the_form_names_each_bad_field_and_creates_nothing(sam_client, sample) -
 @pytest.mark.django_db
 def test_the_form_creates_a_queued_report_with_sealed_keys(sam, sam_client, sample, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     response = sam_client.post(
-        reverse("benchmarks:create"), _form_data(sample)
+        reverse("benchmarks:create"), benchmark_form(sample)
     )  # the run is not committed here
     assert response.status_code == 302
     report = BenchmarkReport.objects.get()
@@ -830,7 +642,7 @@ def test_unfinished_reports_are_not_shared_and_a_lost_sample_fails_the_run_clean
     report = services.benchmark_report_create(
         actor=sam,
         traffic_sample=sample,
-        targets=[_target("A", "http://h/v1")],
+        targets=[target_spec("A", "http://h/v1")],
         load_multipliers=[1],
         duration_s=5,
     )
@@ -862,13 +674,13 @@ def test_public_traces_are_attributed_in_the_report(sam, sam_client, sample) -> 
 
 @pytest.mark.django_db
 def test_more_than_four_targets_are_refused(sam, sam_client, sample) -> None:  # type: ignore[no-untyped-def]
-    targets = [_target(f"T{i}", f"http://10.0.0.{i}:8000/v1") for i in range(5)]
+    targets = [target_spec(f"T{i}", f"http://10.0.0.{i}:8000/v1") for i in range(5)]
     with pytest.raises(ValidationError) as exc:
         services.benchmark_report_create(
             actor=sam, traffic_sample=sample, targets=targets, load_multipliers=[1], duration_s=5
         )
     assert exc.value.message_dict["targets"] == ["Add 1 to 4 targets."]
-    data = _form_data(sample, **{"targets-TOTAL_FORMS": "5", "targets-4-name": "Fifth"})
+    data = benchmark_form(sample, **{"targets-TOTAL_FORMS": "5", "targets-4-name": "Fifth"})
     response = sam_client.post(reverse("benchmarks:create"), data)
     assert response.status_code == 400 and "Use at most 4 targets." in response.content.decode()
     assert not BenchmarkReport.objects.exists()
@@ -881,7 +693,7 @@ def test_a_sample_without_its_workload_is_refused_at_creation(sam, sample) -> No
         services.benchmark_report_create(
             actor=sam,
             traffic_sample=sample,
-            targets=[_target("A", "http://h/v1")],
+            targets=[target_spec("A", "http://h/v1")],
             load_multipliers=[1],
             duration_s=5,
         )
@@ -902,17 +714,8 @@ def test_a_stand_in_tokenizer_is_built_once_when_none_is_configured(settings, tm
 # --- In a real browser, and against a real engine -----------------------------------------------
 
 
-def _watched(page: Any, problems: list[str]) -> Any:
-    """Collects the page's console errors and uncaught exceptions (Chromium's own request for
-    /favicon.ico, which the portal does not serve, aside)."""
-
-    def on_console(msg: Any) -> None:
-        if msg.type == "error" and not str(msg.location.get("url", "")).endswith("/favicon.ico"):
-            problems.append(f"{msg.text} at {msg.location.get('url', '')}")
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
-    return page
+# The name test_sla_browser still imports from here.
+_watched = watched
 
 
 @pytest.mark.browser

@@ -30,18 +30,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
+from tests.browser import watched
 from tests.conftest import PASSWORD
 from tests.db_roles import application_role, database_url
-from tests.portal.test_benchmark_reports import (  # noqa: F401 (fixtures)
-    FakeOpenAI,
-    _watched,
-    bench_settings,
-    bench_tokenizer,
-    sam,
-    sample,
-    serve,
-)
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
+from tests.portal.benchmarks import FakeOpenAI
 from tests.portal.test_faults import (  # noqa: F401 (fixtures)
     _broker,
     _worker,
@@ -105,7 +97,7 @@ def _tail(log: Path) -> str:
 @pytest.mark.celery_worker
 def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[no-untyped-def]
     live_server,
-    page_factory,  # noqa: F811
+    page_factory,
     settings,
     shared_traces: Path,
     model_root: Path,  # noqa: F811
@@ -130,7 +122,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
     base = live_server.url
     page = page_factory()
     errors: list[str] = []
-    _watched(page, errors)
+    watched(page, errors)
 
     # As in production: the portal connects as the application role, which row-level security
     # binds (each request declares its tenant), the worker as the workers' role. The test's own
@@ -356,11 +348,11 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
 @pytest.mark.celery_worker
 def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: ignore[no-untyped-def]
     live_server,
-    page_factory,  # noqa: F811
+    page_factory,
     settings,
-    sam,  # noqa: F811
-    sample,  # noqa: F811
-    serve,  # noqa: F811
+    sam,
+    sample,
+    serve,
     model_root: Path,  # noqa: F811
     redis_url: str,  # noqa: F811
     postgres: None,  # noqa: F811
@@ -373,7 +365,7 @@ def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: i
     provider = serve(FakeOpenAI(ttft_s=0.2, tpot_s=0.005))
     tuned = serve(FakeOpenAI(ttft_s=0.0, tpot_s=0.0))
     problems: list[str] = []
-    page = _watched(page_factory(), problems)
+    page = watched(page_factory(), problems)
     # Both endpoints are on this machine: the operator allows loopback targets (portal and worker).
     settings.BENCHMARK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     with _real_worker(
@@ -433,7 +425,7 @@ def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: i
     assert page.locator("#share-links tr[data-state='active']").count() == 1
 
     # The customer opens it without an account: the same results, none of the addresses or keys.
-    customer = _watched(page_factory(), problems)
+    customer = watched(page_factory(), problems)
     customer.goto(link)
     for name in ("Current provider", "Tailguard tuned"):
         customer.wait_for_selector(f"#level-0 tr[data-target='{name}']")
@@ -510,7 +502,7 @@ def _tenant_with_endpoint(name: str, email: str, values_ms: list[float], *, baa:
 @pytest.mark.parametrize("through", ["superuser", "application role"])
 def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  # type: ignore[no-untyped-def]
     live_server,
-    page_factory,  # noqa: F811
+    page_factory,
     settings,
     through: str,
 ) -> None:
@@ -532,7 +524,7 @@ def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  #
     with role:
         page = page_factory()
         problems: list[str] = []
-        _watched(page, problems)
+        watched(page, problems)
         _sign_in(page, live_server.url, admin.email)
         page.goto(live_server.url + reverse("compliance:console"))
         # Northwind recorded its BAA; the admin countersigns it from the console first.
