@@ -34,6 +34,8 @@ SMALL_TRACE = b"".join(
     + b"\n"
     for i in range(24)
 )
+# Service credits below 99.5% and 90% compliance (SLA agreements' tiers).
+CREDIT_TIERS = [{"below_pct": 99.5, "credit_pct": 10.0}, {"below_pct": 90.0, "credit_pct": 25.0}]
 # SLA terms on an endpoint's TTFT p50, two credit tiers (the body of the compliance SLA API).
 SLA_TERMS = {
     "metric": "ttft_p50_ms",
@@ -131,11 +133,20 @@ def finished_job(
 
 
 def deployed_endpoint(
-    org: Organization, user: User, *, port: int = 59101, slo: str = ENDPOINT_SLO, **fields: Any
+    org: Organization,
+    user: User,
+    *,
+    port: int = 59101,
+    slo: str = ENDPOINT_SLO,
+    peak_rps: float | None = None,
+    **fields: Any,
 ) -> Endpoint:
     """A healthy endpoint row serving a finished job's winner (a port nobody listens on: no
-    engine runs)."""
+    engine runs). With `peak_rps`, the job was tuned for that load (SLA terms derive from it)."""
     job = finished_job(org, user, slo=slo)
+    if peak_rps is not None:
+        job.spec = {**job.spec, "peak_rps": peak_rps}
+        job.save(update_fields=["spec"])
     values: dict[str, Any] = {
         "name": "voice agent",
         "config": ENDPOINT_CONFIG,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 
 def s3_keys(settings, region: str) -> list[str]:  # type: ignore[no-untyped-def]
     import boto3
@@ -22,3 +24,21 @@ def two_factor_done(client, user) -> None:  # type: ignore[no-untyped-def]
     session = client.session
     session[TWO_FACTOR_KEY] = str(user.pk)
     session.save()
+
+
+def baa_recorded(actor, org) -> None:  # type: ignore[no-untyped-def]
+    """A BAA the organization's owner records (signed yesterday, effective today; not
+    countersigned): from then on its owners must use a second factor."""
+    from django.utils import timezone
+
+    from compliance import services
+
+    today = timezone.now().date()
+    services.baa_record_create(
+        actor=actor,
+        organization=org,
+        counterparty="Tailguard Inc.",
+        version="v1",
+        signed_on=today - timedelta(days=1),
+        effective_on=today,
+    )

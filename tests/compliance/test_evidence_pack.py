@@ -24,7 +24,7 @@ from portal.accounts import services as account_services
 from portal.accounts.models import Organization, User
 from portal.sla import services as sla_services
 from portal.sla.models import SLAAgreement
-from tests.portal.test_sla_agreements import TIERS, make_endpoint
+from tests.factories import CREDIT_TIERS, deployed_endpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -55,9 +55,9 @@ def test_the_pack_verifies_offline_and_carries_sla_members_and_baa(
     provider = User.objects.create_user(
         email="p@tailguard.test", password="x" * 12, staff_role="platform_admin"
     )
-    endpoint = make_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice, port=59301, peak_rps=4.0, config={})
     terms = sla_services.sla_terms_derive(endpoint=endpoint) | {
-        "credit_tiers": TIERS,
+        "credit_tiers": CREDIT_TIERS,
         "monthly_fee_cents": 1000,
     }
     agreement = sla_services.sla_agreement_propose(actor=provider, endpoint=endpoint, terms=terms)

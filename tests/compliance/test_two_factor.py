@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import pytest
 from django.urls import reverse
-from django.utils import timezone
 
 from compliance import services, totp
 from compliance.models import AuditEvent, TOTPDevice
 from compliance.storage import unseal
+from tests.compliance.helpers import baa_recorded
 from tests.conftest import _client_for
 
 pytestmark = pytest.mark.django_db
@@ -28,18 +27,6 @@ def test_rfc6238_reference_vector() -> None:
     assert totp.matching_step(secret, "28708", now_s=59) is None
 
 
-def _baa(alice, org) -> None:  # type: ignore[no-untyped-def]
-    today = timezone.now().date()
-    services.baa_record_create(
-        actor=alice,
-        organization=org,
-        counterparty="Tailguard Inc.",
-        version="v1",
-        signed_on=today - timedelta(days=1),
-        effective_on=today,
-    )
-
-
 def _secret(user) -> str:  # type: ignore[no-untyped-def]
     return unseal(bytes(TOTPDevice.objects.get(user=user).secret_encrypted), purpose="totp-secret").decode()
 
@@ -47,7 +34,7 @@ def _secret(user) -> str:  # type: ignore[no-untyped-def]
 def test_owner_of_an_organization_with_a_baa_must_enrol(alice, alice_org, alice_client, bob_client) -> None:  # type: ignore[no-untyped-def]
     dashboard = reverse("accounts:dashboard")
     assert alice_client.get(dashboard).status_code == 200
-    _baa(alice, alice_org)
+    baa_recorded(alice, alice_org)
     response = alice_client.get(dashboard)
     assert response.status_code == 302 and response["Location"].startswith(reverse("compliance:two_factor"))
     assert alice_client.get("/api/v1/me/").status_code == 403
@@ -98,7 +85,7 @@ def test_a_code_works_once_and_guessing_is_throttled(alice, settings) -> None:  
 def test_the_enrolment_key_survives_page_loads_until_a_new_one_is_asked_for(
     alice, alice_org, alice_client
 ) -> None:  # type: ignore[no-untyped-def]
-    _baa(alice, alice_org)
+    baa_recorded(alice, alice_org)
     page = reverse("compliance:two_factor")
     first = alice_client.get(page).context["secret"]
     # What a browser does around the page: its favicon, a static asset, a reload.
@@ -120,7 +107,7 @@ def test_recovery_codes_are_hashed_shown_once_and_work_once(alice, alice_org, al
     from compliance.models import TOTPRecoveryCode
 
     settings.LOGIN_THROTTLE_FAILURES = 50
-    _baa(alice, alice_org)
+    baa_recorded(alice, alice_org)
     page = reverse("compliance:two_factor")
     secret = alice_client.get(page).context["secret"]
     enrolled = alice_client.post(page, {"code": totp.code_at(secret, int(time.time() // 30))})

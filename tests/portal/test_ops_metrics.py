@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from portal.accounts.models import Organization, User
 from portal.endpoints.models import Endpoint
 from portal.jobs.models import TuningJob
-from tests.portal.test_sla_agreements import make_endpoint
+from tests.factories import deployed_endpoint
 
 pytestmark = pytest.mark.django_db
 TOKEN = "metrics-token-for-tests"
@@ -60,7 +60,7 @@ def test_metrics_need_the_token_and_report_state_queues_and_requests(
     settings.METRICS_TOKEN = TOKEN
     assert Client().get(url).status_code == 401
     assert Client().get(url, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
-    endpoint = make_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice, port=59301, peak_rps=4.0, config={})
     Endpoint.objects.filter(pk=endpoint.pk).update(status=Endpoint.Status.DEGRADED)
     TuningJob.objects.filter(pk=endpoint.job_id).update(status=TuningJob.Status.FAILED)
     for n in range(3):

@@ -139,9 +139,9 @@ def test_a_stale_password_only_session_cannot_enrol_its_own_authenticator(alice:
 def test_an_owner_who_must_enrol_signs_in_again_when_the_session_is_stale(
     alice: User, alice_org: Organization
 ) -> None:
-    from tests.compliance.test_two_factor import _baa
+    from tests.compliance.helpers import baa_recorded
 
-    _baa(alice, alice_org)  # the owner of an organization with a BAA must use two-factor
+    baa_recorded(alice, alice_org)  # the owner of an organization with a BAA must use two-factor
     client = Client()
     client.force_login(alice)  # signed in long ago; two-factor not done (only its page is reachable)
     assert client.get(reverse("compliance:two_factor")).status_code == 200
