@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks._job_case import trace_case  # noqa: E402
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+from benchmarks._resumable import Clock, load_state, log, save_state  # noqa: E402
 from serving.engine.launcher import start_engine  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
 from tuning import __version__  # noqa: E402
@@ -128,35 +129,6 @@ RANDOM_WEIGHTS_FROZEN = (
 )  # an engine start on a cold host plus one replay, before any is timed
 
 
-def _log(line: str) -> None:
-    print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
-
-
-class Clock:
-    """The command's deadline: a step starts only when its estimated length still fits."""
-
-    def __init__(self, deadline_s: float) -> None:
-        self.start = time.monotonic()
-        self.deadline_s = deadline_s
-
-    def left(self) -> float:
-        return self.deadline_s - (time.monotonic() - self.start)
-
-    def fits(self, estimate_s: float) -> bool:
-        return self.left() >= estimate_s
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _save(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=False))
-    tmp.replace(path)
-
-
 def _spec(args: argparse.Namespace, trace: Path, peak_rps: float, caps: Any) -> JobSpec:
     return JobSpec(
         trace_path=str(trace),
@@ -215,7 +187,7 @@ def _knee(
     started = time.monotonic()
     with start_engine(model=str(args.model_dir), config=config, startup_timeout_s=900) as engine:
         ready_s = time.monotonic() - started
-        _log(f"[{name}] knee engine ready in {ready_s:.0f} s")
+        log(f"[{name}] knee engine ready in {ready_s:.0f} s")
         warm_up(engine.base_url)
         ladder = [r for r in LADDER if r >= args.ladder_start] or [LADDER[-1]]
         for i, rate in enumerate(ladder):
@@ -247,7 +219,7 @@ def _knee(
                     "slo_met": met,
                 }
             )
-            _log(
+            log(
                 f"[{name}] knee probe {rate:g} req/s: p50 TTFT {summary.ttft_ms.p50:,.0f} ms, "
                 f"p95 {summary.ttft_ms.p95:,.0f} ms, SLO {'met' if met else 'missed'}"
             )
@@ -289,12 +261,12 @@ def _job(
     while (planned := next_trial(prepared, history)) is not None:
         estimate = max(durations) * 1.1 if durations else FIRST_TRIAL_ESTIMATE_S
         if not clock.fits(estimate):
-            _log(
+            log(
                 f"[{name}] stopping before trial {len(history)}: ~{estimate:.0f} s needed, {clock.left():.0f} s left"
             )
             return prepared, history, False
         number = len(history)
-        _log(f"[{name}] trial {number} [{planned.describe()}]: {describe(planned.assignment)}")
+        log(f"[{name}] trial {number} [{planned.describe()}]: {describe(planned.assignment)}")
         started = time.monotonic()
         result = execute(
             prepared, planned, history, work / f"trial-{number}", holder=f"gpu_tuning trial {number}"
@@ -305,7 +277,7 @@ def _job(
             "trials": [{"number": r.number, "assignment": r.assignment, "result": r.result} for r in history],
             "durations": durations,
         }
-        _log(f"[{name}]   {outcome_line(result)} ({durations[-1]:.0f} s)")
+        log(f"[{name}]   {outcome_line(result)} ({durations[-1]:.0f} s)")
         persist(prepared, history)
     return prepared, history, True
 
@@ -390,7 +362,7 @@ def main() -> int:
             parser.error("--write-shape needs --tokenizer-from")
         write_shape(args.write_shape, args.model_dir, args.tokenizer_from)
     clock = Clock(args.deadline_s)
-    state = _load(args.state)
+    state = load_state(args.state)
     state.setdefault("device_seconds", 0.0)
     command_started = time.monotonic()
     names = [n for n in args.traces.split(",") if n]
@@ -428,15 +400,15 @@ def main() -> int:
             "device_minutes": round(spent / 60.0, 1),
             "cases": cases,
         }
-        _save(args.out, result)
+        save_state(args.out, result)
 
     complete = True
     for name in names:
         trace = TRACES_DIR / TRACES[name]
         knee = _knee(args, name, trace, state, clock)
-        _save(args.state, state)
+        save_state(args.state, state)
         if knee is None:
-            _log(f"[{name}] no time left for the knee probe")
+            log(f"[{name}] no time left for the knee probe")
             complete = False
             break
         if knee["knee_rps"] <= 0:
@@ -459,7 +431,7 @@ def main() -> int:
                 },
             }
             state["cases"] = cases
-            _save(args.state, state)
+            save_state(args.state, state)
             write(False)
 
         _, _, done = _job(args, name, trace, knee, state, clock, persist)
@@ -467,9 +439,9 @@ def main() -> int:
             complete = False
             break
     state["device_seconds"] = state["device_seconds"] + (time.monotonic() - command_started)
-    _save(args.state, state)
+    save_state(args.state, state)
     write(complete)
-    _log(f"{'complete' if complete else 'partial'}: {args.out}")
+    log(f"{'complete' if complete else 'partial'}: {args.out}")
     return 0
 
 

@@ -60,6 +60,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+from benchmarks._resumable import Clock, load_state, log, save_state  # noqa: E402
 from kernels import moe_tuning  # noqa: E402
 from serving.catalog.models import ModelSpec, get_model  # noqa: E402
 from serving.engine import moe_tables  # noqa: E402
@@ -117,35 +118,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 MAX_BLOCK_REQUESTS = 1500  # requests in one replay, whatever the rate and duration
 MAX_REPEATS = 10
 MAX_SIM_REQUESTS = 4000  # one simulated replay (a few seconds of CPU)
-
-
-def _log(line: str) -> None:
-    print(f"{datetime.now(UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
-
-
-class Clock:
-    """The command's deadline: a step starts only when its estimated length still fits."""
-
-    def __init__(self, deadline_s: float) -> None:
-        self.start = time.monotonic()
-        self.deadline_s = deadline_s
-
-    def left(self) -> float:
-        return self.deadline_s - (time.monotonic() - self.start)
-
-    def fits(self, estimate_s: float) -> bool:
-        return self.left() >= estimate_s
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _save(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=False))
-    tmp.replace(path)
 
 
 # -- the plan (CPU) ------------------------------------------------------------------------------
@@ -429,7 +401,7 @@ def vllm_kernel(
         from vllm.model_executor.layers.fused_moe import override_config
         from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
     except ImportError as exc:
-        _log(f"vLLM's fused_experts/override_config not importable ({exc}); timing kernels.moe_gemm")
+        log(f"vLLM's fused_experts/override_config not importable ({exc}); timing kernels.moe_gemm")
         return (
             moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
             moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
@@ -486,7 +458,7 @@ def vllm_kernel(
     try:  # one known-good configuration: if vLLM's op cannot be called here, say so and time ours
         check(_PROBE_CONFIG, 8)
     except Exception as exc:
-        _log(f"vLLM's fused_experts failed on a plain configuration ({exc}); timing kernels.moe_gemm")
+        log(f"vLLM's fused_experts failed on a plain configuration ({exc}); timing kernels.moe_gemm")
         return (
             moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
             moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
@@ -502,7 +474,7 @@ def vllm_file_name(table: moe_tables.TableShape) -> str | None:
 
         return str(get_config_file_name(table.num_experts, table.shard_intermediate_size, None))
     except Exception as exc:  # an older vLLM's signature, or no CUDA platform
-        _log(f"vLLM's get_config_file_name unavailable: {exc}")
+        log(f"vLLM's get_config_file_name unavailable: {exc}")
         return None
 
 
@@ -541,7 +513,7 @@ def tune_step(
     bench, check, timed = vllm_kernel(planned.layer, seed=args.seed, rep_ms=args.rep_ms)
     vllm_name = vllm_file_name(planned.table)
     path, result = moe_step.run_tables(
-        planned, bench, folder, check=check, should_stop=lambda: clock.left() < 30, log=_log
+        planned, bench, folder, check=check, should_stop=lambda: clock.left() < 30, log=log
     )
     if path is not None and vllm_name and vllm_name != path.name:
         # Write it where this vLLM looks; ours mirrors vLLM 0.32's naming.
@@ -609,7 +581,7 @@ def run_block(
                 "tpot_p50_ms": s.tpot_ms.p50,
                 "ttft_p95_ms": s.ttft_ms.p95,
             }
-            _log(
+            log(
                 f"[{shape} {trace_name} {arm} r{round_}] {load}: TTFT p95 {s.ttft_ms.p95:,.0f} ms, "
                 f"TPOT p50 {s.tpot_ms.p50:.2f} ms, {s.num_errors} errors"
             )
@@ -726,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # The plan (simulated loads and step distributions) is made once and kept in the state, so a
     # resumed run measures against the same loads and spends no device time re-simulating.
-    state = {} if args.dry_run else _load(args.state)
+    state = {} if args.dry_run else load_state(args.state)
     try:
         plan = (
             state["plan"] if _covers(state.get("plan"), args) else _merge(state.get("plan"), build_plan(args))
@@ -741,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             validate_plan(plan)
         plan["validated_flags"] = not args.no_validate
         out = args.plan_out or args.work / "plan.json"
-        _save(out, plan)
+        save_state(out, plan)
         est = plan["estimate"]
         print(
             f"plan OK: {est['blocks']} engine blocks, ~{est['device_minutes']} device minutes "
@@ -812,7 +784,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             "device_minutes": round(spent / 60.0, 1),
             "cases": cases,
         }
-        _save(args.out, result)
+        save_state(args.out, result)
 
     complete = True
     for shape in args.shapes:
@@ -835,7 +807,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
         if tune_step(args, f"tune-{shape}-uniform", uniform_plan, folders["uniform"], state, clock) is None:
             complete = False
             break
-        _save(args.state, state)
+        save_state(args.state, state)
         write(False)
         for trace in args.traces:
             loads = plan["shapes"][shape]["traces"][trace]["loads"]
@@ -871,7 +843,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             if tune_step(args, f"tune-{shape}-traffic-{trace}", traffic_plan, folder, state, clock) is None:
                 complete = False
                 break
-            _save(args.state, state)
+            save_state(args.state, state)
             write(False)
             arm_tables = {"default": None, "uniform": folders["uniform"], "traffic": folder}
             done = {
@@ -893,7 +865,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                         break
                     block = run_block(args, shape, trace, arm, round_, loads, arm_tables[arm])
                     state["blocks"].append(block)
-                    _save(args.state, state)
+                    save_state(args.state, state)
                     write(False)
                 if not complete:
                     break
@@ -902,9 +874,9 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
         if not complete:
             break
     state["device_seconds"] = state["device_seconds"] + (time.monotonic() - command_started)
-    _save(args.state, state)
+    save_state(args.state, state)
     write(complete)
-    _log(f"{'complete' if complete else 'partial (run the same command again to resume)'}: {args.out}")
+    log(f"{'complete' if complete else 'partial (run the same command again to resume)'}: {args.out}")
     return 0
 
 
