@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning.cli import main
+from tailguard.cli import main
 
 CONTRACT_KEYS = {"num_requests", "duration_s", "input_tokens", "output_tokens", "arrival", "prefix"}
 
@@ -92,7 +92,7 @@ def test_synth_writes_a_replayable_file(
 
 def test_the_console_entry_point_runs(mooncake_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tuning.cli", "profile", str(mooncake_path), "--json"],
+        [sys.executable, "-m", "tailguard.cli", "profile", str(mooncake_path), "--json"],
         capture_output=True,
         text=True,
         check=True,
@@ -108,7 +108,7 @@ def _run_on_a_terminal(args: list[str], cwd: Path) -> tuple[str, str]:
 
     master, slave = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tuning.cli", *args],
+        [sys.executable, "-m", "tailguard.cli", *args],
         stdout=subprocess.PIPE,
         stderr=slave,
         cwd=cwd,
@@ -159,7 +159,7 @@ def test_workload_commands_show_progress_on_a_terminal_and_keep_stdout_clean(
 
     # Without a terminal (a pipe, a CI log) nothing is drawn.
     done = subprocess.run(
-        [sys.executable, "-m", "tuning.cli", "profile", str(mooncake_path)],
+        [sys.executable, "-m", "tailguard.cli", "profile", str(mooncake_path)],
         capture_output=True,
         text=True,
         timeout=120,
