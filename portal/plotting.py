@@ -12,6 +12,11 @@ profile or a finished job's report never changes, an endpoint's SLA and history 
 when a window closes or a configuration is promoted, and its live charts change once per scrape
 (15 s) while everyone watching it polls. `memoized` keeps each process's recent figures by the
 content of their arguments, so a repeated request serialises instead of rebuilding.
+
+Pages draw the figures with plotly.js's official "basic" bundle (static/vendor/plotly: scatter,
+bar and pie traces; a quarter of the full bundle's size), so a figure with any other trace type
+is refused here: the bundle would leave its chart blank in the browser, with only a console
+error to say why.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 TEMPLATE = "plotly_white"
+# The static file every chart page loads, and the trace types that bundle registers.
+PLOTLY_JS = "vendor/plotly/plotly-basic.min.js"
+BUNDLE_TRACE_TYPES = frozenset({"bar", "pie", "scatter"})
 
 
 @functools.cache
@@ -42,6 +50,12 @@ def _template_json(name: str) -> str:
 def figure_json(fig: go.Figure, *, template: str = TEMPLATE) -> dict[str, Any]:
     """The figure as plotly.js reads it, in `template` (do not set a template on `fig`)."""
     result: dict[str, Any] = json.loads(pio.to_json(fig, validate=True))
+    unknown = {trace.get("type", "scatter") for trace in result.get("data", [])} - BUNDLE_TRACE_TYPES
+    if unknown:
+        raise ValueError(
+            f"trace type(s) {sorted(unknown)} are not in the plotly.js bundle the pages load "
+            f"({PLOTLY_JS}: {sorted(BUNDLE_TRACE_TYPES)}); see static/vendor/plotly/README.md"
+        )
     # A fresh copy per figure: callers may adjust a figure's layout after building it.
     result.setdefault("layout", {})["template"] = json.loads(_template_json(template))
     return result

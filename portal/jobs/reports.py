@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import plotly
 from django.conf import settings
 from django.contrib.staticfiles import finders
 from django.template.loader import render_to_string
@@ -26,8 +25,7 @@ from django.utils import timezone
 
 from portal.jobs import charts, selectors
 from portal.jobs.models import TuningJob
-
-_PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+from portal.plotting import PLOTLY_JS
 
 
 class ReportExportError(Exception):
@@ -54,12 +52,15 @@ def _inline(text: str) -> str:
 
 @functools.cache
 def _assets() -> dict[str, str]:
+    plotly_js = finders.find(PLOTLY_JS)
     charts_js = finders.find("js/charts.js")
     css = finders.find("css/app.css")
-    if not charts_js or not css:
-        raise ReportExportError("The report's static files (js/charts.js, css/app.css) are missing.")
+    if not plotly_js or not charts_js or not css:
+        raise ReportExportError(
+            f"The report's static files ({PLOTLY_JS}, js/charts.js, css/app.css) are missing."
+        )
     return {
-        "plotly_js": _inline(_PLOTLY_JS.read_text(encoding="utf-8")),
+        "plotly_js": _inline(Path(str(plotly_js)).read_text(encoding="utf-8")),
         "charts_js": _inline(Path(str(charts_js)).read_text(encoding="utf-8")),
         "css": Path(str(css)).read_text(encoding="utf-8").replace("</style", "<\\/style"),
     }

@@ -426,7 +426,8 @@ def test_downloaded_html_is_self_contained(report_job, alice_client) -> None:  #
         response["Content-Disposition"],
     )
     html = response.content.decode()
-    assert "plotly.js v" in html and "Plotly.newPlot" in html  # the library and the initialiser, inline
+    # The vendored plotly.js bundle and the initialiser, inline.
+    assert "plotly.js (basic - minified) v" in html and "Plotly.newPlot" in html
     assert not re.search(r"<script[^>]*\bsrc=", html, re.I)
     assert not re.search(r"<link[^>]*\bhref=[\"']?https?:", html, re.I)
     assert '<div class="chart" id="chart-cost">' in html and 'id="plotly-figures"' in html
