@@ -247,8 +247,26 @@ def _load(page: Any, base: str, path: str) -> dict[str, Any]:
     The browser's own Resource Timing entries: `transferSize` is headers plus the body as sent,
     0 when the cache answered, so the same count serves the cold and the warm load."""
     errors: list[str] = []
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    def console(msg: Any) -> None:
+        where = msg.location.get("url", "")
+        # The document's own status is recorded as such (the 404 page answers 404 on purpose).
+        if msg.type == "error" and where.split("?", 1)[0] != base + path:
+            errors.append(f"{msg.text} ({where.removeprefix(base)})")
+
+    def uncaught(exc: Any) -> None:
+        errors.append(str(exc))
+
+    page.on("console", console)
+    page.on("pageerror", uncaught)
+    try:
+        return _settle(page, base, path, errors)
+    finally:
+        page.remove_listener("console", console)
+        page.remove_listener("pageerror", uncaught)
+
+
+def _settle(page: Any, base: str, path: str, errors: list[str]) -> dict[str, Any]:
     response = page.goto(base + path, wait_until="load", timeout=SETTLE_TIMEOUT_MS)
     if response is None or response.status >= 500:
         # An error page's weight says nothing about the page: stop, and say where the cause is.
