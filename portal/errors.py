@@ -62,11 +62,13 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 
 class FriendlyNotFoundMiddleware:
-    """With DEBUG on (`make run`), an address that matches no page gets the site's 404 page.
+    """With DEBUG on (`make run`), every "not found" gets the site's 404 page, as in production.
 
-    Django's debug page for it lists every URL pattern of the project to whoever typed the
-    address (a developer reads them in the urls modules). A 404 raised inside a view, where the
-    address matched, keeps Django's debug page in development.
+    Django's debug page for an address that matches nothing lists every URL pattern of the
+    project to whoever typed it; for a 404 raised inside a view (a missing object, or another
+    tenant's, which answers exactly like a missing one) it names the view and the query. A
+    developer reads both in the code; a person trying the portal on `make run` should see what a
+    customer sees. Other exceptions keep Django's debug page in development.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -75,6 +77,15 @@ class FriendlyNotFoundMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
         if settings.DEBUG and response.status_code == 404 and request.resolver_match is None:
-            handler = get_resolver().resolve_error_handler(404)
-            return handler(request, Http404())  # type: ignore[no-any-return]
+            return _not_found(request, Http404())
         return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if settings.DEBUG and isinstance(exception, Http404):
+            return _not_found(request, exception)
+        return None  # without DEBUG, Django calls the same handler itself
+
+
+def _not_found(request: HttpRequest, exception: Http404) -> HttpResponse:
+    handler = get_resolver().resolve_error_handler(404)
+    return handler(request, exception)  # type: ignore[no-any-return]

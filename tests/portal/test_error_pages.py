@@ -7,6 +7,7 @@ from django.test import Client
 from django.urls import reverse
 
 from portal.jobs.models import TuningJob
+from tests.factories import finished_job
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +30,21 @@ def test_an_unknown_address_gets_the_site_404_page_with_or_without_debug(
     # Signed out, the page offers to sign in instead.
     anonymous = Client().get("/no-such-page/").content.decode()
     assert 'href="/login/"' in anonymous and NAV not in anonymous
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_view_that_finds_nothing_gets_the_site_404_page_with_or_without_debug(
+    alice, alice_org, alice_client, charlie_client, settings, debug
+) -> None:  # type: ignore[no-untyped-def]
+    settings.DEBUG = debug
+    job = finished_job(alice_org, alice)
+    # Another tenant's job answers exactly like a missing one: the view raises Http404.
+    for client, job_id in ((charlie_client, job.id), (alice_client, "00000000-0000-0000-0000-000000000000")):
+        response = client.get(reverse("jobs:detail", args=[job_id]))
+        html = response.content.decode()
+        assert response.status_code == 404
+        assert "We can't find that page" in html and NAV in html
+        assert "Raised by" not in html and "TuningJob" not in html and "portal.jobs" not in html
 
 
 def test_a_crash_shows_the_site_500_page_without_the_exception(alice_client, settings) -> None:  # type: ignore[no-untyped-def]
