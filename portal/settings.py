@@ -22,6 +22,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env.str("TAILGUARD_VAR_DIR", str(BASE_DIR / "var")) or "")
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
+# On for the embedded setup's commands (manage.py, tests, `make run`, which also sets it); the
+# WSGI entry point that production servers load defaults it off (portal/wsgi.py).
 DEBUG = env.bool("DEBUG", default=True)
 
 _secret = env.str("SECRET_KEY")

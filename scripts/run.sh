@@ -5,6 +5,9 @@ set -euo pipefail
 VENV=${VENV:-.venv}
 PORT=${PORT:-8000}
 export DJANGO_SETTINGS_MODULE=portal.settings
+# A developer's own machine, said so explicitly: debug pages, the development secret key, plain
+# static files (a WSGI server defaults to DEBUG=false: portal/wsgi.py).
+export DEBUG=${DEBUG:-true}
 mkdir -p var
 
 "$VENV/bin/python" manage.py migrate --noinput

@@ -61,6 +61,28 @@ def test_production_without_secret_key_refuses_to_start() -> None:
     assert "SECRET_KEY is required" in result.stderr
 
 
+def test_a_wsgi_server_gets_debug_off_unless_it_is_set() -> None:
+    """gunicorn imports portal.wsgi first: without DEBUG it is production (and needs its key)."""
+    probe = "import portal.wsgi; from django.conf import settings; print('DEBUG', settings.DEBUG)"
+    env = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV}
+
+    def load(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=REPO_ROOT,
+            env=env | extra,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    keyless = load({})
+    assert keyless.returncode != 0 and "SECRET_KEY is required when DEBUG=false" in keyless.stderr
+    assert "DEBUG False" in load({"SECRET_KEY": PRODUCTION_ENV["SECRET_KEY"]}).stdout
+    assert "DEBUG True" in load({"DEBUG": "true"}).stdout  # a developer may still say so
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
