@@ -102,7 +102,7 @@ def _agent(  # type: ignore[no-untyped-def]
         ENDPOINTS_DIR=str(tmp_path / f"endpoints-{name}"),
         TUNING_MODEL_ROOTS=str(settings.TUNING_MODEL_ROOTS[0]),
     )
-    command = [sys.executable, "-m", "tuning.cli", "agent", "--pool", pool, "--name", name]
+    command = [sys.executable, "-m", "tailguard.cli", "agent", "--pool", pool, "--name", name]
     if host is not None:
         command = ["ip", "netns", "exec", host.namespace, *command]  # execs: the same pid
     return subprocess.Popen(

@@ -7,7 +7,6 @@ from importlib.metadata import entry_points
 
 import pytest
 
-import tuning.cli
 from tailguard.cli import build_parser, main
 
 COMMANDS = [
@@ -48,7 +47,6 @@ def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) ->
     assert "usage: tailguard" in capsys.readouterr().out
 
 
-def test_the_console_script_and_the_old_module_run_this_cli() -> None:
+def test_the_console_script_runs_this_cli() -> None:
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "tailguard"]
     assert script.value == "tailguard.cli:main"
-    assert tuning.cli.main is main

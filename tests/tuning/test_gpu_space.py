@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.engine.config import EngineConfig, InvalidEngineConfig, validate_args, vllm_importable
-from tuning.cli import main as cli_main
+from tailguard.cli import main as cli_main
 from tuning.search.job import HARDWARE, JobSpec, JobSpecError, plan_job
 from tuning.search.space import ModelLoadError, build_space, model_info
 
@@ -157,7 +157,7 @@ def test_exports_run_as_given(llama8b: Path, tmp_path: Path) -> None:
     command with Tailguard's own."""
     import shlex
 
-    from tuning.cli import build_parser
+    from tailguard.cli import build_parser
     from tuning.search.export import exports
 
     spec = JobSpec(
