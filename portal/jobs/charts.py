@@ -24,6 +24,15 @@ _SLO_COLOR = "#d92d20"
 _GUIDE_COLOR = "#98a2b3"
 _PALETTE = qualitative.Plotly
 _MAX_LABEL = 48
+# A prediction further than this from its measurement (as a share of the measurement) is flagged.
+PREDICTION_MISS_SHARE = 0.5
+
+
+def prediction_miss(predicted_ms: float | None, measured_ms: float | None) -> float | None:
+    """How far a prediction is from the measurement, as a share of the measurement."""
+    if predicted_ms is None or not measured_ms:
+        return None
+    return abs(predicted_ms - measured_ms) / measured_ms
 
 
 def _to_json(fig: go.Figure) -> dict[str, Any]:
@@ -57,7 +66,9 @@ def _slo_vlines(fig: go.Figure, slo: dict[str, float | None]) -> None:
 
 
 def _slo_hlines(fig: go.Figure, slo: dict[str, float | None]) -> None:
-    for key, dash in (("ttft_p50_ms", "dash"), ("ttft_p95_ms", "dot")):
+    # Labels at the right end, p50's below its line and p95's above: the load chart's target
+    # line stands at the left (the first step is the target rate), and close SLOs stay apart.
+    for key, dash, position in (("ttft_p50_ms", "dash", "bottom right"), ("ttft_p95_ms", "dot", "top right")):
         limit = slo.get(key)
         if limit is not None:
             fig.add_hline(
@@ -65,7 +76,7 @@ def _slo_hlines(fig: go.Figure, slo: dict[str, float | None]) -> None:
                 line_dash=dash,
                 line_color=_SLO_COLOR,
                 annotation_text=f"SLO {key[5:8]} ≤ {limit:,.0f} ms",
-                annotation_position="top left",
+                annotation_position=position,
                 annotation_font_color=_SLO_COLOR,
             )
 
@@ -130,11 +141,13 @@ def latency_vs_load_figure(
     the baseline). Each curve is `{"role", "trial": report row}`; a point that missed the SLO is
     drawn as a cross: the last one is where that configuration saturated."""
     fig = go.Figure()
+    missed = False
     for curve in curves:
         trial = curve["trial"]
         points = [p for p in trial.get("load_curve") or [] if p.get("ttft_p50_ms") is not None]
         if not points:
             continue
+        missed = missed or not all(p["slo_met"] for p in points)
         rates = [p["rate_rps"] for p in points]
         symbols = ["circle" if p["slo_met"] else "x" for p in points]
         who = f"{curve['role']} #{trial['number']}"
@@ -162,7 +175,9 @@ def latency_vs_load_figure(
         annotation_position="top right",
     )
     fig.update_layout(
-        title="TTFT against request rate (crosses missed the SLO)",
+        # Promise crosses only when some point is drawn as one.
+        title="TTFT against request rate"
+        + (" (crosses missed the SLO)" if missed else ", every step within the SLO"),
         xaxis_title="request rate (req/s)",
         yaxis_title="time to first token (ms)",
         **_LAYOUT,
@@ -256,6 +271,9 @@ def cost_vs_ttft_figure(trials: list[dict[str, Any]], slo: dict[str, float | Non
         title="Cost against p95 TTFT (lower left is better)",
         xaxis_title="p95 TTFT at the target load (ms)",
         yaxis_title="cost per million tokens (USD)",
+        # Neither can be negative; plotly's autorange around a single point would go below zero.
+        xaxis_rangemode="tozero",
+        yaxis_rangemode="tozero",
         **_LAYOUT,
     )
     return _to_json(fig)
@@ -281,21 +299,32 @@ def predicted_vs_measured_figure(trials: list[dict[str, Any]]) -> dict[str, Any]
         return None
     fig = go.Figure()
     top = 0.0
+    flagged = 0
     for key, symbol in (("ttft_p50_ms", "circle"), ("ttft_p95_ms", "diamond")):
         points = pairs[key]
         if not points:
             continue
         top = max(top, *(max(m, p) for _, m, p in points))
+        misses = [prediction_miss(p, m) or 0.0 for _, m, p in points]
+        off = [miss > PREDICTION_MISS_SHARE for miss in misses]
+        flagged += sum(off)
         fig.add_trace(
             go.Scatter(
                 x=[m for _, m, _ in points],
                 y=[p for _, _, p in points],
                 mode="markers",
                 name=f"{key[5:8]} TTFT",
-                marker={"symbol": symbol, "size": 11, "color": [_color(t["number"]) for t, _, _ in points]},
+                marker={
+                    "symbol": symbol,
+                    "size": 11,
+                    "color": [_color(t["number"]) for t, _, _ in points],
+                    # A prediction off by more than half the measurement is ringed in red.
+                    "line": {"width": [3 if o else 0 for o in off], "color": _SLO_COLOR},
+                },
                 text=[
                     f"#{t['number']} {t['label']} ({t['predicted'].get('source', 'simulator')})"
-                    for t, _, _ in points
+                    + (f": off by {miss:.0%}" if o else "")
+                    for (t, _, _), miss, o in zip(points, misses, off, strict=True)
                 ],
                 hovertemplate="%{text}<br>measured %{x:,.0f} ms, predicted %{y:,.0f} ms<extra></extra>",
             )
@@ -312,7 +341,12 @@ def predicted_vs_measured_figure(trials: list[dict[str, Any]]) -> dict[str, Any]
         )
     )
     fig.update_layout(
-        title="Simulator prediction against the live measurement",
+        title="Simulator prediction against the live measurement"
+        + (
+            f" ({flagged} off by more than {PREDICTION_MISS_SHARE:.0%}, ringed in red)"
+            if flagged
+            else f" (all within {PREDICTION_MISS_SHARE:.0%})"
+        ),
         xaxis_title="measured TTFT (ms)",
         yaxis_title="predicted TTFT (ms)",
         xaxis_range=[0, top],

@@ -40,8 +40,24 @@ def job_report_context(*, job: TuningJob) -> dict[str, Any]:
         "report": report,
         "sections": sections,
         "figures": charts.plotly_payload(sections),
-        "predictions": [t for t in report["trials"] if t["predicted"]],
+        "predictions": [_with_misses(t) for t in report["trials"] if t["predicted"]],
+        "prediction_miss_share": charts.PREDICTION_MISS_SHARE,
         "thresholds_assumed": any(t["gates"]["thresholds_assumed"] for t in report["trials"] if t["ok"]),
+    }
+
+
+def _with_misses(trial: dict[str, Any]) -> dict[str, Any]:
+    """A trial row with how far its prediction is from the measurement (percent), and whether
+    either percentile is off by more than the report flags."""
+    misses = {
+        key: charts.prediction_miss(trial["predicted"].get(key), trial.get(key))
+        for key in ("ttft_p50_ms", "ttft_p95_ms")
+    }
+    return {
+        **trial,
+        "miss_p50_pct": None if misses["ttft_p50_ms"] is None else 100 * misses["ttft_p50_ms"],
+        "miss_p95_pct": None if misses["ttft_p95_ms"] is None else 100 * misses["ttft_p95_ms"],
+        "prediction_off": any(m is not None and m > charts.PREDICTION_MISS_SHARE for m in misses.values()),
     }
 
 

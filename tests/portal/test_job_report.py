@@ -391,6 +391,67 @@ def test_predicted_against_measured_only_where_predicted(report_job) -> None:  #
     assert "No simulator prediction" in sections["chart-predicted"]["empty"]
 
 
+def test_charts_promise_only_what_they_draw_and_keep_their_labels_apart() -> None:
+    """The defects a first customer found: crosses promised where none were drawn, SLO labels on
+    the target's, a cost axis below zero around a single trial, and silent wild predictions."""
+    slo = {"ttft_p50_ms": 600.0, "ttft_p95_ms": 650.0}
+
+    def curve(*met: bool) -> list[dict[str, Any]]:
+        points = [
+            {"rate_rps": 2.0 * (1 + i), "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0, "slo_met": m}
+            for i, m in enumerate(met)
+        ]
+        return [{"role": "winner", "trial": {"number": 0, "label": "defaults", "load_curve": points}}]
+
+    held = charts.latency_vs_load_figure(curve(True, True), slo, 2.0)
+    assert held is not None and "cross" not in held["layout"]["title"]["text"]
+    assert "every step within the SLO" in held["layout"]["title"]["text"]
+    saturated = charts.latency_vs_load_figure(curve(True, False), slo, 2.0)
+    assert saturated is not None and "crosses missed the SLO" in saturated["layout"]["title"]["text"]
+    labels = {a["text"]: (a["x"], a["y"], a.get("yanchor")) for a in saturated["layout"]["annotations"]}
+    assert len(set(labels.values())) == 3  # the two SLOs (50 ms apart) and the target
+    assert labels["SLO p50 ≤ 600 ms"][2] == "top" and labels["SLO p95 ≤ 650 ms"][2] == "bottom"
+
+    one = {
+        "number": 0,
+        "label": "defaults",
+        "ok": True,
+        "cost_per_mtok_usd": 0.4,
+        "ttft_p95_ms": 500.0,
+        "ttft_p50_ms": 300.0,
+        "gates": {"correctness_passed": True, "reliability_passed": True},
+        "is_pareto": True,
+        "is_winner": True,
+    }
+    cost = charts.cost_vs_ttft_figure([one], slo)
+    assert cost is not None
+    assert cost["layout"]["xaxis"]["rangemode"] == cost["layout"]["yaxis"]["rangemode"] == "tozero"
+
+    wild = {**one, "predicted": {"ttft_p50_ms": 310.0, "ttft_p95_ms": 1200.0, "source": "simulator"}}
+    predicted = charts.predicted_vs_measured_figure([wild])
+    assert predicted is not None and "1 off by more than 50%" in predicted["layout"]["title"]["text"]
+    p50, p95 = _trace(predicted, "p50 TTFT"), _trace(predicted, "p95 TTFT")
+    assert p50["marker"]["line"]["width"] == [0] and p95["marker"]["line"]["width"] == [3]
+    assert p95["text"] == ["#0 defaults (simulator): off by 140%"]
+    close = charts.predicted_vs_measured_figure(
+        [{**wild, "predicted": {**wild["predicted"], "ttft_p95_ms": 520.0}}]
+    )
+    assert close is not None and "all within 50%" in close["layout"]["title"]["text"]
+
+
+@pytest.mark.django_db
+def test_the_report_flags_a_prediction_far_from_its_measurement(report_job, alice_client) -> None:  # type: ignore[no-untyped-def]
+    url = reverse("jobs:report", args=[report_job.id])
+    html = alice_client.get(url).content.decode()
+    assert "<th>Off by (p50 / p95)</th>" in html and "5% / 11%" in html and "prediction off" not in html
+    trial = Trial.objects.get(job=report_job, number=3)
+    trial.result = {**trial.result, "predicted": {**trial.result["predicted"], "ttft_p95_ms": 2100.0}}
+    trial.save(update_fields=["result"])
+    html = alice_client.get(url).content.decode()
+    assert '<tr class="prediction-off"><td>3</td>' in html and "14% / 200%" in html
+    assert '<strong class="flag">prediction off</strong>' in html
+
+
 # --- Pages ------------------------------------------------------------------------------------
 
 
