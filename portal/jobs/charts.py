@@ -51,6 +51,10 @@ def _name(trial: dict[str, Any]) -> str:
     return f"#{trial['number']} {short}{role}"
 
 
+def _requests(count: int | None) -> str:
+    return "requests not recorded" if count is None else f"{count:,} requests"
+
+
 def _slo_vlines(fig: go.Figure, slo: dict[str, float | None]) -> None:
     for key, dash, position in (("ttft_p50_ms", "dash", "top left"), ("ttft_p95_ms", "dot", "top right")):
         limit = slo.get(key)
@@ -104,7 +108,11 @@ def ttft_cdf_figure(trials: list[dict[str, Any]], slo: dict[str, float | None]) 
                     mode="lines",
                     name=_name(trial),
                     line={"color": _color(trial["number"]), "width": width},
-                    hovertemplate="%{x:,.0f} ms: %{y:.0%} of requests<extra>" + _name(trial) + "</extra>",
+                    hovertemplate="%{x:,.0f} ms: %{y:.0%} of "
+                    + _requests(trial.get("num_requests"))
+                    + "<extra>"
+                    + _name(trial)
+                    + "</extra>",
                 )
             )
         elif trial.get("ttft_p50_ms") is not None and trial.get("ttft_p95_ms") is not None:
@@ -160,7 +168,9 @@ def latency_vs_load_figure(
                     name=f"{who} {key[5:8]}",
                     line={"color": _color(trial["number"]), "dash": dash},
                     marker={"symbol": symbols, "size": 9},
-                    hovertemplate="%{x:.2f} req/s: %{y:,.0f} ms<extra>"
+                    # How many requests each percentile rests on.
+                    customdata=[_requests(p.get("num_requests")) for p in points],
+                    hovertemplate="%{x:.2f} req/s: %{y:,.0f} ms (%{customdata})<extra>"
                     + f"{who} {key[5:8]} ({trial['label']})</extra>",
                 )
             )

@@ -46,9 +46,21 @@ def _slo_limits(slo_text: str) -> dict[str, float | None]:
     return {name: slo.limit(name) for name in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
 
 
+def _requests_at_target(result: dict[str, Any]) -> int | None:
+    """The requests the trial's pooled percentiles and interval rest on: every repeat at the
+    target rate (None for results recorded without their load steps)."""
+    counts = [
+        int(point.get("num_requests") or 0)
+        for point in result.get("load") or []
+        if float(point.get("rate_multiple") or 1.0) == 1.0
+    ]
+    return sum(counts) if counts else None
+
+
 def _load_curve(result: dict[str, Any], target_rps: float) -> list[dict[str, Any]]:
     """One point per load level: the target rate pooled over its repeats (as the trial judged
-    it), then each capacity step, up to the first that broke the SLO (saturation)."""
+    it), then each capacity step, up to the first that broke the SLO (saturation); each with
+    the number of requests its percentiles rest on."""
     points: list[dict[str, Any]] = []
     if result.get("ttft_p50_ms") is not None:
         points.append(
@@ -58,6 +70,7 @@ def _load_curve(result: dict[str, Any], target_rps: float) -> list[dict[str, Any
                 "ttft_p50_ms": result["ttft_p50_ms"],
                 "ttft_p95_ms": result.get("ttft_p95_ms"),
                 "slo_met": bool(result.get("slo_met")),
+                "num_requests": _requests_at_target(result),
             }
         )
     for point in result.get("load") or []:
@@ -71,6 +84,7 @@ def _load_curve(result: dict[str, Any], target_rps: float) -> list[dict[str, Any
                 "ttft_p50_ms": point.get("ttft_p50_ms"),
                 "ttft_p95_ms": point.get("ttft_p95_ms"),
                 "slo_met": bool(point.get("slo_met")),
+                "num_requests": point.get("num_requests"),
             }
         )
     return sorted(points, key=lambda p: p["rate_multiple"])
@@ -169,6 +183,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
                 "ttft_p50_ms": result.get("ttft_p50_ms"),
                 "ttft_p95_ms": result.get("ttft_p95_ms"),
                 "ttft_p95_ci_ms": result.get("ttft_p95_ci_ms"),
+                "num_requests": _requests_at_target(result) if ok else None,
                 "ttft_sample_ms": list(result.get("ttft_sample_ms") or ()),
                 "tpot_p50_ms": result.get("tpot_p50_ms"),
                 "cost_per_mtok_usd": result.get("cost_per_mtok_usd"),

@@ -452,6 +452,20 @@ def test_the_report_flags_a_prediction_far_from_its_measurement(report_job, alic
     assert '<strong class="flag">prediction off</strong>' in html
 
 
+@pytest.mark.django_db
+def test_the_report_states_the_requests_behind_each_percentile(report_job, alice_client) -> None:  # type: ignore[no-untyped-def]
+    data = selectors.job_report_data(job=report_job)
+    winner = next(t for t in data["trials"] if t["is_winner"])
+    assert winner["num_requests"] == 100  # two repeats of 50 at the target rate
+    sections = {s["id"]: s for s in charts.report_sections(data)}
+    load = _trace(sections["chart-latency-load"]["figure"], "winner #2 p95")
+    assert load["customdata"] == ["100 requests", "50 requests", "50 requests"]
+    cdf = _trace(sections["chart-ttft-cdf"]["figure"], "#2 max_num_seqs=8 (winner)")
+    assert "of 100 requests" in cdf["hovertemplate"]
+    html = alice_client.get(reverse("jobs:report", args=[report_job.id])).content.decode()
+    assert "ms, over 100 requests), sustains" in html and "<td>100</td>" in html
+
+
 # --- Pages ------------------------------------------------------------------------------------
 
 
