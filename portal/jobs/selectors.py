@@ -2,14 +2,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from portal.accounts.models import Organization
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from tuning.search import gates
+from tuning.search.job import REFERENCE as REFERENCE_PHASE
+from tuning.search.job import SEARCH as SEARCH_PHASE
 from tuning.search.selection import Candidate, pareto_front
 from tuning.search.slo import SLOParseError, parse_slo
 from tuning.search.space import LOSSLESS
@@ -305,4 +309,33 @@ def confirmation_rows(*, job: TuningJob) -> dict[str, Any] | None:
             }
             for knob, share in (ablation.get("shares") or {}).items()
         ],
+    }
+
+
+def job_progress(*, job: TuningJob, now: datetime | None = None) -> dict[str, Any] | None:
+    """How long a running job has run, how far its search is, and roughly how long the search
+    has left at the pace of its finished search trials (the confirmation rounds, if any, come
+    after and are not estimated). None before the job started or once it ended."""
+    if not job.is_active or job.started_at is None:
+        return None
+    now = now or timezone.now()
+    searched = [
+        t
+        for t in job.trials.all()
+        if (t.result or {}).get("phase", REFERENCE_PHASE if t.number == 0 else SEARCH_PHASE) == SEARCH_PHASE
+    ]
+    done = [t for t in searched if t.finished_at is not None]
+    budget = int((job.spec or {}).get("budget_trials") or 0)
+    per_trial_s = (
+        sum((t.finished_at - t.started_at).total_seconds() for t in done if t.finished_at) / len(done)
+        if done
+        else None
+    )
+    left = max(budget - len(done), 0)
+    return {
+        "elapsed_s": max((now - job.started_at).total_seconds(), 0.0),
+        "search_done": len(done),
+        "budget": budget,
+        "per_trial_s": per_trial_s,
+        "search_left_s": None if per_trial_s is None else per_trial_s * left,
     }

@@ -95,6 +95,7 @@ def _job_context(job: TuningJob) -> dict[str, object]:
         "selection": selection,
         "caps": (job.report or {}).get("caps"),
         "confirmation": selectors.confirmation_rows(job=job),
+        "progress": selectors.job_progress(job=job),
     }
 
 
