@@ -5,6 +5,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -34,6 +35,43 @@ def ready_samples(*, organization: Organization) -> QuerySet[TrafficSample]:
     return TrafficSample.objects.filter(organization=organization, status=TrafficSample.Status.READY).defer(
         "charts"
     )
+
+
+def sample_facts(sample: TrafficSample) -> dict[str, Any]:
+    """What the job form needs from a sample's profile: its busiest minute (the peak rate a job
+    should hold) and the prompt/output percentiles its caps default from (p99)."""
+    profile = sample.profile or {}
+    lengths = {key: profile.get(key) or {} for key in ("input_tokens", "output_tokens")}
+    return {
+        "id": sample.id,
+        "name": sample.name,
+        "peak_rps": (profile.get("arrival") or {}).get("peak_rps_60s"),
+        "input_p50": lengths["input_tokens"].get("p50"),
+        "input_p99": lengths["input_tokens"].get("p99"),
+        "output_p50": lengths["output_tokens"].get("p50"),
+        "output_p99": lengths["output_tokens"].get("p99"),
+    }
+
+
+def job_form_initial(*, organization: Organization, sample_id: str | None) -> dict[str, Any]:
+    """The job form's starting values: the sample asked for (or the organization's only one)
+    and its busiest minute's rate as the peak to hold."""
+    samples = ready_samples(organization=organization)
+    sample = None
+    if sample_id:
+        try:
+            sample = samples.filter(id=sample_id).first()
+        except (ValueError, DjangoValidationError):
+            sample = None  # a mistyped link: the form starts empty, as without one
+    elif len(only := list(samples[:2])) == 1:
+        sample = only[0]
+    if sample is None:
+        return {}
+    peak = sample_facts(sample)["peak_rps"]
+    initial: dict[str, Any] = {"traffic_sample": sample.id}
+    if peak:
+        initial["peak_rps"] = max(round(float(peak), 3), 0.001)
+    return initial
 
 
 # --- Job report -------------------------------------------------------------------------------

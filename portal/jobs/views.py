@@ -24,6 +24,10 @@ def _list_page(
         "model_form": model_form,
         "jobs": selectors.tuning_job_list(organization=membership.organization),
         "models": selectors.served_model_list(organization=membership.organization),
+        "samples": [
+            selectors.sample_facts(sample)
+            for sample in selectors.ready_samples(organization=membership.organization)
+        ],
         "can_start": membership.has_role(Role.MEMBER),
         "can_register": membership.has_role(Role.ADMIN),
     }
@@ -35,7 +39,10 @@ def _list_page(
 def job_list(request: HttpRequest) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     if request.method == "GET":
-        return _list_page(request, TuningJobForm(organization=organization), ServedModelForm())
+        initial = selectors.job_form_initial(organization=organization, sample_id=request.GET.get("sample"))
+        return _list_page(
+            request, TuningJobForm(organization=organization, initial=initial), ServedModelForm()
+        )
     if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
         raise PermissionDenied("Only a member or above can start tuning jobs.")
     form = TuningJobForm(request.POST, organization=organization)
