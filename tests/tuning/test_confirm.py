@@ -421,7 +421,8 @@ def test_gpu_meter_names_foreign_gpu_processes(tmp_path: Path, monkeypatch: pyte
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     launcher = (
         "import subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True,\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(p.pid, flush=True)\n"
     )
     out = subprocess.run([sys.executable, "-c", launcher], check=True, capture_output=True, text=True)
