@@ -336,8 +336,14 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
                     if endpoint.is_active:
                         endpoint_services.endpoint_stop(actor=endpoint.created_by, endpoint=endpoint)
         if endpoint is not None:
-            with platform():
-                endpoint.refresh_from_db()
+            # Stopping is a background task of the worker still running here: wait for its verdict.
+            deadline = time.monotonic() + 120
+            while True:
+                with platform():
+                    endpoint.refresh_from_db()
+                if endpoint.status != Endpoint.Status.STOPPING or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
             assert endpoint.status == Endpoint.Status.STOPPED
             assert not endpoint_services._supervisor_alive(endpoint)
 
