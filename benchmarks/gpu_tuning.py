@@ -377,7 +377,7 @@ def main() -> int:
             "benchmark": "gpu_tuning",
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "complete": complete,
-            "git": git_state(REPO),
+            **git_state(REPO),  # commit and dirty at the top, as every result file has them
             "machine": machine_facts(),
             "versions": versions("vllm", "torch", "optuna", "numpy", "transformers")
             | {"tailguard": __version__},
