@@ -174,6 +174,14 @@ def _knee(
     key = f"knee-{name}"
     if key in state:
         return dict(state[key])
+    if args.knee_from is not None:
+        recorded = _recorded_knee(args.knee_from, name)
+        if recorded is not None:
+            state[key] = recorded
+            log(
+                f"[{name}] knee {recorded['knee_rps']:g} req/s from {args.knee_from.name} ({recorded['source']})"
+            )
+            return dict(recorded)
     if not clock.fits(args.knee_estimate_s):
         return None
     caps = _caps(args, trace)
@@ -236,6 +244,24 @@ def _knee(
     }
     state[key] = knee
     return knee
+
+
+def _recorded_knee(path: Path, name: str) -> dict[str, Any] | None:
+    """The knee probe of an earlier result file of this script (same host kind, model and
+    engine), with where it came from: re-probing costs about five device-minutes a trace."""
+    recorded = json.loads(path.read_text())
+    if recorded.get("benchmark") != "gpu_tuning":
+        raise SystemExit(f"{path} is not a gpu_tuning result")
+    knee = (recorded.get("cases", {}).get(name) or {}).get("knee_probe")
+    if not knee or "caps" not in knee:
+        return None
+    git = recorded.get("git") or {}
+    return {
+        **knee,
+        "source": f"recorded {recorded.get('when')} at commit "
+        f"{str(recorded.get('commit') or git.get('commit') or '?')[:10]}, "
+        f"vLLM {recorded.get('versions', {}).get('vllm')}, model {recorded.get('model')}",
+    }
 
 
 def _job(
@@ -338,6 +364,12 @@ def main() -> int:
         default=LADDER[0],
         help="first knee-probe rate (req/s): skip rates an earlier run showed far below the knee",
     )
+    parser.add_argument(
+        "--knee-from",
+        type=Path,
+        default=None,
+        help="take each trace's knee probe from an earlier gpu_tuning result (its source is recorded)",
+    )
     parser.add_argument("--duration-s", type=float, default=15.0)
     parser.add_argument("--search-budget", type=int, default=3)
     parser.add_argument("--confirm-repeats", type=int, default=3)
@@ -393,6 +425,7 @@ def main() -> int:
                 "finalists": args.finalists,
                 "max_model_len_cap": args.max_model_len,
                 "ladder_start_rps": args.ladder_start,
+                "knee_from": str(args.knee_from) if args.knee_from else None,
                 "frozen_knobs": args.frozen_knobs,
                 "frozen_why": "random weights: the gate cannot judge precision changes on random models, "
                 "and n-gram speculation's acceptance depends on meaningful text",
