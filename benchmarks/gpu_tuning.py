@@ -354,6 +354,12 @@ def main() -> int:
     parser.add_argument("--model-label", required=True, help="e.g. llama-3.1-8b")
     parser.add_argument("--traces", default="mooncake", help=f"comma-separated, of {', '.join(TRACES)}")
     parser.add_argument("--hardware", default="h200")
+    parser.add_argument(
+        "--write-shape",
+        default=None,
+        help=f"write a config.json of this architecture into --model-dir first ({', '.join(SHAPES)})",
+    )
+    parser.add_argument("--tokenizer-from", type=Path, default=None, help="tokenizer files for --write-shape")
     parser.add_argument("--slo", default="ttft_p50_ms<=600,ttft_p95_ms<=2000")
     parser.add_argument("--knee-fraction", type=float, default=0.8)
     parser.add_argument("--knee-duration-s", type=float, default=15.0)
