@@ -280,6 +280,18 @@ def totp_confirmed(*, user: Any) -> bool:
     return TOTPDevice.objects.filter(user=user, confirmed_at__isnull=False).exists()
 
 
+def totp_pending_secret(*, user: Any) -> str | None:
+    """The secret of `user`'s authenticator awaiting its first code, or None (none made yet, or
+    already confirmed). A read: the key is made only by `services.totp_enroll_start`."""
+    from compliance.models import TOTPDevice
+    from compliance.storage import unseal
+
+    device = TOTPDevice.objects.filter(user=user, confirmed_at__isnull=True).first()
+    if device is None:
+        return None
+    return unseal(bytes(device.secret_encrypted), purpose="totp-secret").decode()
+
+
 def totp_recovery_codes_left(*, user: Any) -> int:
     from compliance.models import TOTPRecoveryCode
 

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, models, transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from compliance import chain, context, selectors
@@ -1047,37 +1047,17 @@ def _totp_new_device(*, user: Any) -> str:
 def totp_enroll_start(*, user: Any) -> str:
     """A new, unconfirmed authenticator secret for `user` (replacing an unconfirmed one).
 
-    Only an explicit request for a new key calls this (a POST): showing the enrolment page uses
-    `totp_enroll_pending`, so a page load, a reload or a subresource bounced to the page never
-    swaps the key a person is typing codes from."""
+    Only an explicit request (a POST, behind a fresh re-authentication: portal.accounts.reauth)
+    calls this; showing the enrolment page only reads the pending secret
+    (`selectors.totp_pending_secret`), so a page load, a reload, a prefetch or a subresource
+    bounced to the page never makes or swaps the key a person is typing codes from."""
     if selectors.totp_confirmed(user=user):
         raise ValidationError({"code": "An authenticator is already set up."})
     with transaction.atomic():
+        replaced = selectors.totp_pending_secret(user=user) is not None
         secret = _totp_new_device(user=user)
-        audit_record(actor=user, action="two_factor.new_key")
+        audit_record(actor=user, action="two_factor.new_key", data={"replaced": replaced})
     return secret
-
-
-def totp_enroll_pending(*, user: Any) -> str:
-    """The secret of `user`'s unconfirmed authenticator, made on first use and kept across page
-    loads until a code confirms it or the person asks for a new one."""
-    from compliance.models import TOTPDevice
-    from compliance.storage import unseal
-
-    if selectors.totp_confirmed(user=user):
-        raise ValidationError({"code": "An authenticator is already set up."})
-    with transaction.atomic():
-        # Locked, so two page loads at once (a tab and its favicon request) agree on one secret.
-        device = TOTPDevice.objects.select_for_update().filter(user=user).first()
-        if device is not None:
-            return unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
-        try:
-            with transaction.atomic():
-                return _totp_new_device(user=user)
-        except IntegrityError:
-            # The other request created it between our read and our insert: use its secret.
-            device = TOTPDevice.objects.get(user=user)
-            return unseal(bytes(device.secret_encrypted), purpose=_TOTP_PURPOSE).decode()
 
 
 # Recovery codes: 16 characters from an alphabet without look-alikes (79 bits), shown once, kept

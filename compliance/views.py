@@ -277,9 +277,11 @@ def _two_factor_target(request: HttpRequest) -> str:
 def two_factor(request: HttpRequest) -> HttpResponse:
     """Verify a code (or, the first time, set up the authenticator and confirm it).
 
-    The key being enrolled stays the same across page loads until a code confirms it or the
-    person asks for a new one (a POST): a browser loads the page more than once (reloads, a
-    subresource bounced here), and a key that changed on every load rejected every code."""
+    A GET changes nothing: it shows the key awaiting confirmation if there is one, else a
+    button. Making a key (the first or a new one) is a POST, and so is confirming it; both need
+    a fresh re-authentication (portal.accounts.reauth), so a password-only session left open
+    cannot bind the account to an attacker's authenticator. The key stays the same across page
+    loads until a code confirms it or the person asks for a new one."""
     from compliance import totp
     from compliance.middleware import TWO_FACTOR_KEY
 
@@ -290,8 +292,10 @@ def two_factor(request: HttpRequest) -> HttpResponse:
     status = 200
     action = request.POST.get("action", "verify") if request.method == "POST" else ""
     if action == "new_key" and not confirmed:
+        replaced = selectors.totp_pending_secret(user=user) is not None
         services.totp_enroll_start(user=user)
-        messages.info(request, "A new key was made: the previous one no longer works.")
+        if replaced:
+            messages.info(request, "A new key was made: the previous one no longer works.")
         return redirect(request.get_full_path())
     if action == "new_recovery_codes" and confirmed and verified:
         codes = services.totp_recovery_codes_create(user=user)
@@ -315,7 +319,7 @@ def two_factor(request: HttpRequest) -> HttpResponse:
                         return _recovery_codes_page(request, codes=codes, target=_two_factor_target(request))
                     return redirect(_two_factor_target(request))
                 form.add_error("code", "That code is not right (or was already used). Try the next one.")
-    secret = None if confirmed else services.totp_enroll_pending(user=user)
+    secret = None if confirmed else selectors.totp_pending_secret(user=user)
     context = {
         "form": form,
         "confirmed": confirmed,

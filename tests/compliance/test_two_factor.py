@@ -44,6 +44,9 @@ def test_owner_of_an_organization_with_a_baa_must_enrol(alice, alice_org, alice_
     # Bob is a viewer there, not an owner: not required (he may still enrol).
     assert bob_client.get(dashboard).status_code == 200
 
+    # Opening the page makes no key; the person asks for one (a POST), then sees it.
+    assert "otpauth://totp/" not in alice_client.get(reverse("compliance:two_factor")).content.decode()
+    assert alice_client.post(reverse("compliance:two_factor"), {"action": "new_key"}).status_code == 302
     page = alice_client.get(reverse("compliance:two_factor"))
     assert page.status_code == 200 and "otpauth://totp/" in page.content.decode()
     secret = _secret(alice)
@@ -87,6 +90,8 @@ def test_the_enrolment_key_survives_page_loads_until_a_new_one_is_asked_for(
 ) -> None:  # type: ignore[no-untyped-def]
     baa_recorded(alice, alice_org)
     page = reverse("compliance:two_factor")
+    assert alice_client.get(page).context["secret"] is None  # nothing made by looking
+    assert alice_client.post(page, {"action": "new_key"}).status_code == 302
     first = alice_client.get(page).context["secret"]
     # What a browser does around the page: its favicon, a static asset, a reload.
     assert alice_client.get("/favicon.ico").status_code != 302
@@ -109,6 +114,7 @@ def test_recovery_codes_are_hashed_shown_once_and_work_once(alice, alice_org, al
     settings.LOGIN_THROTTLE_FAILURES = 50
     baa_recorded(alice, alice_org)
     page = reverse("compliance:two_factor")
+    alice_client.post(page, {"action": "new_key"})
     secret = alice_client.get(page).context["secret"]
     enrolled = alice_client.post(page, {"code": totp.code_at(secret, int(time.time() // 30))})
     codes = enrolled.context["codes"]

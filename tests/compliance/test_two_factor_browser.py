@@ -52,6 +52,10 @@ def test_enrol_in_a_browser_then_sign_in_with_a_recovery_code(live_server, page_
     )
     _sign_in(page, live_server.url)
     page.wait_for_url(re.compile(r"/compliance/2fa/"))
+    # Opening the page makes no key: the person asks for one.
+    assert page.locator("#totp-secret").count() == 0
+    page.click("#start-enrol-form button[type=submit]")
+    page.wait_for_selector("#totp-secret")
     page.wait_for_load_state("networkidle")
     # The browser's own request for /favicon.ico (what older pages triggered) changes nothing.
     page.evaluate("fetch('/favicon.ico').then(r => r.status)")

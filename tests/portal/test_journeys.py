@@ -160,6 +160,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             page.click("button:has-text('Record BAA')")
             page.wait_for_url(re.compile(r"/compliance/2fa/"))
             assert "business associate agreement" in (page.text_content("main") or "")
+            page.click("#start-enrol-form button[type=submit]")
             secret = (page.text_content("#totp-secret") or "").strip()
             page.fill("#id_code", totp.code_at(secret, int(time.time() // totp.STEP_S)))
             page.click("button:has-text('Verify')")

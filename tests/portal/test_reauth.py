@@ -124,6 +124,12 @@ def test_a_stale_password_only_session_cannot_enrol_its_own_authenticator(alice:
     client = Client()
     client.force_login(alice)  # signed in long ago, no authenticator yet
     assert client.get(reverse("compliance:two_factor")).status_code == 200
+    # Making the key is refused until the password is given again (and the page made none).
+    response = client.post(reverse("compliance:two_factor"), {"action": "new_key"})
+    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:reauth"))
+    assert not TOTPDevice.objects.filter(user=alice).exists()
+    # A key made earlier (by a fresh session) cannot be confirmed by a stale one either.
+    compliance_services.totp_enroll_start(user=alice)
     device = TOTPDevice.objects.get(user=alice)
     secret = unseal(bytes(device.secret_encrypted), purpose="totp-secret").decode()
     step = int(time.time() // 30)
@@ -145,6 +151,11 @@ def test_an_owner_who_must_enrol_signs_in_again_when_the_session_is_stale(
     client = Client()
     client.force_login(alice)  # signed in long ago; two-factor not done (only its page is reachable)
     assert client.get(reverse("compliance:two_factor")).status_code == 200
+    response = client.post(reverse("compliance:two_factor"), {"action": "new_key"})
+    assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login"))
+    assert not TOTPDevice.objects.filter(user=alice).exists()
+    client.force_login(alice)  # signed in long ago again, and a key made meanwhile
+    compliance_services.totp_enroll_start(user=alice)
     device = TOTPDevice.objects.get(user=alice)
     secret = unseal(bytes(device.secret_encrypted), purpose="totp-secret").decode()
     response = client.post(

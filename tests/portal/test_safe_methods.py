@@ -39,10 +39,7 @@ pytestmark = pytest.mark.django_db
 # (An evidence pack is a read of the audit trail and more: recorded like an export.)
 ACCESS_RECORDS = {"audit.export", "staff.access", "benchmark.share_view", "compliance.evidence_pack"}
 # Routes whose GET still changes something, each with the reason it is not fixed here.
-KNOWN_GET_CHANGES = {
-    # Owned by the compliance code (not this change): opening the page enrols a pending key.
-    "compliance:two_factor": "compliance: the enrolment key is made on GET",
-}
+KNOWN_GET_CHANGES: dict[str, str] = {}
 
 
 def _client(w: World, *, csrf: bool = False) -> Client:
