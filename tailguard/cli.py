@@ -46,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(raw)
+    # A command that hands over to another process (`tune --pool`) passes its own words on.
+    args.argv = raw
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

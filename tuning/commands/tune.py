@@ -5,12 +5,21 @@ after the last finished trial instead of starting over. With an OpenAI-style log
 text, the work dir also holds the correctness gate's golden set (golden.json, owner-only): token
 ids of a few of your prompts, and the reference's answers to them in state.json. Nothing else
 (the report, the log lines) carries them: delete the work dir with the job.
+
+With `--pool NAME` the trials run on the engine hosts of that hardware pool, through their
+agents (`tailguard agent --pool NAME`), as the portal's jobs do: each trial is a task on the
+pool's queue, and with several idle hosts the search measures a batch of candidates at once,
+one per host. That needs the portal's database and broker (DATABASE_URL, CELERY_BROKER_URL),
+so this library hands the command over to the portal's own process (`portal.pools.tune`), and
+the hosts must see the trace, the model and the work dir at the same paths (a shared folder),
+as the portal's agents see its files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +31,7 @@ from tuning.search.job import (
     JobSpec,
     JobSpecError,
     ReferenceFailedError,
+    TrialExecutor,
     TrialRecord,
     caps_for,
     plan_job,
@@ -56,7 +66,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="live search trials (the reference capture and the confirmation rounds come on top)",
     )
     p.add_argument("--strategy", choices=("tpe", "grid"), default="tpe")
-    p.add_argument("--hardware", choices=sorted(HARDWARE), default=LOCAL_CPU.name)
+    p.add_argument(
+        "--hardware",
+        choices=sorted(HARDWARE),
+        help=f"hardware target (default: the pool's, else {LOCAL_CPU.name})",
+    )
+    p.add_argument(
+        "--pool",
+        help="run the trials on this hardware pool's engine hosts, through their agents (needs the "
+        "portal's DATABASE_URL and CELERY_BROKER_URL); several idle hosts measure several candidates at once",
+    )
     p.add_argument("--duration-s", type=float, default=20.0, help="length of each replay at the target rate")
     p.add_argument("--repeats", type=int, default=2, help="replays at the target rate per trial")
     p.add_argument(
@@ -101,15 +120,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _tune(args: argparse.Namespace) -> int:
-    if not MIN_LENGTH_SCALE <= args.length_scale <= 1.0:  # also refuses NaN
-        print(f"tailguard tune: --length-scale must be {MIN_LENGTH_SCALE:g} to 1", file=sys.stderr)
-        return 1
-    try:
-        caps = _caps(args)
-    except (TraceError, ModelLoadError, OSError) as exc:
-        print(f"tailguard tune: {exc}", file=sys.stderr)
-        return 1
-    spec = JobSpec(
+    if args.pool:
+        return _hand_over_to_pool(args)
+    return run(args)
+
+
+def _hand_over_to_pool(args: argparse.Namespace) -> int:
+    """The pool's hosts are reached through the portal (its database and broker), which this
+    library does not import: the portal's own module runs the same command (see the docstring)."""
+    argv = list(getattr(args, "argv", None) or [])
+    if "tune" not in argv:
+        print("tailguard tune: --pool needs the command line (run it as `tailguard tune`)", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "portal.pools.tune", *argv[argv.index("tune") + 1 :]]
+    return subprocess.run(command, check=False).returncode
+
+
+def spec_from_args(
+    args: argparse.Namespace, *, hardware: str | None = None, price_per_hour_usd: float | None = None
+) -> JobSpec:
+    """The job the command line asks for (the caps from the sample where not given).
+    `hardware` and `price_per_hour_usd`: a pool's, where the trials run on one."""
+    hardware = hardware or args.hardware or LOCAL_CPU.name
+    caps = _caps(args, hardware)
+    return JobSpec(
         trace_path=args.trace,
         model_path=args.model,
         slo=args.slo,
@@ -119,7 +153,7 @@ def _tune(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         duration_s=args.duration_s,
         repeats=args.repeats,
-        hardware=args.hardware,
+        hardware=hardware,
         confirm_repeats=args.confirm_repeats,
         finalists=args.finalists,
         contention_cores=args.contention_cores,
@@ -129,8 +163,32 @@ def _tune(args: argparse.Namespace) -> int:
         length_scale=args.length_scale,
         seed=args.seed,
         load_format=args.load_format,
+        price_per_hour_usd=price_per_hour_usd,
     )
+
+
+def work_dir_for(args: argparse.Namespace) -> Path:
     work_dir: Path = args.work_dir or args.json.with_name(args.json.name + ".work")
+    return work_dir
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    executor: TrialExecutor | None = None,
+    hardware: str | None = None,
+    price_per_hour_usd: float | None = None,
+) -> int:
+    """The command: trials on this machine, or on `executor`'s hosts (a pool's)."""
+    if not MIN_LENGTH_SCALE <= args.length_scale <= 1.0:  # also refuses NaN
+        print(f"tailguard tune: --length-scale must be {MIN_LENGTH_SCALE:g} to 1", file=sys.stderr)
+        return 1
+    try:
+        spec = spec_from_args(args, hardware=hardware, price_per_hour_usd=price_per_hour_usd)
+    except (TraceError, ModelLoadError, OSError) as exc:
+        print(f"tailguard tune: {exc}", file=sys.stderr)
+        return 1
+    work_dir = work_dir_for(args)
     try:
         prepared = plan_job(spec, work_dir)
     except JobSpecError as exc:
@@ -140,6 +198,8 @@ def _tune(args: argparse.Namespace) -> int:
         print(prepared.space.describe())
         return 0
     history = _load_history(work_dir, spec)
+    # Saved before the first trial too: a pool's hosts read the job from it.
+    _save_history(work_dir, spec, history)
     print(prepared.caps["line"], file=sys.stderr)
     print(golden_line(prepared.golden), file=sys.stderr)
     try:
@@ -149,6 +209,7 @@ def _tune(args: argparse.Namespace) -> int:
             work_dir,
             log=lambda line: print(line, file=sys.stderr),
             on_trial=lambda records: _save_history(work_dir, spec, records),
+            executor=executor,
         )
     except ReferenceFailedError as exc:
         write_json(args.json, {**report(prepared, history), "error": str(exc)})
@@ -167,7 +228,7 @@ def golden_line(about: Mapping[str, Any]) -> str:
     return f"Correctness gate: {about.get('num_prompts')} {about.get('source')} of {lengths} tokens ({about.get('why')})."
 
 
-def _caps(args: argparse.Namespace) -> Caps:
+def _caps(args: argparse.Namespace, hardware: str) -> Caps:
     """The caps the user gave, the rest from the sample's profile and the hardware."""
     given = (args.max_prompt_tokens, args.max_output_tokens, args.max_model_len)
     profile = None
@@ -179,7 +240,7 @@ def _caps(args: argparse.Namespace) -> Caps:
         model_max_len=model_info(
             args.model, require_weights=args.load_format is None
         ).max_position_embeddings,
-        hardware=HARDWARE[args.hardware],
+        hardware=HARDWARE[hardware],
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_model_len=args.max_model_len,
@@ -187,12 +248,12 @@ def _caps(args: argparse.Namespace) -> Caps:
     )
 
 
-def _state_file(work_dir: Path) -> Path:
+def state_file(work_dir: Path) -> Path:
     return work_dir / "state.json"
 
 
 def _load_history(work_dir: Path, spec: JobSpec) -> list[TrialRecord]:
-    path = _state_file(work_dir)
+    path = state_file(work_dir)
     if not path.exists():
         return []
     state = json.loads(path.read_text())
@@ -201,8 +262,14 @@ def _load_history(work_dir: Path, spec: JobSpec) -> list[TrialRecord]:
     return [TrialRecord(**t) for t in state["trials"]]
 
 
+def read_job(work_dir: Path) -> tuple[JobSpec, list[TrialRecord]]:
+    """The job and its recorded trials, as this command saved them (a pool's host reads them)."""
+    state = json.loads(state_file(work_dir).read_text())
+    return JobSpec.from_dict(state["spec"]), [TrialRecord(**t) for t in state["trials"]]
+
+
 def _save_history(work_dir: Path, spec: JobSpec, history: list[TrialRecord]) -> None:
-    path = _state_file(work_dir)
+    path = state_file(work_dir)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
         json.dumps({"spec": spec.to_dict(), "trials": [t.__dict__ for t in history]}, allow_nan=False)

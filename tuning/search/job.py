@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,7 +37,14 @@ from tuning.search.space import (
     model_info,
     on_this_host,
 )
-from tuning.search.strategies import PENALTY, GridStrategy, Observation, Strategy, TPEStrategy
+from tuning.search.strategies import (
+    PENALTY,
+    GridStrategy,
+    Observation,
+    Strategy,
+    TPEStrategy,
+    propose_batch,
+)
 from tuning.search.trial import TrialPlan, TrialResult, describe, run_trial
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import ingest_path
@@ -641,6 +648,23 @@ def next_trial(
     return None
 
 
+def next_trials(
+    prepared: Prepared, history: Sequence[TrialRecord], *, slots: int = 1, strategy: Strategy | None = None
+) -> list[PlannedTrial]:
+    """The trials to measure at once on `slots` engine hosts: a batch of search candidates (up to
+    the budget left), else the single next trial. Only the search runs in batches: the reference
+    comes before everything, and confirmation and ablation are interleaved rounds compared with
+    each other, which must not be spread over different hosts at once."""
+    planned = next_trial(prepared, history, strategy=strategy)
+    if planned is None or planned.phase != SEARCH or slots <= 1:
+        return [] if planned is None else [planned]
+    searched = [r for r in history if r.phase == SEARCH]
+    size = min(slots, prepared.spec.budget_trials - len(searched))
+    observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in searched]
+    batch = propose_batch(strategy or strategy_for(prepared), prepared.space, observations, size)
+    return [PlannedTrial(SEARCH, a) for a in batch] or [planned]
+
+
 def next_assignment(
     prepared: Prepared, history: Sequence[TrialRecord], *, strategy: Strategy | None = None
 ) -> dict[str, Any] | None:
@@ -876,6 +900,42 @@ def _exports(
     )
 
 
+class TrialExecutor(Protocol):
+    """Where a job's trials run: this machine (the default) or a pool's engine hosts."""
+
+    def capacity(self) -> int:
+        """How many trials it can measure at once now (at least 1)."""
+
+    def run_batch(
+        self,
+        prepared: Prepared,
+        history: Sequence[TrialRecord],
+        batch: Sequence[tuple[int, PlannedTrial]],
+        work_dir: Path,
+    ) -> list[dict[str, Any]]:
+        """Measure the (number, trial) pairs, at once where it can; their results as stored,
+        in the batch's order."""
+
+
+class LocalExecutor:
+    """This machine: one trial after another."""
+
+    def capacity(self) -> int:
+        return 1
+
+    def run_batch(
+        self,
+        prepared: Prepared,
+        history: Sequence[TrialRecord],
+        batch: Sequence[tuple[int, PlannedTrial]],
+        work_dir: Path,
+    ) -> list[dict[str, Any]]:
+        return [
+            execute(prepared, planned, history, work_dir / f"trial-{number}", holder=f"trial {number}")
+            for number, planned in batch
+        ]
+
+
 def run_trials(
     prepared: Prepared,
     history: list[TrialRecord],
@@ -884,23 +944,30 @@ def run_trials(
     strategy: Strategy | None = None,
     log: Callable[[str], None] | None = None,
     on_trial: Callable[[list[TrialRecord]], None] | None = None,
+    executor: TrialExecutor | None = None,
 ) -> list[TrialRecord]:
-    """Runs trials in this process until the job is complete (the CLI and benchmarks).
+    """Runs trials until the job is complete (the CLI and benchmarks): on this machine, or on
+    `executor`'s hosts, a batch of search trials at once where it has several free.
 
-    `on_trial` is called after each trial (to persist); `strategy` overrides the job's search.
+    `on_trial` is called after each trial is recorded (to persist); `strategy` overrides the
+    job's search. A batch is recorded in trial-number order whichever trial finished first, so
+    the history (and every later proposal) does not depend on which host was faster.
     Raises ReferenceFailedError when the gate's reference cannot be captured.
     """
-    while (planned := next_trial(prepared, history, strategy=strategy)) is not None:
-        number = len(history)
-        change = prepared.space.change_type(planned.assignment, prepared.reference)
+    runner = executor or LocalExecutor()
+    while batch := next_trials(prepared, history, slots=runner.capacity(), strategy=strategy):
+        numbered = [(len(history) + i, planned) for i, planned in enumerate(batch)]
         if log:
-            log(f"trial {number} [{planned.describe()}]: {describe(planned.assignment)} [{change}]")
-        result = execute(prepared, planned, history, work_dir / f"trial-{number}", holder=f"trial {number}")
-        history.append(TrialRecord(number=number, assignment=planned.assignment, result=result))
-        if on_trial:
-            on_trial(history)
-        if log:
-            log("  " + outcome_line(result))
+            for number, planned in numbered:
+                change = prepared.space.change_type(planned.assignment, prepared.reference)
+                log(f"trial {number} [{planned.describe()}]: {describe(planned.assignment)} [{change}]")
+        results = runner.run_batch(prepared, history, numbered, work_dir)
+        for (number, planned), result in zip(numbered, results, strict=True):
+            history.append(TrialRecord(number=number, assignment=planned.assignment, result=result))
+            if on_trial:
+                on_trial(history)
+            if log:
+                log(f"  trial {number}: {outcome_line(result)}")
     return history
 
 

@@ -8,6 +8,11 @@ so a job resumed on another worker proposes exactly what it would have proposed.
 - `TPEStrategy` is Optuna's tree-structured Parzen estimator over the whole space, seeded with
   prior candidates (the reference, the engine defaults, and the simulator's ranking when one is
   given) before it starts modelling.
+
+Where a pool has several idle engine hosts, `propose_batch` gives up to that many distinct
+candidates at once, each proposed knowing the ones before it are in flight (Optuna's constant
+liar for TPE: a pending trial counts as a bad one, so the next ask moves away from it). The
+batch depends only on the history and its size, never on which trial finishes first.
 """
 
 from __future__ import annotations
@@ -47,6 +52,19 @@ class Strategy(Protocol):
         """The next assignment to try, or None when the strategy has nothing left."""
 
 
+def propose_batch(
+    strategy: Strategy, space: SearchSpace, history: Sequence[Observation], size: int
+) -> list[dict[str, Any]]:
+    """Up to `size` distinct assignments to measure at once (fewer when the strategy runs out).
+    A strategy without its own batch mode proposes one at a time."""
+    batch = getattr(strategy, "propose_batch", None)
+    if batch is not None:
+        proposed: list[dict[str, Any]] = batch(space, history, size)
+        return proposed
+    one = strategy.propose(space, history)
+    return [] if one is None else [one]
+
+
 @dataclass(frozen=True)
 class GridStrategy:
     """auto_tune's grid: max_num_seqs x max_num_batched_tokens, everything else at the baseline."""
@@ -65,8 +83,14 @@ class GridStrategy:
         return out
 
     def propose(self, space: SearchSpace, history: Sequence[Observation]) -> dict[str, Any] | None:
+        batch = self.propose_batch(space, history, 1)
+        return batch[0] if batch else None
+
+    def propose_batch(
+        self, space: SearchSpace, history: Sequence[Observation], size: int
+    ) -> list[dict[str, Any]]:
         tried = {_key(o.assignment, space) for o in history}
-        return next((p for p in self.points(space) if _key(p, space) not in tried), None)
+        return [p for p in self.points(space) if _key(p, space) not in tried][: max(0, size)]
 
 
 @dataclass(frozen=True)
@@ -77,7 +101,25 @@ class TPEStrategy:
     n_startup_trials: int = 3  # random points before TPE models (after the priors)
 
     def propose(self, space: SearchSpace, history: Sequence[Observation]) -> dict[str, Any] | None:
-        tried = {_key(o.assignment, space) for o in history}
+        return self._propose(space, history, ())
+
+    def propose_batch(
+        self, space: SearchSpace, history: Sequence[Observation], size: int
+    ) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        while len(batch) < size:
+            candidate = self._propose(space, history, batch)
+            if candidate is None:
+                break
+            batch.append(candidate)
+        return batch
+
+    def _propose(
+        self, space: SearchSpace, history: Sequence[Observation], pending: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The next assignment given the measured `history` and the `pending` ones (proposed in
+        this batch, not measured): never one of either."""
+        tried = {_key(o.assignment, space) for o in history} | {_key(p, space) for p in pending}
         for prior in self.priors:
             if _key(prior, space) not in tried and not space.violations(prior):
                 return dict(prior)
@@ -91,8 +133,15 @@ class TPEStrategy:
             k.name: optuna.distributions.CategoricalDistribution(list(range(len(k.values))))
             for k in space.knobs
         }
+        # The seed moves with the batch position, so the random start-up points of one batch
+        # differ; with nothing pending this is exactly the one-at-a-time proposal.
+        seed = self.seed + len(history) + len(pending)
         sampler = optuna.samplers.TPESampler(
-            seed=self.seed + len(history), n_startup_trials=self.n_startup_trials, multivariate=True
+            seed=seed,
+            n_startup_trials=self.n_startup_trials,
+            multivariate=True,
+            # The constant liar: pending trials count as bad ones, so the batch spreads out.
+            constant_liar=bool(pending),
         )
         study = optuna.create_study(direction="minimize", sampler=sampler)
         for obs in history:
@@ -100,6 +149,14 @@ class TPEStrategy:
             study.add_trial(
                 optuna.trial.create_trial(
                     params=encode(obs.assignment), distributions=distributions, value=value
+                )
+            )
+        for assignment in pending:
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=encode(assignment),
+                    distributions=distributions,
+                    state=optuna.trial.TrialState.RUNNING,
                 )
             )
         for _ in range(64):
@@ -111,7 +168,7 @@ class TPEStrategy:
                 continue
             return candidate
         # The sampler keeps returning tried or invalid points: enumerate what is left, seeded.
-        rng = np.random.default_rng(self.seed + len(history))
+        rng = np.random.default_rng(seed)
         remaining = [p for p in _all_points(space) if _key(p, space) not in tried and not space.violations(p)]
         return remaining[int(rng.integers(len(remaining)))] if remaining else None
 

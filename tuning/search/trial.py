@@ -7,6 +7,7 @@ it even when this process is killed).
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -17,7 +18,7 @@ import numpy as np
 
 from serving.engine.config import EngineConfig
 from serving.engine.host import ForeignLoadMeter, GpuMeter, HostBusyError, hold_host
-from serving.engine.launcher import EngineLaunchError, start_engine
+from serving.engine.launcher import EngineLaunchError, EngineProcess, start_engine
 from serving.loadgen.api import replay_generated, replay_trace
 from serving.loadgen.results import ReplayResult, json_finite
 from serving.metrics import scrape, snapshot_delta
@@ -264,6 +265,7 @@ def _run_held(
         ttfts: list[float] = []
         for repeat in range(plan.repeats):
             result = _replay(plan, url, 1.0, repeat)
+            _require_alive(engine)
             points.append(_point(result, 1.0, repeat, plan.slo))
             ttfts += [r.ttft_ms for r in result.requests if r.ok and r.ttft_ms is not None]
         at_target = [p for p in points if p.rate_multiple == 1.0]
@@ -291,6 +293,7 @@ def _run_held(
                 # Prompts of their own (seed past the repeats'): a step replaying prompts the
                 # engine has just seen would measure its prefix cache, not its capacity.
                 replayed = _replay(plan, url, multiple, plan.repeats + step)
+                _require_alive(engine)
                 point = _point(replayed, multiple, 0, plan.slo)
                 points.append(point)
                 if not point.slo_met:
@@ -343,12 +346,50 @@ def _run_held(
             engine_ttft_p95_ms=_finite(engine_view.ttft_p95_ms),
             engine_queue_p95_ms=_finite(engine_view.queue_p95_ms),
         )
+    except EngineDiedError as exc:
+        return _failed(config, str(exc), started, engine.log_tail(20))
     except Exception as exc:
-        return _failed(config, f"{type(exc).__name__}: {exc}", started, engine.log_tail(20))
+        # A request or scrape that failed because the engine had just died says so, not the
+        # client's connection error.
+        died = _death(engine, wait_s=2.0)
+        error = f"{died} ({type(exc).__name__}: {exc})" if died else f"{type(exc).__name__}: {exc}"
+        return _failed(config, error, started, engine.log_tail(20))
     finally:
         for gpu_meter in meters:
             gpu_meter.close()
         engine.stop()
+
+
+class EngineDiedError(RuntimeError):
+    """The engine process ended while the trial used it (crash, out of memory, killed)."""
+
+
+def _death(engine: EngineProcess, *, wait_s: float = 0.0) -> str:
+    """Why the engine is gone ('' while it runs). Its watchdog exits with the engine's status
+    (a signal's death as 256 - signal number, as sys.exit gives it); it may take a moment to
+    notice, hence the short wait."""
+    deadline = time.monotonic() + wait_s
+    while engine.alive():
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(0.1)
+    code = engine.stop(timeout_s=5.0)
+    if code is None:
+        cause = "exit status unknown"
+    else:
+        number = -code if code < 0 else 256 - code if code > 128 else 0
+        try:
+            cause = f"killed by signal {number} ({signal.Signals(number).name})" if number else ""
+        except ValueError:
+            cause = ""
+        cause = cause or f"exit status {code}"
+    return f"the engine process (pid {engine.engine_pid}) died while the trial measured: {cause}"
+
+
+def _require_alive(engine: EngineProcess) -> None:
+    died = _death(engine)
+    if died:
+        raise EngineDiedError(died)
 
 
 def _finite(value: float) -> float | None:
