@@ -77,6 +77,9 @@ class BAACreateSerializer(BAASerializer):
 
 
 class AuditEventSerializer(api_fields.ModelSerializer):
+    # The public id: the sequential key counts every tenant's events (see AuditEvent).
+    id = serializers.UUIDField(source="public_id", read_only=True)
+
     class Meta:
         model = AuditEvent
         fields = [

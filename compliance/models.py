@@ -18,7 +18,14 @@ from django.utils import timezone
 
 
 class AuditEvent(models.Model):
-    """One thing a person (or a token, or the system) did, recorded in the same transaction."""
+    """One thing a person (or a token, or the system) did, recorded in the same transaction.
+
+    The integer primary key counts every tenant's events together, so it stays inside the
+    server (ordering, the operator's admin): pages, exports, the API and verification messages
+    name an event by `public_id`, a random UUID that says nothing about anyone's volume. Neither
+    is hashed; the chain position (`seq`) counts only the organization's own events."""
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
 
     # Null for events about the platform itself (e.g. a signup before any organization exists).
     organization = models.ForeignKey(

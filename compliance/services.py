@@ -129,7 +129,7 @@ def _hashed_fields(event: AuditEvent) -> dict[str, Any]:
 class BrokenLink:
     chain: str
     seq: int
-    event_id: int | None
+    event_id: str | None  # the event's public id (never the sequential key), None for the head
     reason: str
 
     def __str__(self) -> str:
@@ -170,12 +170,16 @@ def _verify_chain(key: str) -> BrokenLink | None:
     for event in events:
         if event.seq != expected_seq:
             return BrokenLink(
-                key, expected_seq, event.id, f"event missing (next found is position {event.seq})"
+                key, expected_seq, str(event.public_id), f"event missing (next found is position {event.seq})"
             )
         if event.prev_hash != expected_prev:
-            return BrokenLink(key, event.seq, event.id, "previous-hash does not match the event before it")
+            return BrokenLink(
+                key, event.seq, str(event.public_id), "previous-hash does not match the event before it"
+            )
         if chain.event_hash(_hashed_fields(event)) != event.hash:
-            return BrokenLink(key, event.seq, event.id, "content does not match its hash (edited)")
+            return BrokenLink(
+                key, event.seq, str(event.public_id), "content does not match its hash (edited)"
+            )
         expected_seq, expected_prev = event.seq + 1, event.hash
     head = AuditChainHead.objects.filter(chain=key).first()
     if head is not None and (head.seq != expected_seq - 1 or head.hash != expected_prev):
@@ -218,7 +222,8 @@ _EXPORT_FIELDS = (
 def _export_row(event: AuditEvent) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for name in _EXPORT_FIELDS:
-        value = getattr(event, name)
+        # An export names each event by its public id (see AuditEvent), under the name "id".
+        value = str(event.public_id) if name == "id" else getattr(event, name)
         if name == "created_at":
             value = chain.timestamp(value)
         elif name in {"actor_id", "organization_id"} and value is not None:

@@ -87,10 +87,14 @@ def test_verify_audit_names_the_first_edited_event(alice, alice_org) -> None:  #
         )
     broken = services.audit_verify()
     assert len(broken) == 1
-    assert (broken[0].chain, broken[0].seq, broken[0].event_id) == (str(alice_org.pk), victim.seq, victim.id)
+    assert (broken[0].chain, broken[0].seq, broken[0].event_id) == (
+        str(alice_org.pk),
+        victim.seq,
+        str(victim.public_id),
+    )
     assert "edited" in broken[0].reason
     err = io.StringIO()
-    with pytest.raises(CommandError, match=f"event id {victim.id}"):
+    with pytest.raises(CommandError, match=f"event id {victim.public_id}"):
         call_command("verify_audit", stderr=err)
     assert f"position {victim.seq}" in err.getvalue()
 
@@ -128,7 +132,7 @@ def test_a_forger_who_rehashes_one_event_still_breaks_the_next_link(alice, alice
             [new_hash, victim.id],
         )
     (link,) = services.audit_verify()
-    assert link.event_id == events[2].id and "previous-hash" in link.reason
+    assert link.event_id == str(events[2].public_id) and "previous-hash" in link.reason
 
 
 @pytest.mark.django_db(transaction=True)
@@ -295,7 +299,7 @@ def test_the_daily_verification_task_reports_broken_chains(alice, alice_org, cap
     with connection.cursor() as cursor:
         cursor.execute("UPDATE compliance_auditevent SET actor_label = 'mallory' WHERE id = %s", [event.id])
     assert tasks.audit_verify.apply().get() == 1
-    assert f"event id {event.id}" in caplog.text
+    assert f"event id {event.public_id}" in caplog.text
 
 
 def test_audit_rows_are_read_only_in_the_admin(alice) -> None:  # type: ignore[no-untyped-def]
