@@ -8,6 +8,7 @@ from rest_framework import serializers
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
 from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.jobs.services import BUDGET_HELP, BUDGET_MIN_ERROR, MIN_BUDGET_TRIALS
 from portal.traffic.models import TrafficSample
 from tuning.search.job import MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
 from tuning.workload.synth import MIN_LENGTH_SCALE
@@ -218,9 +219,10 @@ class TuningJobCreateSerializer(serializers.Serializer):
     )
     budget_trials = serializers.IntegerField(
         default=6,
-        min_value=1,
+        min_value=MIN_BUDGET_TRIALS,
         max_value=MAX_BUDGET_TRIALS,
-        help_text="Live search trials; the reference capture and the confirmation rounds come on top.",
+        help_text=BUDGET_HELP,
+        error_messages={"min_value": BUDGET_MIN_ERROR},
     )
     strategy = serializers.ChoiceField(choices=["tpe", "grid"], default="tpe")
     duration_s = serializers.FloatField(default=20.0, min_value=5, max_value=3600)

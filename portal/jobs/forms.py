@@ -6,6 +6,7 @@ from django import forms
 
 from portal.accounts.models import Organization
 from portal.jobs import selectors
+from portal.jobs.services import BUDGET_HELP, BUDGET_MIN_ERROR, MIN_BUDGET_TRIALS
 from portal.pools.selectors import pools_for
 from tuning.search.job import HARDWARE, MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
 from tuning.workload.synth import MIN_LENGTH_SCALE
@@ -32,15 +33,12 @@ class TuningJobForm(forms.Form):
         help_text="Engine hosts that run the trials (their hardware replaces the choice above). Blank: this deployment's own workers.",
     )
     budget_trials = forms.IntegerField(
-        min_value=1,
+        min_value=MIN_BUDGET_TRIALS,
         max_value=MAX_BUDGET_TRIALS,
         initial=6,
         label="Search budget (live trials)",
-        help_text=(
-            "Configurations the search measures, the competent baseline (vLLM's defaults with this "
-            "host's fastest dtype) first. On top come the reference capture (the correctness gate's "
-            "yardstick, not a candidate) and the confirmation rounds."
-        ),
+        help_text=BUDGET_HELP,
+        error_messages={"min_value": BUDGET_MIN_ERROR},
     )
     strategy = forms.ChoiceField(
         choices=[("tpe", "Bayesian search (TPE)"), ("grid", "auto_tune grid")], initial="tpe"

@@ -130,6 +130,10 @@ class Trial(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Times this trial was started: above 1 when a worker died during it and another re-ran it.
     attempts = models.IntegerField(default=1)
+    # The last lines of the trial's engine log, kept current while it runs by the step that
+    # measures it (`trial_engine_log_record`: bounded, server paths replaced), so the job page can
+    # show them whichever host runs the engine.
+    engine_log = models.TextField(blank=True, default="")
 
     class Meta:
         ordering: ClassVar = ["number"]

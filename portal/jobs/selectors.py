@@ -377,3 +377,15 @@ def job_progress(*, job: TuningJob, now: datetime | None = None) -> dict[str, An
         "per_trial_s": per_trial_s,
         "search_left_s": None if per_trial_s is None else per_trial_s * left,
     }
+
+
+def running_trial_engine_log(*, job: TuningJob) -> dict[str, Any] | None:
+    """The running trial's last engine log lines as its step stored them (bounded, paths of the
+    server shortened: `services.engine_log_for_customer`), or None when no trial runs or its
+    engine has written nothing yet."""
+    if not job.is_active:
+        return None
+    trial = job.trials.filter(status=Trial.Status.RUNNING).exclude(engine_log="").order_by("-number").first()
+    if trial is None:
+        return None
+    return {"number": trial.number, "attempts": trial.attempts, "lines": trial.engine_log.splitlines()}

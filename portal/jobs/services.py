@@ -17,7 +17,9 @@ runs out.
 from __future__ import annotations
 
 import logging
+import re
 import threading
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from portal.pools.models import Pool
 from portal.pools.services import pool_require_usable
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
+from serving.engine.launcher import read_log_tail
 from tuning.search.job import (
     HARDWARE,
     MIN_REQUESTS_FOR_P95,
@@ -67,6 +70,26 @@ _HEARTBEAT_S = 5.0
 # One quick second try inside the request; the outbox and `jobs_redispatch` are the real retry.
 # Each try is bounded by the broker's socket timeouts (settings.REDIS_BROKER_TIMEOUTS).
 SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
+
+# The search budget counts the search's live trials only. Its first trial is the competent
+# baseline (vLLM's defaults with the host's fastest dtype; a re-tune measures the running
+# configuration before it), so a budget of 1 measures no candidate at all and "tunes" nothing.
+# The customer's entry points (the job form, the API) refuse less than a baseline and one
+# candidate; the library and the services still take 1, which measures the baseline alone
+# (reported as unconfirmed, never as a gain).
+MIN_BUDGET_TRIALS = 2
+BUDGET_HELP = (
+    f"Configurations the search measures ({MIN_BUDGET_TRIALS} or more): the first is the competent "
+    "baseline (vLLM's defaults with this host's fastest dtype), the others are candidates. On top "
+    "of these the job runs: one reference capture first (the correctness gate's yardstick, never a "
+    "candidate); then, when a candidate passes, the confirmation rounds (each re-measures the "
+    "finalists and both baselines on fresh engines); and, for a confirmed gain from several knobs, "
+    "an ablation (one trial a round for each changed knob, reverted)."
+)
+BUDGET_MIN_ERROR = (
+    f"A search needs at least {MIN_BUDGET_TRIALS} trials: the first measures the competent baseline, "
+    "so with fewer no candidate is ever tried."
+)
 
 
 def _model_paths_elsewhere(organization: Organization) -> list[str]:
@@ -519,6 +542,109 @@ class _Heartbeat:
         self.thread.join(timeout=30)
 
 
+# --- The running trial's engine log, for the job page ------------------------------------------
+
+ENGINE_LOG_LINES = 20
+ENGINE_LOG_LINE_CHARS = 300
+_ENGINE_LOG_POLL_S = 2.0  # the job page polls every 2 s
+# Where `tuning.search.trial.run_trial` has the engine write, in the trial's folder.
+ENGINE_LOG_NAME = "engine.log"
+# An absolute path of two or more parts, not part of a URL ("http://host/v1/..."), where a
+# token starts (after a space, a quote, "=", a bracket...).
+_ABS_PATH = re.compile(r"(?<![\w.:/~\-])/[^\s'\"`,;:()\[\]{}<>=|]+(?:/[^\s'\"`,;:()\[\]{}<>=|]*)+")
+# The engine's own HTTP routes, which vLLM logs at start-up: not server paths.
+_ROUTE_PREFIXES = ("/v1/", "/v2/", "/metrics", "/health", "/ping", "/version", "/tokenize", "/detokenize")
+_SECRET = re.compile(r"""(api[_-]?key['"]?(?:\s*[:=]\s*|\s+)['"]?)[^\s'",})]+|tgk_[A-Za-z0-9_]+""", re.IGNORECASE)
+
+
+def _path_hidden(match: re.Match[str]) -> str:
+    path = match.group(0)
+    if path.startswith(_ROUTE_PREFIXES):
+        return path
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return f"…/{name}" if name else "…"
+
+
+def engine_log_for_customer(lines: Sequence[str], *, replacements: Mapping[str, str]) -> list[str]:
+    """Engine log lines as a customer may read them on their job's page.
+
+    The engine prints server paths (the interpreter, site-packages in a traceback, the work
+    folder, the model folder) and may print its API key. `replacements` turns this job's own
+    folders into names the customer knows (its model folder into the model's name, its work
+    folder into "job"); any other absolute path keeps only its last part, and keys are starred.
+    Lines are cut to ENGINE_LOG_LINE_CHARS; at most ENGINE_LOG_LINES of the last are kept.
+    """
+    ordered = sorted(
+        ((k.rstrip("/"), v) for k, v in replacements.items() if k.strip("/")), key=lambda kv: -len(kv[0])
+    )
+    out = []
+    for line in list(lines)[-ENGINE_LOG_LINES:]:
+        for folder, shown in ordered:
+            line = line.replace(folder, shown)
+        line = _SECRET.sub(lambda m: (m.group(1) or "") + "***", line)
+        line = _ABS_PATH.sub(_path_hidden, line)
+        if len(line) > ENGINE_LOG_LINE_CHARS:
+            line = line[: ENGINE_LOG_LINE_CHARS - 1] + "…"
+        out.append(line)
+    return out
+
+
+def _log_replacements(job: TuningJob) -> dict[str, str]:
+    replacements = {str(_work_dir(job)): "job"}
+    model = job.served_model
+    if model is not None and model.path:
+        replacements[str(model.path)] = f"<model {model.name}>"
+    return replacements
+
+
+def trial_engine_log_record(*, trial: Trial, log_path: Path, replacements: Mapping[str, str]) -> bool:
+    """Store the last lines of a running trial's engine log (see `engine_log_for_customer`).
+    Returns whether they changed. A finished trial keeps what it had."""
+    text = "\n".join(
+        engine_log_for_customer(read_log_tail(log_path, ENGINE_LOG_LINES), replacements=replacements)
+    )
+    changed = (
+        Trial.objects.filter(pk=trial.pk, status=Trial.Status.RUNNING)
+        .exclude(engine_log=text)
+        .update(engine_log=text)
+    )
+    return bool(changed)
+
+
+class _EngineLogWatch:
+    """Copies the running trial's engine log tail into its row every few seconds from a thread,
+    for as long as the trial runs (its engine may be on a pool host the web server cannot read).
+    Best effort: a database that is away costs lines on the page, never the trial."""
+
+    def __init__(self, trial: Trial, log_path: Path, replacements: Mapping[str, str]) -> None:
+        self.trial, self.log_path, self.replacements = trial, log_path, dict(replacements)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"engine-log-{trial.pk}")
+
+    def _record(self) -> None:
+        try:
+            trial_engine_log_record(trial=self.trial, log_path=self.log_path, replacements=self.replacements)
+        except DatabaseError as exc:
+            logger.warning("trial %s: engine log not recorded (%s)", self.trial.pk, exc)
+            connection.close()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(_ENGINE_LOG_POLL_S):
+                self._record()
+            self._record()
+        finally:
+            connection.close()
+
+    def __enter__(self) -> _EngineLogWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
 def _history(job: TuningJob) -> list[TrialRecord]:
     return [
         TrialRecord(number=t.number, assignment=t.assignment, result=t.result or {})
@@ -643,17 +769,19 @@ def _step(job_id: str, owner: str) -> str:
     here = pool_selectors.host_here()
     where = f" on host {here.name}" if here is not None else ""
     _phase(job_id, f"trial {number}{where}: {planned.describe()}")
-    result = execute(
-        prepared,
-        planned,
-        history,
-        _work_dir(job) / f"trial-{number}",
-        holder=f"tuning job {job_id} trial {number}",
-        on_host_wait=lambda who: _phase(
-            job_id,
-            f"trial {number}{where}: waiting for the engine host ({who} holds it; one measurement at a time)",
-        ),
-    )
+    trial_dir = _work_dir(job) / f"trial-{number}"
+    with _EngineLogWatch(trial, trial_dir / ENGINE_LOG_NAME, _log_replacements(job)):
+        result = execute(
+            prepared,
+            planned,
+            history,
+            trial_dir,
+            holder=f"tuning job {job_id} trial {number}",
+            on_host_wait=lambda who: _phase(
+                job_id,
+                f"trial {number}{where}: waiting for the engine host ({who} holds it; one measurement at a time)",
+            ),
+        )
     if here is not None:
         result = {**result, "host": pool_selectors.host_summary(here)}
     live_report = report(prepared, [*history, TrialRecord(number, assignment, result)])

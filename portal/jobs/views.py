@@ -103,6 +103,7 @@ def _job_context(job: TuningJob) -> dict[str, object]:
         "caps": (job.report or {}).get("caps"),
         "confirmation": selectors.confirmation_rows(job=job),
         "progress": selectors.job_progress(job=job),
+        "engine_log": selectors.running_trial_engine_log(job=job),
     }
 
 

@@ -125,7 +125,7 @@ def _job_form(sample: TrafficSample, model: Any) -> dict[str, object]:
         "peak_rps": 1.0,
         "headroom": 1.25,
         "hardware": "local-cpu",
-        "budget_trials": 1,
+        "budget_trials": 2,  # the form's least (a baseline and one candidate)
         "strategy": "tpe",
     }
 
