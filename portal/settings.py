@@ -240,6 +240,9 @@ SPECTACULAR_SETTINGS = {
         # Alerts: what happened (an alert's kind, a channel's subscriptions) and how it is sent.
         "AlertKindEnum": "portal.alerts.models.AlertKind",
         "AlertChannelKindEnum": "portal.alerts.models.AlertChannel.Kind",
+        # Endpoints and benchmark reports (issue 22): each its own `status` vocabulary.
+        "EndpointStatusEnum": "portal.endpoints.models.Endpoint.Status",
+        "BenchmarkReportStatusEnum": "portal.benchmarks.models.BenchmarkReport.Status",
     },
 }
 

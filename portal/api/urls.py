@@ -88,3 +88,43 @@ urlpatterns += [
     path("alerts/channels/", alerts_api.ChannelListCreateView.as_view(), name="alert_channels"),
     path("alerts/channels/<uuid:pk>/", alerts_api.ChannelDetailView.as_view(), name="alert_channel_detail"),
 ]
+
+# Endpoints and benchmark reports (issue 22, step 4): what the portal's pages do, for programs.
+from portal.benchmarks import api as benchmarks_api  # noqa: E402
+from portal.endpoints import api as endpoints_api  # noqa: E402
+
+urlpatterns += [
+    path("endpoints/", endpoints_api.EndpointListView.as_view(), name="endpoints"),
+    path("endpoints/<uuid:pk>/", endpoints_api.EndpointDetailView.as_view(), name="endpoint_detail"),
+    path("tuning-jobs/<uuid:pk>/deploy/", endpoints_api.JobDeployView.as_view(), name="tuning_job_deploy"),
+    path(
+        "endpoints/<uuid:pk>/promote/", endpoints_api.EndpointPromoteView.as_view(), name="endpoint_promote"
+    ),
+    path("endpoints/<uuid:pk>/start/", endpoints_api.EndpointStartView.as_view(), name="endpoint_start"),
+    path("endpoints/<uuid:pk>/stop/", endpoints_api.EndpointStopView.as_view(), name="endpoint_stop"),
+    path(
+        "endpoints/<uuid:pk>/metrics/", endpoints_api.EndpointMetricsView.as_view(), name="endpoint_metrics"
+    ),
+    path("endpoints/<uuid:pk>/policy/", endpoints_api.EndpointPolicyView.as_view(), name="endpoint_policy"),
+    path("benchmark-reports/", benchmarks_api.ReportListCreateView.as_view(), name="benchmark_reports"),
+    path(
+        "benchmark-reports/<uuid:pk>/",
+        benchmarks_api.ReportDetailView.as_view(),
+        name="benchmark_report_detail",
+    ),
+    path(
+        "benchmark-reports/<uuid:pk>/result/",
+        benchmarks_api.ReportResultView.as_view(),
+        name="benchmark_report_result",
+    ),
+    path(
+        "benchmark-reports/<uuid:pk>/share-links/",
+        benchmarks_api.ShareLinkListCreateView.as_view(),
+        name="benchmark_share_links",
+    ),
+    path(
+        "benchmark-reports/<uuid:pk>/share-links/<uuid:link_id>/",
+        benchmarks_api.ShareLinkDetailView.as_view(),
+        name="benchmark_share_link_detail",
+    ),
+]

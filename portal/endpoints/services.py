@@ -608,3 +608,90 @@ def endpoints_watch() -> int:
         count += 1
     # Snapshot retention is the compliance app's (per organization, after SLA windows close).
     return count
+
+
+def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, str | None]:
+    """Start a stopped (or failed) endpoint again at the same address, with the configuration it
+    served last. Stopping revoked its key, so a stopped endpoint gets a new one (returned, shown
+    once); a failed one keeps the key it has, if any (None returned). Residency is checked again:
+    a policy changed since the deploy is honoured. Two requests at once start it once: the state
+    change is a conditional update, and the loser is told it is already running."""
+    require_role(
+        actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="start endpoints"
+    )
+    restartable = {Endpoint.Status.STOPPED, Endpoint.Status.FAILED}
+    if endpoint.status not in restartable:
+        raise ValidationError("Only a stopped or failed endpoint can be started again.")
+    if endpoint.pool_id is not None:
+        pool_require_usable(
+            organization=endpoint.organization, name=endpoint.pool.name, doing="this endpoint"
+        )  # type: ignore[union-attr]
+    else:
+        hardware = str(((endpoint.job.spec or {}) if endpoint.job else {}).get("hardware", "local-cpu"))
+        residency_require_hardware(
+            organization=endpoint.organization, hardware=hardware, doing="this endpoint"
+        )
+    api_key: str | None = None
+    values: dict[str, object] = {
+        "status": Endpoint.Status.STARTING,
+        "status_detail": "",
+        "stopped_at": None,
+        "runner_state": None,
+        # Any host of its pool may take the start (the one that served it may be gone).
+        "host": None,
+    }
+    if not endpoint.api_key_sealed:
+        prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
+        api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
+        values |= {
+            "api_key_prefix": prefix,
+            "api_key_hash": tokens.digest(api_key),
+            "api_key_sealed": seal(api_key.encode(), purpose=_KEY_PURPOSE),
+        }
+    with transaction.atomic():
+        claimed = Endpoint.objects.filter(id=endpoint.id, status__in=restartable).update(**values)
+        if not claimed:
+            raise ValidationError("This endpoint is already starting or running.")
+        audit_record(
+            actor=actor,
+            organization=endpoint.organization,
+            action="endpoint.start_again",
+            target=endpoint,
+            data={"new_key": api_key is not None},
+        )
+        starting = Endpoint.objects.select_related("pool", "organization", "served_model", "job").get(
+            id=endpoint.id
+        )
+        transaction.on_commit(lambda: _send("endpoint_start", starting, start=True))
+    return starting, api_key
+
+
+IDEMPOTENCY_KEY_MAX = 255
+
+
+def endpoint_deploy_keyed(
+    *, actor: User, job: TuningJob, idempotency_key: str, name: str = "", pool: str | None = None
+) -> tuple[Endpoint, str | None]:
+    """`endpoint_deploy` at most once per client-chosen key (the API's `Idempotency-Key`): the
+    same key for the same job again returns the endpoint it made and no key, like the deploy
+    form's token (`endpoint_deploy_once`). The stored token is a digest of the organization, the
+    job and the key, so two tenants' keys never meet and a key reused for another job deploys
+    that job."""
+    if not isinstance(idempotency_key, str) or not 1 <= len(idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValidationError(
+            {"idempotency_key": f"Send an Idempotency-Key of 1 to {IDEMPOTENCY_KEY_MAX} characters."}
+        )
+    require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
+    token = tokens.digest(f"{job.organization_id}:{job.id}:{idempotency_key}")
+    existing = Endpoint.objects.filter(organization=job.organization, deploy_token=token).first()
+    if existing is not None:
+        return existing, None
+    try:
+        with transaction.atomic():
+            return endpoint_deploy(actor=actor, job=job, name=name, deploy_token=token, pool=pool)
+    except IntegrityError:
+        # The same request, sent at the same moment, won the unique token: that one is the endpoint.
+        existing = Endpoint.objects.filter(organization=job.organization, deploy_token=token).first()
+        if existing is None:
+            raise
+        return existing, None

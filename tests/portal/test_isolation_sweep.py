@@ -186,6 +186,20 @@ def world(  # type: ignore[no-untyped-def]
         created_by=alice,
     )
     o["endpoint"] = endpoint
+    # A second endpoint nobody stops: the API's "start again" is tried on it (a running endpoint
+    # refuses, 400), so no sweep ever starts an engine, whatever stopped the first one before.
+    o["running_endpoint"] = Endpoint.objects.create(
+        organization=alice_org,
+        name="acme-running-endpoint",
+        served_model=o["model"],
+        job=o["job"],
+        config=endpoint.config,
+        port=59873,
+        api_key_prefix="acmekey2",
+        api_key_hash="2" * 64,
+        status=Endpoint.Status.HEALTHY,
+        created_by=alice,
+    )
     # Alice's organization's own hardware pool (issue 20).
     from compliance.selectors import allowed_regions
     from portal.pools import services as pool_services
@@ -273,6 +287,9 @@ def world(  # type: ignore[no-untyped-def]
     )
     o["usage_report"] = _alice_report(alice_org)
     o["bench_report"] = _finished_report(sam, o["sample"])
+    # The benchmark API is tenant-scoped: the sales engineer works on Alice's organization's
+    # reports as a member of it (the staff pages reach every organization without).
+    o["sam_membership"] = Membership.objects.create(organization=alice_org, user=sam, role="member")
     o["share_link"], _secret = benchmark_services.benchmark_share_create(
         actor=sam, report=o["bench_report"], days=7
     )
@@ -711,6 +728,58 @@ ROUTES: dict[str, Route] = {
         }
     ),
     "api:alert_channel_detail": Route(objects=_obj("api_channel", "pk"), writes={"DELETE": _no_body}),
+    # Endpoints (issue 22). Deploying without an Idempotency-Key is a 400 even for Alice, so the
+    # sweep never starts an engine; tests/portal/test_api_endpoints.py deploys with one.
+    "api:endpoints": Route(),
+    "api:endpoint_detail": Route(objects=_obj("endpoint", "pk")),
+    "api:tuning_job_deploy": Route(
+        objects=_jobs("pk"), writes={"POST": lambda w: {"name": "sweep endpoint"}}
+    ),
+    "api:endpoint_promote": Route(
+        objects=_obj("endpoint", "pk"),
+        writes={"POST": lambda w: {"job": str(w.running_job.pk)}},
+        # His own endpoint with Alice's job in the body: no such job (400), nothing changes.
+        charlie_objects=lambda w: [{"pk": w.charlie_endpoint.pk}],
+        charlie_write=400,
+    ),
+    "api:endpoint_start": Route(objects=_obj("running_endpoint", "pk"), writes={"POST": _no_body}),
+    "api:endpoint_stop": Route(objects=_obj("endpoint", "pk"), writes={"POST": _no_body}),
+    "api:endpoint_metrics": Route(objects=_obj("endpoint", "pk"), queries=lambda w: [{"range": "7d"}]),
+    "api:endpoint_policy": Route(
+        objects=_obj("endpoint", "pk"),
+        writes={
+            "PUT": lambda w: {
+                "auto_retune": False,
+                "retune_cooldown_s": 600,
+                "retune_max_per_day": 2,
+                "retune_budget_trials": 3,
+                "detect_window_s": 120,
+            }
+        },
+    ),
+    # Benchmark reports: staff only (404 to everyone else), tenant-scoped (Sam is a member of
+    # Alice's organization). The create payload has no target (400): no run starts.
+    "api:benchmark_reports": Route(
+        writes={
+            "POST": lambda w: {
+                "traffic_sample": str(w.sample.pk),
+                "load_multipliers": [1.0],
+                "duration_s": 10,
+                "targets": [],
+            }
+        },
+        staff_only=True,
+    ),
+    "api:benchmark_report_detail": Route(objects=_obj("bench_report", "pk"), staff_only=True),
+    "api:benchmark_report_result": Route(objects=_obj("bench_report", "pk"), staff_only=True),
+    "api:benchmark_share_links": Route(
+        objects=_obj("bench_report", "pk"), writes={"POST": lambda w: {"days": 7}}, staff_only=True
+    ),
+    "api:benchmark_share_link_detail": Route(
+        objects=lambda w: [{"pk": w.bench_report.pk, "link_id": w.share_link.pk}],
+        writes={"DELETE": _no_body},
+        staff_only=True,
+    ),
 }
 
 # Routes with no tenant object to protect, each with why; checked lightly below (no 5xx, nothing
