@@ -326,3 +326,34 @@ def test_policy_reads_and_replaces_within_bounds(alice, alice_org) -> None:  # t
         assert set(refused.json()) <= set(wanted)
     assert client.put(url, "[]", content_type="application/json").status_code == 400
     assert _state() == before
+
+
+def test_the_schema_documents_every_new_operation_and_the_idempotency_key(alice_client) -> None:  # type: ignore[no-untyped-def]
+    schema = alice_client.get("/api/schema/", {"format": "json"}).json()
+    paths = {
+        path: set(ops) & {"get", "post", "put", "patch", "delete"} for path, ops in schema["paths"].items()
+    }
+    assert {
+        "/api/v1/endpoints/": {"get"},
+        "/api/v1/endpoints/{id}/": {"get"},
+        "/api/v1/tuning-jobs/{id}/deploy/": {"post"},
+        "/api/v1/endpoints/{id}/promote/": {"post"},
+        "/api/v1/endpoints/{id}/stop/": {"post"},
+        "/api/v1/endpoints/{id}/start/": {"post"},
+        "/api/v1/endpoints/{id}/metrics/": {"get"},
+        "/api/v1/endpoints/{id}/policy/": {"get", "put"},
+        "/api/v1/benchmark-reports/": {"get", "post"},
+        "/api/v1/benchmark-reports/{id}/": {"get"},
+        "/api/v1/benchmark-reports/{id}/result/": {"get"},
+        "/api/v1/benchmark-reports/{id}/share-links/": {"get", "post"},
+        "/api/v1/benchmark-reports/{id}/share-links/{link_id}/": {"delete"},
+    }.items() <= paths.items()
+    deploy = schema["paths"]["/api/v1/tuning-jobs/{id}/deploy/"]["post"]
+    (header,) = [p for p in deploy["parameters"] if p["in"] == "header"]
+    assert header["name"] == "Idempotency-Key" and header["required"] is True
+    assert header["schema"] == {"type": "string", "minLength": 1, "maxLength": 255}
+    assert {"200", "201", "400", "403", "404"} <= set(deploy["responses"])
+    # Benchmark lists are a 404 to non-staff: said in the schema too.
+    assert "404" in schema["paths"]["/api/v1/benchmark-reports/"]["get"]["responses"]
+    cooldown = schema["components"]["schemas"]["PolicyRequest"]["properties"]["retune_cooldown_s"]
+    assert (cooldown["minimum"], cooldown["maximum"]) == (60, 30 * 86_400)
