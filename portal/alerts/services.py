@@ -51,6 +51,21 @@ def _allowed_networks() -> list[outbound.IPNetwork]:
 def webhook_url_problem(url: str, *, require_resolution: bool) -> str | None:
     """Why alerts may not be sent to `url`, as a sentence, or None."""
     url = (url or "").strip()
+    problem = _webhook_url_shape_problem(url)
+    if problem is not None:
+        return problem
+    problem = outbound.url_problem(url, allowed=_allowed_networks(), require_resolution=require_resolution)
+    return None if problem is None else _internal(problem)
+
+
+def _internal(problem: str) -> str:
+    return (
+        f"Alerts are not sent to internal addresses: {problem}. (An operator can allow a "
+        "network with ALERT_WEBHOOK_ALLOWED_NETWORKS.)"
+    )
+
+
+def _webhook_url_shape_problem(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in {"https", "http"}:
         return "Use an http:// or https:// URL."
@@ -62,12 +77,6 @@ def webhook_url_problem(url: str, *, require_resolution: bool) -> str | None:
         parts.port  # noqa: B018 - a port out of range raises here
     except ValueError:
         return "The URL's port is not a number from 1 to 65535."
-    problem = outbound.url_problem(url, allowed=_allowed_networks(), require_resolution=require_resolution)
-    if problem is not None:
-        return (
-            f"Alerts are not sent to internal addresses: {problem}. (An operator can allow a "
-            "network with ALERT_WEBHOOK_ALLOWED_NETWORKS.)"
-        )
     return None
 
 
@@ -257,9 +266,8 @@ def _payload(alert: Alert, delivery: AlertDelivery) -> dict[str, Any]:
 
 
 def _send_webhook(channel: AlertChannel, body: bytes, delivery: AlertDelivery) -> int:
-    problem = webhook_url_problem(channel.target, require_resolution=True)
+    problem = _webhook_url_shape_problem(channel.target)
     if problem is not None:
-        # Checked again at send time: a name may resolve elsewhere now than when it was entered.
         raise RuntimeError(problem)
     headers = {
         "Content-Type": "application/json",
@@ -268,17 +276,27 @@ def _send_webhook(channel: AlertChannel, body: bytes, delivery: AlertDelivery) -
         "Tailguard-Event": delivery.alert.kind,
         "Tailguard-Delivery": str(delivery.id),
     }
+    # The address is checked again at send time (a name may resolve elsewhere now than when it
+    # was entered), once: the connection goes to the address checked, so a name that answers
+    # differently to the connection (DNS rebinding) gets nowhere. A redirect is not followed
+    # (the signed alert goes where it was configured or not at all): it counts as a failure.
     # Streamed and never read: only the status matters, and a receiver's body (of any size) is
     # not ours to download.
-    with httpx.stream(
-        "POST",
-        channel.target,
-        content=body,
-        headers=headers,
-        timeout=settings.ALERT_WEBHOOK_TIMEOUT_S,
-        follow_redirects=False,
-    ) as response:
-        status_code = response.status_code
+    try:
+        with outbound.stream(
+            "POST",
+            channel.target.strip(),
+            allowed=_allowed_networks(),
+            content=body,
+            headers=headers,
+            timeout_s=settings.ALERT_WEBHOOK_TIMEOUT_S,
+            max_redirects=0,
+        ) as response:
+            status_code = response.status_code
+    except outbound.OutboundUnresolved as exc:
+        raise RuntimeError(f"Not sent: {exc}.") from None
+    except outbound.OutboundRefused as exc:
+        raise RuntimeError(_internal(str(exc))) from None
     if not 200 <= status_code < 300:
         raise _HTTPFailure(status_code)
     return status_code

@@ -457,9 +457,13 @@ def _replay_cell(
 ) -> dict[str, Any]:
     from serving.loadgen.api import replay_trace
 
-    # Again now: the name may resolve elsewhere than when the target was entered.
-    refused = target_address_problem(target.base_url, at_connect=True)
-    if refused is not None:
+    # Again now (the name may resolve elsewhere than when the target was entered), once: the
+    # load generator connects only to the addresses checked here (DNS rebinding gets nowhere).
+    try:
+        pinned = outbound.resolve_pinned(
+            target.base_url, allowed=outbound.parse_networks(settings.BENCHMARK_ALLOWED_NETWORKS)
+        )
+    except outbound.OutboundRefused as refused:
         logger.warning("benchmark %s target %s: address refused", report.id, target.id)
         return measure.failed_cell(
             num_requests=planned, reason=f"Not sent: {refused} (see BENCHMARK_ALLOWED_NETWORKS)"
@@ -485,6 +489,7 @@ def _replay_cell(
             seed=SEED,
             request_timeout_s=report.request_timeout_s,
             progress=False,
+            connect_to={pinned.host: pinned.addresses},
         )
     except Exception as exc:
         # Whatever stopped this replay belongs to this target's row, not to the whole report.

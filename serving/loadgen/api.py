@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,18 @@ def replay_trace(
     request_timeout_s: float = 600.0,
     progress: bool | None = None,
     client_processes: int = 1,
+    connect_to: Mapping[str, Sequence[str]] | None = None,
 ) -> ReplayResult:
     """Replay `trace` against `endpoint`: by its timestamps (x `time_scale` / `rate_scale`), or,
     with `rate_rps`, with the trace's requests (lengths and prefixes) sent by a gamma process at
-    that rate (`arrival_cv` 1 = Poisson, 0 = constant spacing)."""
+    that rate (`arrival_cv` 1 = Poisson, 0 = constant spacing). `connect_to` (host name ->
+    addresses) makes the requests connect to those addresses only (see
+    serving.loadgen.runner.PinnedResolver); give `model` with it, as the endpoint's model list is
+    not fetched through the pins."""
+    if connect_to is not None and model is None:
+        raise ValueError(
+            "give the model name with connect_to: the model list is not fetched through the pins"
+        )
     target, models = resolve_target(endpoint, model=model, api=api, api_key=api_key)
     tok = resolve_tokenizer(tokenizer, target, models)
     synthesizer = PromptSynthesizer(tok, seed=seed, chat=api == "chat")
@@ -74,6 +83,7 @@ def replay_trace(
         request_timeout_s=request_timeout_s,
         progress=progress,
         client_processes=client_processes,
+        connect_to=connect_to,
     )
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -173,6 +174,36 @@ def _to_result(request: PreparedRequest, timing: Timing, start: float) -> Reques
     )
 
 
+class PinnedResolver(aiohttp.abc.AbstractResolver):
+    """Answers host names from a fixed map only (name -> addresses the caller resolved and
+    checked), so every connection goes where the caller looked: a name that would resolve
+    elsewhere by now (DNS rebinding) is never looked up again, and any other name is refused."""
+
+    def __init__(self, pins: Mapping[str, Sequence[str]]) -> None:
+        self._pins = {host.lower().rstrip("."): tuple(addresses) for host, addresses in pins.items()}
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
+        addresses = self._pins.get(host.lower().rstrip("."))
+        if not addresses:
+            raise OSError(f"{host} is not an address checked for this run; not connecting")
+        return [
+            aiohttp.abc.ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
 async def run_prepared(
     prepared: Sequence[PreparedRequest],
     *,
@@ -182,14 +213,21 @@ async def run_prepared(
     max_connections: int = 0,
     progress: ProgressBar | None = None,
     start_at: float | None = None,
+    connect_to: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[RequestResult], float, str]:
     """Send `prepared` on schedule; returns per-request results, the run's duration and start time.
 
     `start_at`: the `time.perf_counter()` instant that schedule offsets count from (a shared start
-    across client processes: the clock is the system's monotonic one); default just after setup."""
+    across client processes: the clock is the system's monotonic one); default just after setup.
+    `connect_to`: host name -> the addresses to connect to for it (see PinnedResolver); None
+    resolves names as usual."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
     # limit=0: no cap on open connections, so a slow endpoint never holds back a send (open loop).
-    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=75)
+    connector = aiohttp.TCPConnector(
+        limit=max_connections,
+        keepalive_timeout=75,
+        resolver=PinnedResolver(connect_to) if connect_to is not None else None,
+    )
     order = sorted(prepared, key=lambda r: r.scheduled_s)
     timings: dict[int, Timing] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -237,11 +275,11 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _shard_worker(
-    args: tuple[list[PreparedRequest], dict[str, str], float, int, float],
+    args: tuple[list[PreparedRequest], dict[str, str], float, int, float, Mapping[str, Sequence[str]] | None],
 ) -> tuple[list[RequestResult], float, float]:
     """One client process: its share of the requests on its own event loop, from the shared start.
     Returns its results, its first send and its finish (perf_counter instants)."""
-    shard, headers, request_timeout_s, max_connections, start_at = args
+    shard, headers, request_timeout_s, max_connections, start_at, connect_to = args
 
     async def run() -> tuple[list[RequestResult], float, float]:
         results, duration_s, _ = await run_prepared(
@@ -250,6 +288,7 @@ def _shard_worker(
             request_timeout_s=request_timeout_s,
             max_connections=max_connections,
             start_at=start_at,
+            connect_to=connect_to,
         )
         finished = time.perf_counter()
         return results, finished - duration_s, finished
@@ -264,6 +303,7 @@ def run_sharded(
     processes: int,
     request_timeout_s: float = 600.0,
     max_connections: int = 0,
+    connect_to: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[RequestResult], float, str]:
     """`run_prepared` spread round-robin over `processes` client processes (each its own event
     loop), all counting the schedule from one shared start; results in request order."""
@@ -281,7 +321,11 @@ def run_sharded(
         outs = list(
             pool.map(
                 _shard_worker,
-                [(shard, headers, request_timeout_s, max_connections, start_at) for shard in shards if shard],
+                [
+                    (shard, headers, request_timeout_s, max_connections, start_at, connect_to)
+                    for shard in shards
+                    if shard
+                ],
             )
         )
     results = sorted((r for out, _, _ in outs for r in out), key=lambda r: r.index)
@@ -302,10 +346,12 @@ def replay(
     max_connections: int = 0,
     progress: bool | None = None,
     client_processes: int = 1,
+    connect_to: Mapping[str, Sequence[str]] | None = None,
 ) -> ReplayResult:
     """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done.
 
-    `client_processes` > 1 spreads the requests over that many client processes (see `run_sharded`)."""
+    `client_processes` > 1 spreads the requests over that many client processes (see `run_sharded`).
+    `connect_to` pins host names to addresses (see `run_prepared`)."""
     prepared = prepare_requests(
         requests,
         offsets_s,
@@ -322,6 +368,7 @@ def replay(
             processes=client_processes,
             request_timeout_s=request_timeout_s,
             max_connections=max_connections,
+            connect_to=connect_to,
         )
         settings = replace(settings, client_processes=client_processes)
     else:
@@ -333,6 +380,7 @@ def replay(
                 request_timeout_s=request_timeout_s,
                 max_connections=max_connections,
                 progress=bar,
+                connect_to=connect_to,
             )
         )
     summary = summarize(results, duration_s=duration_s, slo=slo or SLO())
