@@ -2,7 +2,8 @@
 
 The schema is loaded from `/api/schema/` through Django's WSGI application, and every operation
 in it is fuzzed with positive and negative examples (schemathesis' generators), authenticated as
-Alice with her API token. Operations on one object are tried on each of Alice's real objects of
+Alice with her API token (the benchmark reports, a staff tool, as Sam: a sales engineer who is a
+member of her organization). Operations on one object are tried on each of Alice's real objects of
 that kind (the isolation sweep's world: one of every kind) as well as on generated ids. Checks:
 
 - no response is a server error (5xx);
@@ -59,6 +60,8 @@ CHECK_NAMES = (
 # Refusals of another tenant's object; 400 where the object is named in the body ("no such sample").
 REFUSED = frozenset({403, 404})
 REFUSED_IN_BODY = REFUSED | {400}
+# Operations under this prefix are staff tools: fuzzed as Sam (a sales engineer in Alice's organization).
+STAFF_PREFIX = "/api/v1/benchmark-reports/"
 
 
 class InTransactionWSGI:
@@ -131,6 +134,11 @@ def _alice_objects(w: World) -> dict[str, list[str]]:
         "/api/v1/endpoints/{id}/stop/": [str(w.endpoint.pk)],
         "/api/v1/endpoints/{id}/start/": [str(w.running_endpoint.pk)],
         "/api/v1/tuning-jobs/{id}/deploy/": [str(w.job.pk), str(w.running_job.pk)],
+        # Benchmark reports, as Sam (see STAFF_PREFIX); the share link's own id is generated.
+        "/api/v1/benchmark-reports/{id}/": [str(w.bench_report.pk)],
+        "/api/v1/benchmark-reports/{id}/result/": [str(w.bench_report.pk)],
+        "/api/v1/benchmark-reports/{id}/share-links/": [str(w.bench_report.pk)],
+        "/api/v1/benchmark-reports/{id}/share-links/{link_id}/": [str(w.bench_report.pk)],
     }
 
 
@@ -255,6 +263,16 @@ def test_api_fuzz_schema_conformance_and_tenant_replay(
             actor=w.alice, organization=w.org, name="fuzz-alice"
         ).secret
         alice_headers = {"Authorization": f"Bearer {alice_secret}"}
+        # Benchmark reports are the sales engineers' (a 404 to Alice): Sam, a member of her
+        # organization, acts on them in her place, so their successes are fuzzed and replayed too.
+        sam_secret = account_services.api_token_create(
+            actor=w.sam, organization=w.org, name="fuzz-sam"
+        ).secret
+        sam_headers = {"Authorization": f"Bearer {sam_secret}"}
+
+        def owner_headers(path: str) -> dict[str, str]:
+            return sam_headers if path.startswith(STAFF_PREFIX) else alice_headers
+
         charlie_headers = {"Authorization": f"Bearer {w.charlie_token}"}
         markers = _markers(w)
         body_ids = _alice_body_ids(w)
@@ -265,13 +283,14 @@ def test_api_fuzz_schema_conformance_and_tenant_replay(
             tally.requests[operation] += 1
             before = len(app.tracebacks)
             try:
-                response = case.call(headers=alice_headers)
+                headers = owner_headers(case.operation.path)
+                response = case.call(headers=headers)
                 # A form body cannot carry every violation the generator means (an empty value
                 # is "not given" in a form, a file part is bytes whatever its "format"): there
                 # the answer must still conform and never be a 5xx, but need not be a refusal.
                 form = bool(case.media_type) and not case.media_type.endswith("json")
                 case.validate_response(
-                    response, checks=conformance_checks if form else checks, headers=alice_headers
+                    response, checks=conformance_checks if form else checks, headers=headers
                 )
             except FailureGroup as exc:
                 detail = f"({label})\n{exc}"
@@ -328,7 +347,7 @@ def test_api_fuzz_schema_conformance_and_tenant_replay(
         for result in schema.get_all_operations():
             operation = result.ok()
             tally.operations.add(f"{operation.method.upper()} {operation.path}")
-            for label, strategy in _strategies(operation, w, alice_headers):
+            for label, strategy in _strategies(operation, w, owner_headers(operation.path)):
 
                 def run(case: Any, label: str = label) -> None:
                     exercise(label, case)
@@ -359,4 +378,4 @@ def test_api_fuzz_schema_conformance_and_tenant_replay(
     named = {op for op in tally.operations if op.split(" ", 1)[1] in _alice_objects(w)} | set(body_ids)
     assert {op for op in named if tally.replays_on_alice[op] == 0} == set()
     reads = {op for op in named if op.startswith("GET ")}
-    assert len(reads) == 10 and {op for op in reads if tally.succeeded_on_alice[op] == 0} == set()
+    assert len(reads) == 13 and {op for op in reads if tally.succeeded_on_alice[op] == 0} == set()
