@@ -19,6 +19,7 @@ import numpy as np
 from serving.engine.config import EngineConfig
 from serving.engine.host import ForeignLoadMeter, GpuMeter, HostBusyError, hold_host
 from serving.engine.launcher import EngineLaunchError, EngineProcess, start_engine
+from serving.engine.watchdog import start_ticks
 from serving.loadgen.api import replay_generated, replay_trace
 from serving.loadgen.results import ReplayResult, json_finite
 from serving.metrics import scrape, snapshot_delta
@@ -364,16 +365,28 @@ class EngineDiedError(RuntimeError):
     """The engine process ended while the trial used it (crash, out of memory, killed)."""
 
 
+def _engine_gone(engine: EngineProcess) -> bool:
+    """Whether the engine's own process has ended (a zombie counts: its watchdog has yet to reap
+    it). Its watchdog outlives it for a while, cleaning up the engine's process group, so the
+    watchdog being alive says nothing."""
+    try:
+        stat = Path(f"/proc/{engine.engine_pid}/stat").read_text()
+    except OSError:
+        return True
+    state = stat[stat.rfind(")") + 2 :].split()[:1]
+    return state in (["Z"], ["X"]) or start_ticks(engine.engine_pid) != engine.engine_start_ticks
+
+
 def _death(engine: EngineProcess, *, wait_s: float = 0.0) -> str:
     """Why the engine is gone ('' while it runs). Its watchdog exits with the engine's status
-    (a signal's death as 256 - signal number, as sys.exit gives it); it may take a moment to
-    notice, hence the short wait."""
+    (a signal's death as 256 - signal number, as sys.exit gives it) once it has cleaned up; a
+    request that failed may have seen the death a moment before /proc does, hence the wait."""
     deadline = time.monotonic() + wait_s
-    while engine.alive():
+    while not _engine_gone(engine):
         if time.monotonic() >= deadline:
             return ""
         time.sleep(0.1)
-    code = engine.stop(timeout_s=5.0)
+    code = engine.stop(timeout_s=60.0)
     if code is None:
         cause = "exit status unknown"
     else:
