@@ -357,3 +357,55 @@ def test_the_schema_documents_every_new_operation_and_the_idempotency_key(alice_
     assert "404" in schema["paths"]["/api/v1/benchmark-reports/"]["get"]["responses"]
     cooldown = schema["components"]["schemas"]["PolicyRequest"]["properties"]["retune_cooldown_s"]
     assert (cooldown["minimum"], cooldown["maximum"]) == (60, 30 * 86_400)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_deploys_at_once_with_one_key_make_one_endpoint(alice, alice_org, sent) -> None:  # type: ignore[no-untyped-def]
+    """Both requests miss the lookup; the unique token lets one insert and the other, blocked on
+    it until the first commits, answers with the first's endpoint (and no key)."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from portal.endpoints import services
+
+    job = finished_job(alice_org, alice, winner=True)
+    barrier = threading.Barrier(2)
+    results: list[tuple[str, str | None]] = []
+    errors: list[BaseException] = []
+    lookup = services.Endpoint.objects.filter
+
+    waited = threading.local()
+
+    def racing_filter(*args: Any, **kwargs: Any) -> Any:
+        rows = lookup(*args, **kwargs)
+        first = not getattr(waited, "done", False)
+        if first and "deploy_token" in kwargs and threading.current_thread().name.startswith("deploy-"):
+            waited.done = True
+            rows = list(rows)  # looked, and found nothing, before either inserts
+            barrier.wait(timeout=10)
+            return lookup(pk__in=[r.pk for r in rows])
+        return rows
+
+    def deploy() -> None:
+        try:
+            with transaction.atomic():
+                endpoint, key = services.endpoint_deploy_keyed(actor=alice, job=job, idempotency_key="same")
+            results.append((str(endpoint.id), key))
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(services.Endpoint.objects, "filter", racing_filter)
+        threads = [threading.Thread(target=deploy, name=f"deploy-{i}") for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not errors, errors
+    assert Endpoint.objects.count() == 1
+    (ids, keys) = zip(*results, strict=True)
+    assert set(ids) == {str(Endpoint.objects.get().id)}
+    assert sorted(key is None for key in keys) == [False, True]
