@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from django.core.exceptions import ValidationError
 
@@ -166,6 +167,112 @@ def test_redirects_are_checked_hop_by_hop() -> None:
     finally:
         for server in (internal, target, hop, inside):
             server.close()
+
+
+def _tls_files(tmp_path: Any, name: str) -> tuple[str, str, str]:
+    """A test CA and a certificate for `name` that it signed: (CA file, certificate, key)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Tailguard test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = (tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem")
+    files[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    files[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return str(files[0]), str(files[1]), str(files[2])
+
+
+def test_over_tls_the_pinned_connection_names_the_host_and_checks_its_certificate(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, pair: tuple[Server, Server], rebinding: list[str]
+) -> None:
+    import ssl
+
+    import certifi
+
+    harmless, internal = pair
+    ca_file, cert, key = _tls_files(tmp_path, REBIND)
+    monkeypatch.setattr(certifi, "where", lambda: ca_file)  # the platform trusts the test CA
+    server_names: list[str | None] = []
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda sock, name, ctx: server_names.append(name)  # type: ignore[assignment,func-returns-value]
+    tls = Server("127.0.0.1")
+    tls.httpd.socket = context.wrap_socket(tls.httpd.socket, server_side=True)
+    try:
+        allowed = outbound.parse_networks(["127.0.0.1/32"])
+        with outbound.stream(
+            "POST", f"https://{REBIND}:{tls.port}/hook", allowed=allowed, timeout_s=5
+        ) as response:
+            assert response.status_code == 200
+        # Connected to the checked address, yet TLS named the host (SNI) and its certificate
+        # was checked against that name, not against the address.
+        assert server_names == [REBIND] and rebinding == ["127.0.0.1"]
+        assert tls.seen == [{"method": "POST", "path": "/hook", "host": f"{REBIND}:{tls.port}"}]
+        assert harmless.seen == [] and internal.seen == []
+    finally:
+        tls.close()
+    # A certificate for another name is refused: the pinned address does not bypass the check.
+    (tmp_path / "other").mkdir()
+    other_ca, other_cert, other_key = _tls_files(tmp_path / "other", "someone-else.test")
+    impostor = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    impostor.load_cert_chain(other_cert, other_key)
+    monkeypatch.setattr(certifi, "where", lambda: other_ca)
+    fake = Server("127.0.0.1")
+    fake.httpd.socket = impostor.wrap_socket(fake.httpd.socket, server_side=True)
+    try:
+        rebinding.clear()
+        with (
+            pytest.raises(httpx.ConnectError, match="certificate"),
+            outbound.stream(
+                "POST",
+                f"https://{REBIND}:{fake.port}/hook",
+                allowed=outbound.parse_networks(["127.0.0.0/8"]),
+                timeout_s=5,
+            ),
+        ):
+            pass
+        assert fake.seen == []
+    finally:
+        fake.close()
 
 
 # --- Alert webhooks -------------------------------------------------------------------------------
