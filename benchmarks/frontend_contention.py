@@ -201,7 +201,7 @@ def _simulate(config: EngineConfig, count: int) -> float:
     result = simulate(
         requests,
         model=get_model("tiny-llama-s"),
-        hardware=get_hardware("cpu-local"),
+        hardware=get_hardware("local-cpu"),
         config=config,
         offsets_s=offsets,
     )

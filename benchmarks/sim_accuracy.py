@@ -217,7 +217,7 @@ def sim_case(config: EngineConfig, case: Case) -> dict[str, Any]:
     result = simulate_trace(
         TRACES / case.trace,
         model=MODEL,
-        hardware="cpu-local",
+        hardware="local-cpu",
         config=config,
         time_scale=case.time_scale,
         max_requests=case.max_requests,
@@ -267,7 +267,7 @@ def sim_speed() -> float:
         simulate_trace(
             requests,
             model=MODEL,
-            hardware="cpu-local",
+            hardware="local-cpu",
             config=config,
             max_prompt_tokens=2000,
             max_output_tokens=MAX_OUTPUT_TOKENS * 4,
@@ -557,7 +557,7 @@ def main() -> int:
     command = "python " + " ".join([Path(sys.argv[0]).as_posix().split("/main/")[-1], *sys.argv[1:]])
     if args.reuse_live:
         command += " (live numbers from the earlier run; simulation re-run)"
-    calibration = json.loads((REPO / "serving" / "perf" / "data" / "cpu_local.json").read_text())
+    calibration = json.loads((REPO / "serving" / "perf" / "data" / "local_cpu.json").read_text())
     out = {
         "machine": machine(),
         "date": datetime.now(UTC).date().isoformat(),

@@ -77,7 +77,7 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     data = result_to_dict(result)
     check = None
-    if result.hardware == "cpu-local":
+    if result.hardware == "local-cpu":
         # The local CPU's predictions rest on its calibration: say whether this is that machine.
         from serving.perf.machine import check_local_machine
 

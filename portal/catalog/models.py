@@ -17,7 +17,7 @@ NOTE_MAX_CHARS = 500
 
 
 class HardwarePriceOverride(models.Model):
-    # A key of serving.catalog.HARDWARE (the catalog's name, e.g. "cpu-local", not tuning's).
+    # A key of serving.catalog.HARDWARE (the one hardware name, e.g. "local-cpu").
     hardware_name = models.CharField(max_length=64, unique=True)
     price_per_hour_usd = models.DecimalField(max_digits=10, decimal_places=4)  # per device-hour
     note = models.CharField(

@@ -1,8 +1,7 @@
 """Reads of the catalog app: the hardware and model catalogs as pages show them, and prices.
 
 The effective price of a device is an admin's override where one is set, else the catalog's
-datasheet price. Tuning names its local CPU target differently from the catalog
-(`tuning.search.prior.CATALOG_HARDWARE`); both names are accepted here.
+datasheet price. Tuning targets and the catalog share one name per hardware (`local-cpu`, `h200`).
 """
 
 from __future__ import annotations
@@ -14,10 +13,13 @@ from typing import Any
 from compliance.views import _is_platform_admin
 from portal.catalog.models import HardwarePriceOverride
 from serving.catalog import HARDWARE, MODELS, Figure, Hardware, UnknownHardware, get_hardware
-from tuning.search.prior import CATALOG_HARDWARE
 
 PRICE_SOURCE_OVERRIDE = "override"
 PRICE_SOURCE_DATASHEET = "datasheet"
+# The operator's own machine (the catalog's `local-cpu`) has no datasheet price: it is priced
+# only when an admin sets one. Its price reads as 0 where a number is needed (cost per token then
+# ties at 0 and never ranks configurations) and as "not priced" wherever a person reads it.
+PRICE_SOURCE_UNPRICED = "unpriced"
 FORMATS = ("bf16", "fp8", "fp4")  # throughput columns and weight-size columns, in this order
 
 
@@ -28,20 +30,27 @@ def user_is_platform_admin(user: Any) -> bool:
 
 
 def catalog_hardware(name: str) -> Hardware:
-    """The catalog entry for a catalog or tuning hardware name; `UnknownHardware` otherwise."""
-    return get_hardware(CATALOG_HARDWARE.get(name, name))
+    """The catalog entry for a hardware name; `UnknownHardware` otherwise."""
+    return get_hardware(name)
 
 
 def price_override_get(*, hardware_name: str) -> HardwarePriceOverride | None:
     return HardwarePriceOverride.objects.select_related("set_by").filter(hardware_name=hardware_name).first()
 
 
+def _datasheet_priced(hardware: Hardware) -> bool:
+    return hardware.price_per_hour_usd.value > 0
+
+
 def effective_price_per_hour(hardware_name: str) -> tuple[float, str]:
-    """(USD per device-hour, "override" or "datasheet") for a catalog or tuning hardware name."""
+    """(USD per device-hour, "override", "datasheet" or "unpriced") for a hardware name;
+    unpriced hardware reads 0."""
     hardware = catalog_hardware(hardware_name)
     override = price_override_get(hardware_name=hardware.name)
     if override is not None:
         return float(override.price_per_hour_usd), PRICE_SOURCE_OVERRIDE
+    if not _datasheet_priced(hardware):
+        return 0.0, PRICE_SOURCE_UNPRICED
     return hardware.price_per_hour_usd.value, PRICE_SOURCE_DATASHEET
 
 
@@ -63,13 +72,17 @@ class PriceView:
     """What a page shows about one device's price."""
 
     effective_usd: Decimal
-    source: str  # PRICE_SOURCE_OVERRIDE or PRICE_SOURCE_DATASHEET
+    source: str  # PRICE_SOURCE_OVERRIDE, PRICE_SOURCE_DATASHEET or PRICE_SOURCE_UNPRICED
     datasheet: Figure  # the catalog's price and its provenance, shown beside an override
     override: HardwarePriceOverride | None
 
     @property
     def is_override(self) -> bool:
         return self.override is not None
+
+    @property
+    def is_priced(self) -> bool:
+        return self.source != PRICE_SOURCE_UNPRICED
 
     @property
     def effective_text(self) -> str:
@@ -91,7 +104,8 @@ def _price_view(hardware: Hardware, override: HardwarePriceOverride | None) -> P
             override.price_per_hour_usd, PRICE_SOURCE_OVERRIDE, hardware.price_per_hour_usd, override
         )
     value = Decimal(str(hardware.price_per_hour_usd.value))
-    return PriceView(value, PRICE_SOURCE_DATASHEET, hardware.price_per_hour_usd, None)
+    source = PRICE_SOURCE_DATASHEET if _datasheet_priced(hardware) else PRICE_SOURCE_UNPRICED
+    return PriceView(value, source, hardware.price_per_hour_usd, None)
 
 
 def _overrides() -> dict[str, HardwarePriceOverride]:

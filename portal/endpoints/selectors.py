@@ -526,15 +526,17 @@ def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | N
 def deploy_summary(*, job: Any) -> dict[str, Any]:
     """What deploying `job`'s winner will create, for the confirmation page: name, model,
     hardware, the configuration that will serve, and its price per hour."""
-    from portal.catalog.selectors import effective_price_per_hour, usd_text
+    from portal.catalog.selectors import PRICE_SOURCE_UNPRICED, effective_price_per_hour, usd_text
     from serving.catalog import UnknownHardware
 
     hardware = str((job.spec or {}).get("hardware", "local-cpu"))
     trial = job.trials.filter(number=job.winner_trial).first() if job.winner_trial is not None else None
     config = dict((trial.result or {}).get("config") or {}) if trial is not None else {}
     try:
-        price, _source = effective_price_per_hour(hardware)
-        price_text: str | None = f"${usd_text(price)} per device-hour"
+        price, source = effective_price_per_hour(hardware)
+        price_text: str | None = (
+            None if source == PRICE_SOURCE_UNPRICED else f"${usd_text(price)} per device-hour"
+        )
     except UnknownHardware:
         price_text = None
     return {

@@ -13,6 +13,7 @@ from portal.accounts.models import Organization
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from tuning.search import gates
+from tuning.search.job import HARDWARE
 from tuning.search.job import REFERENCE as REFERENCE_PHASE
 from tuning.search.job import SEARCH as SEARCH_PHASE
 from tuning.search.selection import Candidate, pareto_front
@@ -389,3 +390,14 @@ def running_trial_engine_log(*, job: TuningJob) -> dict[str, Any] | None:
     if trial is None:
         return None
     return {"number": trial.number, "attempts": trial.attempts, "lines": trial.engine_log.splitlines()}
+
+
+def job_is_priced(*, job: TuningJob) -> bool:
+    """Whether the job's costs rest on a price: one it carries (an admin's override or its pool's,
+    0 included: "free" is a price) or its hardware target's own. The operator's own machine has
+    none (`local-cpu`): its trials cost 0 per token, which the job page shows as "not priced"."""
+    spec = job.spec or {}
+    if spec.get("price_per_hour_usd") is not None:
+        return True
+    target = HARDWARE.get(str(spec.get("hardware", "")))
+    return target is None or target.price_per_hour_usd > 0

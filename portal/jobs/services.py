@@ -554,7 +554,9 @@ ENGINE_LOG_NAME = "engine.log"
 _ABS_PATH = re.compile(r"(?<![\w.:/~\-])/[^\s'\"`,;:()\[\]{}<>=|]+(?:/[^\s'\"`,;:()\[\]{}<>=|]*)+")
 # The engine's own HTTP routes, which vLLM logs at start-up: not server paths.
 _ROUTE_PREFIXES = ("/v1/", "/v2/", "/metrics", "/health", "/ping", "/version", "/tokenize", "/detokenize")
-_SECRET = re.compile(r"""(api[_-]?key['"]?(?:\s*[:=]\s*|\s+)['"]?)[^\s'",})]+|tgk_[A-Za-z0-9_]+""", re.IGNORECASE)
+_SECRET = re.compile(
+    r"""(api[_-]?key['"]?(?:\s*[:=]\s*|\s+)['"]?)[^\s'",})]+|tgk_[A-Za-z0-9_]+""", re.IGNORECASE
+)
 
 
 def _path_hidden(match: re.Match[str]) -> str:

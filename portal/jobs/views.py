@@ -104,6 +104,7 @@ def _job_context(job: TuningJob) -> dict[str, object]:
         "confirmation": selectors.confirmation_rows(job=job),
         "progress": selectors.job_progress(job=job),
         "engine_log": selectors.running_trial_engine_log(job=job),
+        "priced": selectors.job_is_priced(job=job),
     }
 
 

@@ -8,7 +8,7 @@ source says the value was halved. Prices are indicative list prices per device-h
 override them in the portal.
 
 The local CPU's figures are measured on this machine by `serving.perf.calibrate` and stored in
-`serving/perf/data/cpu_local.json`; the catalog reads them from there.
+`serving/perf/data/local_cpu.json`; the catalog reads them from there.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RETRIEVED = "2026-11-30"  # when the pages below were read through the reference search
-_CPU_DATA = Path(__file__).resolve().parent.parent / "perf" / "data" / "cpu_local.json"
+_CPU_DATA = Path(__file__).resolve().parent.parent / "perf" / "data" / "local_cpu.json"
 # Where the machine Tailguard runs on is, as a residency code. "local" (the default) is allowed
 # only by organizations that allow "local"; a deployment in a US data centre sets
 # LOCAL_HARDWARE_REGION=us, and then a US-only organization can tune and serve on this machine.
@@ -378,7 +378,7 @@ def _local_cpu() -> Hardware:
         return _unconfirmed(default, unit, f"local CPU {key} (not measured yet)")
 
     return Hardware(
-        name="cpu-local",
+        name="local-cpu",
         display_name="This machine's CPU (vLLM CPU build)",
         vendor="local",
         kind="cpu",
@@ -400,14 +400,21 @@ def _local_cpu() -> Hardware:
                 True,
             ),
         ),
+        # Not priced: the operator's own machine has no rental price, and a price only it knows.
+        # 0 stands for "none" here (cost per token ties at 0 and never ranks configurations); an
+        # admin's price in the portal's catalog, 0 included ("free"), is a price.
         price_per_hour_usd=Figure(
-            0.0, "USD/h", "own machine: no rental price (admins may set one)", RETRIEVED, True
+            0.0,
+            "USD/h",
+            "own machine: no rental price (not priced unless an admin sets one)",
+            RETRIEVED,
+            True,
         ),
         max_devices_per_node=1,
     )
 
 
-HARDWARE["cpu-local"] = _local_cpu()
+HARDWARE["local-cpu"] = _local_cpu()
 
 
 class UnknownHardware(KeyError):
@@ -416,7 +423,7 @@ class UnknownHardware(KeyError):
 
 def get_hardware(name: str) -> Hardware:
     key = name.strip().lower().replace("_", "-")
-    aliases = {"cpu": "cpu-local", "local": "cpu-local", "v6e": "tpu-v6e", "trn2": "trainium2"}
+    aliases = {"cpu": "local-cpu", "local": "local-cpu", "v6e": "tpu-v6e", "trn2": "trainium2"}
     key = aliases.get(key, key)
     if key not in HARDWARE:
         raise UnknownHardware(f"unknown hardware {name!r}; known: {', '.join(sorted(HARDWARE))}")

@@ -29,7 +29,7 @@ calibration.
 
 Every observation is a sum of step shapes with a measured duration; `fit_efficiency` solves for
 the factors of `Efficiency` by non-negative least squares on relative error. The result is
-written to `serving/perf/data/cpu_local.json` with the raw observations, machine and date.
+written to `serving/perf/data/local_cpu.json` with the raw observations, machine and date.
 
 Run: `python -m serving.perf.calibrate --model-dir DIR [--catalog-model tiny-llama-s]`.
 """
@@ -414,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--model-dir", type=Path, required=True, help="local random-weight model to serve")
     parser.add_argument("--catalog-model", default="tiny-llama-s")
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "cpu_local.json")
+    parser.add_argument("--out", type=Path, default=DATA_DIR / "local_cpu.json")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--dtype",
@@ -456,9 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"fitted on {len(observations)} timed single-request prefills and decode batches of "
         f"{args.catalog_model} (vLLM CPU, float32, eager) on {started.date().isoformat()}"
     )
-    eff = fit_efficiency(observations, model, hardware_name="cpu-local", compute_format="fp32", how=how)
+    eff = fit_efficiency(observations, model, hardware_name="local-cpu", compute_format="fp32", how=how)
     step_model = StepTimeModel(
-        model, hw_module.get_hardware("cpu-local"), weight_format="fp32", efficiency=eff
+        model, hw_module.get_hardware("local-cpu"), weight_format="fp32", efficiency=eff
     )
     fit_rows = [
         {

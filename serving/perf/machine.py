@@ -2,7 +2,7 @@
 
 A calibration (`serving.perf.calibrate`) belongs to one machine in one state: the step-latency
 model's efficiencies are fitted against the CPU's measured matmul throughput and copy bandwidth,
-and predictions for `cpu-local` are only as good as the match between that machine and this one.
+and predictions for `local-cpu` are only as good as the match between that machine and this one.
 Hosted 2-core machines differ between sessions (one measured fp32 matmul at 0.20 TFLOPS, the next
 at 0.09, with bf16 0.94 against 0.13-0.21) and have slow stretches within a session. So a
 prediction for the local CPU can say whether the machine now is the one that was calibrated:
@@ -73,7 +73,7 @@ def check_local_machine(
     tolerance: float = TOLERANCE,
 ) -> MachineCheck:
     """Compare this machine's figures (measured now unless given) with the calibration's."""
-    data = json.loads((path or DATA_DIR / "cpu_local.json").read_text())
+    data = json.loads((path or DATA_DIR / "local_cpu.json").read_text())
     calibrated = {k: float(v) for k, v in (data.get("hardware") or {}).items() if isinstance(v, int | float)}
     if measured_now is None:
         from serving.perf.calibrate import measure_cpu

@@ -94,7 +94,7 @@ ACCELERATOR_PRIOR = Efficiency(
 
 def load_efficiency(hardware: str) -> Efficiency | None:
     """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`)."""
-    name = "cpu_local" if hardware == "cpu-local" else hardware.replace("-", "_")
+    name = hardware.replace("-", "_")
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
         return None
@@ -111,9 +111,9 @@ def nearest_measured(hardware: Hardware) -> tuple[Efficiency, str]:
     if own is not None and own.measured:
         return own, f"measured on {hardware.name} ({own.how})"
     if hardware.kind == "cpu":
-        cpu = load_efficiency("cpu-local")
+        cpu = load_efficiency("local-cpu")
         if cpu is not None:
-            return cpu, f"datasheet of {hardware.name} + efficiency of cpu-local ({cpu.how})"
+            return cpu, f"datasheet of {hardware.name} + efficiency of local-cpu ({cpu.how})"
         return ACCELERATOR_PRIOR, f"datasheet of {hardware.name} + {ACCELERATOR_PRIOR.how}"
     # Accelerators: the measured GPU operator profile, if there is one.
     gpu = load_efficiency("h200")

@@ -76,7 +76,7 @@ def test_hardware_pages_show_every_figure_with_its_source(bob_client) -> None:  
     unconfirmed = sum(not f.confirmed for f in b300.figures().values())
     assert unconfirmed > 0 and f"{unconfirmed} unconfirmed" in text
 
-    for name in ("h200", "b300", "cpu-local", "tpu-v6e"):
+    for name in ("h200", "b300", "local-cpu", "tpu-v6e"):
         hw = HARDWARE[name]
         page = bob_client.get(reverse("catalog:hardware_detail", args=[name]))
         assert page.status_code == 200
@@ -172,27 +172,26 @@ def _create_job(alice, alice_org, job_inputs, capture) -> TuningJob:  # type: ig
 def test_admin_override_prices_new_jobs_and_is_audited(
     alice, alice_org, admin, admin_client, job_inputs, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
-    # Before: the datasheet price, and jobs keep their tuning target's own price.
-    assert selectors.effective_price_per_hour("cpu-local") == (0.0, selectors.PRICE_SOURCE_DATASHEET)
+    # Before: the operator's own machine is not priced, and jobs keep their target's own (none).
+    assert selectors.effective_price_per_hour("local-cpu") == (0.0, selectors.PRICE_SOURCE_UNPRICED)
     before = _create_job(alice, alice_org, job_inputs, django_capture_on_commit_callbacks)
     assert before.spec["price_per_hour_usd"] is None
 
-    # The override is set on tuning's name for the local CPU; the catalog stores its own name.
+    # The override is set on the one name the local CPU has in tuning and in the catalog.
     response = admin_client.post(
         reverse("catalog:price_set"),
         {"hardware_name": "local-cpu", "price_per_hour_usd": "0.35", "note": "internal chargeback rate"},
     )
     assert response.status_code == 302
-    assert response["Location"] == reverse("catalog:hardware_detail", args=["cpu-local"])
-    assert _overrides() == [("cpu-local", Decimal("0.3500"), "internal chargeback rate")]
-    assert selectors.effective_price_per_hour("cpu-local") == (0.35, selectors.PRICE_SOURCE_OVERRIDE)
+    assert response["Location"] == reverse("catalog:hardware_detail", args=["local-cpu"])
+    assert _overrides() == [("local-cpu", Decimal("0.3500"), "internal chargeback rate")]
     assert selectors.effective_price_per_hour("local-cpu") == (0.35, selectors.PRICE_SOURCE_OVERRIDE)
 
     event = AuditEvent.objects.filter(action="catalog.price_override_set").get()
     assert event.organization_id is None and event.chain == "platform"
     assert event.actor_id == admin.id and event.actor_label == admin.email
     assert event.data == {
-        "hardware": "cpu-local",
+        "hardware": "local-cpu",
         "price_per_hour_usd": "0.3500",
         "previous_override_usd": None,
         "datasheet_usd": 0.0,
@@ -200,10 +199,10 @@ def test_admin_override_prices_new_jobs_and_is_audited(
     assert event.after_digest and not event.before_digest
 
     # The pages show the override as such, who set it and when, and the datasheet price beside it.
-    for url in (reverse("catalog:hardware_list"), reverse("catalog:hardware_detail", args=["cpu-local"])):
+    for url in (reverse("catalog:hardware_list"), reverse("catalog:hardware_detail", args=["local-cpu"])):
         text = _text(admin_client.get(url))
         assert "0.35 USD/h override set by pat@tailguard.test on" in text
-        assert "(datasheet: 0 USD/h)" in text
+        assert "(otherwise not priced)" in text
 
     # A job created now carries the price, and its plan would cost trials with it.
     after = _create_job(alice, alice_org, job_inputs, django_capture_on_commit_callbacks)
@@ -214,19 +213,19 @@ def test_admin_override_prices_new_jobs_and_is_audited(
     assert before.spec["price_per_hour_usd"] is None
 
     # Replacing and clearing are audited too; after clearing, new jobs use the target's price.
-    services.hardware_price_override_set(actor=admin, hardware_name="cpu-local", price_per_hour_usd="0.5")
+    services.hardware_price_override_set(actor=admin, hardware_name="local-cpu", price_per_hour_usd="0.5")
     replaced = AuditEvent.objects.filter(action="catalog.price_override_set").order_by("seq").last()
     assert (
         replaced.data["previous_override_usd"] == "0.3500" and replaced.data["price_per_hour_usd"] == "0.5000"
     )
-    response = admin_client.post(reverse("catalog:price_clear"), {"hardware_name": "cpu-local"})
+    response = admin_client.post(reverse("catalog:price_clear"), {"hardware_name": "local-cpu"})
     assert response.status_code == 302 and _overrides() == []
     cleared = AuditEvent.objects.filter(action="catalog.price_override_clear").get()
     assert cleared.data["previous_override_usd"] == "0.5000" and cleared.before_digest
     last = _create_job(alice, alice_org, job_inputs, django_capture_on_commit_callbacks)
     assert last.spec["price_per_hour_usd"] is None
     assert JobSpec.from_dict(last.spec).price_per_hour_usd is None
-    assert LOCAL_CPU.price_per_hour_usd > 0  # what such a job's plan falls back to
+    assert LOCAL_CPU.price_per_hour_usd == 0  # not priced: its trials cost nothing per token
 
 
 @pytest.mark.django_db

@@ -276,7 +276,10 @@ def test_a_job_runs_end_to_end_in_the_portal(
                 "peak_rps": 1.0,
                 "headroom": 1.25,
                 "hardware": "local-cpu",
-                "budget_trials": 1,
+                # The smallest search the form takes: the competent baseline and one candidate,
+                # without confirmation rounds (each would start more engines).
+                "budget_trials": 2,
+                "confirm_repeats": 0,
                 "strategy": "tpe",
             },
         )
@@ -285,9 +288,9 @@ def test_a_job_runs_end_to_end_in_the_portal(
     job = TuningJob.objects.get()
     assert job.status == TuningJob.Status.SUCCEEDED, job.error
     trials = list(job.trials.order_by("number"))
-    assert [t.number for t in trials] == [0, 1]
+    assert [t.number for t in trials] == [0, 1, 2]
     # Trial 0 is the reference: captured at the highest precision, never measured or a candidate.
-    reference, competent = trials
+    reference, competent, candidate = trials
     assert reference.assignment["dtype"] == "float32"
     assert reference.result["phase"] == "reference" and reference.result["capture"]["greedy"]
     assert not reference.result["load"]
@@ -305,13 +308,15 @@ def test_a_job_runs_end_to_end_in_the_portal(
     # generator adds is visible in every trial.
     assert 0 < competent.result["engine_ttft_p50_ms"] <= competent.result["engine_ttft_p95_ms"]
     assert competent.result["engine_queue_p95_ms"] is not None
-    # Nothing beyond the baseline was found, so nothing to confirm: said so, never a "win".
+    # Trial 2 is the search's first candidate: something other than the baseline.
+    assert candidate.result["phase"] == "search" and candidate.assignment != competent.assignment
+    # Without confirmation rounds nothing is called a confirmed gain: said so, never a "win".
     assert job.report["selection"]["outcome"] == "unconfirmed"
     assert job.report["selection"]["summary"]
     assert job.report["caps"]["line"]
     # Every measured trial was also simulated; the job reports the simulator's error on it.
     assert competent.result["predicted"]["ttft_p50_ms"] > 0
-    assert job.report["simulator"]["errors"]["num_trials"] == 1
+    assert job.report["simulator"]["errors"]["num_trials"] == 2
     page = client.get(reverse("jobs:detail", args=[job.id]))
     assert b"selection-summary" in page.content and b'data-trial="1"' in page.content
     assert b'id="job-caps"' in page.content

@@ -54,7 +54,7 @@ def test_pools_are_managed_by_their_owners_and_checked_against_the_registries(
     alice, alice_org, bob, charlie, platform_admin, regions
 ) -> None:  # type: ignore[no-untyped-def]
     shared = services.pool_create(
-        actor=platform_admin, name="cpu-local", region="local", accelerator="local-cpu"
+        actor=platform_admin, name="cpu-pool", region="local", accelerator="local-cpu"
     )
     # Only platform admins make shared pools; an organization's admins make its own.
     with pytest.raises(PermissionDenied):
@@ -95,16 +95,16 @@ def test_pools_are_managed_by_their_owners_and_checked_against_the_registries(
     assert AuditEvent.objects.filter(action="pool.create", organization=alice_org).exists()
     # Alice sees the shared pool and her own; Charlie sees only the shared one, and Alice's is a 404.
     assert {p["name"] for p in _api(alice).get("/api/v1/pools/").json()["results"]} == {
-        "cpu-local",
+        "cpu-pool",
         "acme-cpu",
     }
-    assert {p["name"] for p in _api(charlie).get("/api/v1/pools/").json()["results"]} == {"cpu-local"}
+    assert {p["name"] for p in _api(charlie).get("/api/v1/pools/").json()["results"]} == {"cpu-pool"}
     assert _api(charlie).get("/api/v1/pools/acme-cpu/").status_code == 404
     assert (
         _api(charlie).patch("/api/v1/pools/acme-cpu/", {"enabled": False}, format="json").status_code == 404
     )
     # Alice may not change the platform's pool; she may change her own.
-    refused = _api(alice).patch("/api/v1/pools/cpu-local/", {"price_per_device_hour_usd": "9"}, format="json")
+    refused = _api(alice).patch("/api/v1/pools/cpu-pool/", {"price_per_device_hour_usd": "9"}, format="json")
     assert refused.status_code == 403
     shared.refresh_from_db()
     assert shared.price_per_device_hour_usd == Decimal("0")
@@ -118,7 +118,7 @@ def test_pools_are_managed_by_their_owners_and_checked_against_the_registries(
 @pytest.mark.django_db
 def test_admin_console_lists_pools_and_hosts_with_health(platform_admin, regions) -> None:  # type: ignore[no-untyped-def]
     pool = services.pool_create(
-        actor=platform_admin, name="cpu-local", region="local", accelerator="local-cpu"
+        actor=platform_admin, name="cpu-pool", region="local", accelerator="local-cpu"
     )
     services.host_register(
         pool_name=pool.name, name="engine-a", facts={"cpu_model": "Test CPU", "gpus": []}, agent_pid=1
@@ -142,7 +142,7 @@ def test_admin_console_lists_pools_and_hosts_with_health(platform_admin, regions
     text = page.content.decode()
     assert page.status_code == 200
     assert "engine-a" in text and "live" in text and "Test CPU" in text
-    assert "pool.cpu-local" in text  # the queue its agent consumes (routing)
+    assert "pool.cpu-pool" in text  # the queue its agent consumes (routing)
     if target is not None:
         assert "quarantined" in text and "the host&#x27;s GPUs are Acme Tensor 9" in text
     assert client.get(f"/admin/pools/pool/{pool.pk}/change/").status_code == 200
@@ -217,7 +217,7 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     regions.TUNING_MODEL_ROOTS = [model_root]
     local = services.pool_create(
         actor=platform_admin,
-        name="cpu-local",
+        name="cpu-pool",
         region="local",
         accelerator="local-cpu",
         price_per_device_hour_usd="0.5",
@@ -263,11 +263,11 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     assert job.spec["price_per_hour_usd"] == pytest.approx(1.0)  # 0.5 per device-hour x 2 devices
     # The API takes and shows the pool by name; the job form offers the pools Alice may use.
     response = _api(alice).get(f"/api/v1/tuning-jobs/{job.id}/")
-    assert response.json()["pool"] == "cpu-local"
+    assert response.json()["pool"] == "cpu-pool"
     page = Client()
     page.force_login(alice)
     form = page.get("/jobs/").content.decode()
-    assert "cpu-local (local-cpu x2, local)" in form and "other-cpu" not in form
+    assert "cpu-pool (local-cpu x2, local)" in form and "other-cpu" not in form
 
     # Endpoints: the job's pool by default, residency checked the same way.
     TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED, winner_trial=0)
@@ -294,7 +294,7 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     assert endpoint_services.endpoints_watch() == 0
     endpoint.refresh_from_db()
     assert endpoint.status == Endpoint.Status.STARTING
-    assert endpoint.status_detail.startswith("waiting for a host of pool cpu-local"), endpoint.status_detail
+    assert endpoint.status_detail.startswith("waiting for a host of pool cpu-pool"), endpoint.status_detail
     assert not endpoint.snapshots.exists()
     assert ServedModel.objects.count() == 1
 

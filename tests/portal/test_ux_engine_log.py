@@ -5,6 +5,7 @@ the job's organization see them."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from django.utils import timezone
 
 from portal.jobs import services
 from portal.jobs.models import Trial, TuningJob
+from tests.conftest import PASSWORD
 from tests.factories import finished_job
 
 SERVER_LINES = [
@@ -149,3 +151,30 @@ def test_a_step_keeps_the_log_current_while_its_trial_runs(  # type: ignore[no-u
     assert services.tuning_job_step(job_id=str(job.pk), owner="test-step") == "trial 0"
     assert seen == ["INFO loading weights from job/trial-0/weights"]
     assert Trial.objects.get(job_id=job.pk, number=0).status == Trial.Status.DONE
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_the_job_page_in_a_browser_follows_the_log_as_it_grows(  # type: ignore[no-untyped-def]
+    alice, alice_org, live_server, page_factory
+) -> None:
+    """Real Chromium on the job page: new lines arrive with the panel's htmx polling, as text."""
+    job, trial = _running(alice_org, alice)
+    Trial.objects.filter(pk=trial.pk).update(engine_log="INFO starting the engine")
+    page = page_factory()
+    page.goto(live_server.url + "/login/")
+    page.fill("#id_username", alice.email)
+    page.fill("#id_password", PASSWORD)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(re.compile(r"/dashboard/$"))
+    page.goto(live_server.url + reverse("jobs:detail", args=[job.id]))
+    assert "INFO starting the engine" in (page.text_content("#engine-log pre") or "")
+    Trial.objects.filter(pk=trial.pk).update(engine_log="INFO starting the engine\n<b>INFO</b> warming up")
+    page.wait_for_function(
+        "() => (document.querySelector('#engine-log pre') || {}).textContent.includes('<b>INFO</b> warming up')",
+        timeout=15_000,
+    )
+    assert page.locator("#engine-log b").count() == 0  # shown as text, never as markup
+    # The job ends: the page reloads itself without the panel.
+    TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED, finished_at=timezone.now())
+    page.wait_for_function("() => !document.querySelector('#engine-log')", timeout=15_000)

@@ -9,7 +9,7 @@ from serving.catalog.hardware import UnknownHardware, hardware_in_regions
 from serving.catalog.models import UnknownModel
 from serving.models.tiny import SIZES, describe_size
 
-REQUIRED_HARDWARE = {"h100", "h200", "b200", "b300", "mi300x", "mi355x", "tpu-v6e", "trainium2", "cpu-local"}
+REQUIRED_HARDWARE = {"h100", "h200", "b200", "b300", "mi300x", "mi355x", "tpu-v6e", "trainium2", "local-cpu"}
 
 
 def test_the_catalog_covers_the_accelerators_customers_choose_between() -> None:
@@ -38,7 +38,7 @@ def test_every_figure_has_a_source_and_a_date(name: str) -> None:
 
 def test_datasheet_figures_are_in_plausible_relations() -> None:
     for name, hw in HARDWARE.items():
-        if name == "cpu-local":
+        if name == "local-cpu":
             continue
         assert hw.memory_gb.value >= 32
         if "fp8" in hw.dense_tflops:
@@ -52,8 +52,8 @@ def test_datasheet_figures_are_in_plausible_relations() -> None:
 
 def test_regions_answer_data_residency_questions() -> None:
     eu = {hw.name for hw in hardware_in_regions({"eu"})}
-    assert "tpu-v6e" in eu and "cpu-local" not in eu
-    assert {hw.name for hw in hardware_in_regions({"local"})} == {"cpu-local"}
+    assert "tpu-v6e" in eu and "local-cpu" not in eu
+    assert {hw.name for hw in hardware_in_regions({"local"})} == {"local-cpu"}
 
 
 def test_unknown_names_list_the_known_ones() -> None:
@@ -61,7 +61,7 @@ def test_unknown_names_list_the_known_ones() -> None:
         get_hardware("a100")
     with pytest.raises(UnknownModel, match=r"llama-3\.1-8b"):
         get_model("gpt-5")
-    assert get_hardware("CPU").name == "cpu-local"
+    assert get_hardware("CPU").name == "local-cpu"
 
 
 @pytest.mark.parametrize("name", [m for m in MODELS if MODELS[m].published_params_b])
@@ -141,7 +141,7 @@ def test_memory_fit_refuses_with_the_reason_and_a_way_out() -> None:
 def test_the_cpu_kv_space_fixes_the_cache_size() -> None:
     spec = get_model("tiny-llama-s")
     fit = check_fit(
-        spec, get_hardware("cpu-local"), weight_format="fp32", kv_cache_format="fp32", kv_cache_bytes=2**30
+        spec, get_hardware("local-cpu"), weight_format="fp32", kv_cache_format="fp32", kv_cache_bytes=2**30
     )
     assert fit.kv_capacity_tokens == 2**30 // spec.kv_bytes_per_token("fp32")
 
@@ -153,10 +153,10 @@ def test_the_local_machine_s_region_is_the_deployment_s_to_declare() -> None:
     import subprocess
     import sys
 
-    assert get_hardware("cpu-local").region_codes() == {"local"}
+    assert get_hardware("local-cpu").region_codes() == {"local"}
     probe = (
         "from serving.catalog import get_hardware; from tuning.search.space import LOCAL_CPU; "
-        "print(sorted(get_hardware('cpu-local').region_codes()), LOCAL_CPU.region)"
+        "print(sorted(get_hardware('local-cpu').region_codes()), LOCAL_CPU.region)"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe],

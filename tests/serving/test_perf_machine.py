@@ -39,7 +39,7 @@ def test_missing_or_unusable_figures_are_not_differences() -> None:
 
 
 def test_the_check_reads_the_calibration_file(tmp_path: Path) -> None:
-    path = tmp_path / "cpu_local.json"
+    path = tmp_path / "local_cpu.json"
     path.write_text(json.dumps({"measured_at": "2026-12-01T14:22:23+00:00", "hardware": CALIBRATED}))
     same = check_local_machine(path, measured_now=CALIBRATED)
     assert same.matches and same.to_dict()["differences"] == []
@@ -64,7 +64,7 @@ def test_simulating_the_local_cpu_measures_this_machine_against_its_calibration(
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(
-        ["simulate", "--trace", str(trace), "--model", "tiny-llama-s", "--hardware", "cpu-local", "--json"]
+        ["simulate", "--trace", str(trace), "--model", "tiny-llama-s", "--hardware", "local-cpu", "--json"]
     )
     assert args.func(args) == 0
     check = json.loads(capsys.readouterr().out)["machine_check"]
@@ -106,7 +106,7 @@ def test_a_cpu_engine_on_every_core_is_simulated_with_its_compute_shared_over_th
     trace.write_text(json.dumps({"timestamp": 0, "input_length": 3000, "output_length": 2}) + "\n")
     ttft = {
         name: simulate_trace(
-            trace, model="tiny-llama-m", hardware="cpu-local", config=config
+            trace, model="tiny-llama-m", hardware="local-cpu", config=config
         ).summary.ttft_ms.p50
         for name, config in (("default", default), ("every core", everything))
     }

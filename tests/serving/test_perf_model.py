@@ -75,10 +75,10 @@ def test_moe_decode_reads_only_the_experts_it_hits() -> None:
 
 
 def test_every_prediction_says_whether_it_was_measured() -> None:
-    cpu = load_efficiency("cpu-local")
+    cpu = load_efficiency("local-cpu")
     assert cpu is not None and cpu.measured and "fitted" in cpu.how
-    _, basis = nearest_measured(get_hardware("cpu-local"))
-    assert basis.startswith("measured on cpu-local")
+    _, basis = nearest_measured(get_hardware("local-cpu"))
+    assert basis.startswith("measured on local-cpu")
     eff, basis = nearest_measured(get_hardware("b200"))
     assert basis.startswith("datasheet of b200 + ")
     if load_efficiency("h200") is None:
@@ -89,11 +89,11 @@ def test_every_prediction_says_whether_it_was_measured() -> None:
 
 def test_calibration_recovers_known_factors_from_synthetic_observations() -> None:
     truth = Efficiency(
-        "cpu-local", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic", stream_overhead_ms=6.0
+        "local-cpu", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic", stream_overhead_ms=6.0
     )
     spec = get_model("tiny-llama-s")
     model = StepTimeModel(
-        spec, get_hardware("cpu-local"), weight_format="fp32", compute_format="fp32", efficiency=truth
+        spec, get_hardware("local-cpu"), weight_format="fp32", compute_format="fp32", efficiency=truth
     )
     obs = [Observation("ttft", f"p{p}", 0.0, (prefill_shape(p),)) for p in (32, 256, 1024, 2000)]
     obs += [
@@ -104,20 +104,20 @@ def test_calibration_recovers_known_factors_from_synthetic_observations() -> Non
         for n, c in ((1, 64), (8, 64), (32, 64), (1, 1500), (4, 1000))
     ]
     obs = [dataclasses.replace(o, measured_s=predict_observation(o, model)) for o in obs]
-    fitted = fit_efficiency(obs, spec, hardware_name="cpu-local", compute_format="fp32", how="test")
+    fitted = fit_efficiency(obs, spec, hardware_name="local-cpu", compute_format="fp32", how="test")
     assert fitted.request_overhead_ms == pytest.approx(15.0, rel=0.02)
     assert fitted.stream_overhead_ms == pytest.approx(6.0, rel=0.02)
     assert fitted.step_overhead_ms == pytest.approx(2.0, rel=0.05)
     assert fitted.gemm_efficiency == pytest.approx(0.5, rel=0.05)
     refit = StepTimeModel(
-        spec, get_hardware("cpu-local"), weight_format="fp32", compute_format="fp32", efficiency=fitted
+        spec, get_hardware("local-cpu"), weight_format="fp32", compute_format="fp32", efficiency=fitted
     )
     for o in obs:
         assert predict_observation(o, refit) == pytest.approx(o.measured_s, rel=0.02)
 
 
 def test_a_step_with_no_tokens_takes_no_time() -> None:
-    model = StepTimeModel(get_model("tiny-llama-s"), get_hardware("cpu-local"), weight_format="fp32")
+    model = StepTimeModel(get_model("tiny-llama-s"), get_hardware("local-cpu"), weight_format="fp32")
     empty = StepShape(0, 0, 0, 0, 0.0, 0, 0)
     assert model.step_time(empty).total_s == 0.0 and model.step_seconds(0, 0, 0, 0.0, 0, 0) == 0.0
 
@@ -172,10 +172,10 @@ def test_live_feedback_moves_the_calibration_towards_the_measurements() -> None:
     from serving.perf.feedback import correct_efficiency
     from serving.sim import simulate
 
-    base = load_efficiency("cpu-local")
+    base = load_efficiency("local-cpu")
     assert base is not None
     trace = [TraceRequest(i * 0.5, 800, 20) for i in range(20)]
-    spec, hw = get_model("tiny-llama-s"), get_hardware("cpu-local")
+    spec, hw = get_model("tiny-llama-s"), get_hardware("local-cpu")
 
     def run(eff: Efficiency) -> ReplaySummary:
         model = StepTimeModel(spec, hw, weight_format="fp32", efficiency=eff)
@@ -227,10 +227,10 @@ def test_the_measured_format_factors_reproduce_the_engines_bf16_runs() -> None:
     from serving.perf.calibrate import DATA_DIR
     from serving.perf.model import StepTimeModel, nearest_measured
 
-    data = json.loads((DATA_DIR / "cpu_local.json").read_text())
-    eff, _ = nearest_measured(get_hardware("cpu-local"))
+    data = json.loads((DATA_DIR / "local_cpu.json").read_text())
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
     assert "bf16" in eff.format_factors and "bf16" in eff.format_memory_factors
-    model, hw = get_model(data["engine"]["model"]), get_hardware("cpu-local")
+    model, hw = get_model(data["engine"]["model"]), get_hardware("local-cpu")
     fp32 = StepTimeModel(model, hw, weight_format="fp32", efficiency=eff)
     bf16 = StepTimeModel(model, hw, weight_format="bf16", compute_format="bf16", efficiency=eff)
     measured_fp32 = {o["label"]: Observation.from_mapping(o) for o in data["observations"]}

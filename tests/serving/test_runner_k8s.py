@@ -432,7 +432,7 @@ def test_the_fit_check_needs_room_for_one_full_context() -> None:
         ({"model": ModelRef(name="m", path="/weights/m", pvc="weights")}, "model.path"),
         ({"model": ModelRef(name="m", path="/models/m", catalog_name="no-such-model")}, "model.catalog_name"),
         ({"api_key_secret": "Chat Key"}, "api_key_secret"),
-        ({"hardware": "cpu-local"}, "hardware"),
+        ({"hardware": "local-cpu"}, "hardware"),
         ({"hardware": "no-such-gpu"}, "hardware"),
         ({"hardware": "mi300x", "region": "eastus"}, "image"),
         ({"config": EngineConfig(extra_args=("--port", "9000"))}, "config.extra_args"),

@@ -29,7 +29,7 @@ def test_outputs_are_the_load_generators_types_with_its_token_counts() -> None:
     result = simulate(
         trace,
         model=get_model("tiny-llama-s"),
-        hardware=get_hardware("cpu-local"),
+        hardware=get_hardware("local-cpu"),
         config=CPU_CONFIG,
         max_prompt_tokens=1000,
         max_output_tokens=16,
@@ -41,7 +41,7 @@ def test_outputs_are_the_load_generators_types_with_its_token_counts() -> None:
     assert first.num_prompt_tokens == 1000 and first.max_output_tokens == 16 and first.num_output_tokens == 16
     assert len(first.itl_ms) == 15 and first.tpot_ms == pytest.approx(sum(first.itl_ms) / 15, rel=1e-6)
     assert result.summary.num_requests == 50 and result.summary.num_errors == 0
-    assert result.basis.startswith("measured on cpu-local")
+    assert result.basis.startswith("measured on local-cpu")
 
 
 def test_the_same_seed_gives_the_same_result() -> None:
@@ -50,7 +50,7 @@ def test_the_same_seed_gives_the_same_result() -> None:
         max_model_len=4096, speculative_method="ngram", num_speculative_tokens=3
     )
     runs = [
-        simulate_trace(trace, model="tiny-llama-s", hardware="cpu-local", config=spec_config, seed=7).summary
+        simulate_trace(trace, model="tiny-llama-s", hardware="local-cpu", config=spec_config, seed=7).summary
         for _ in range(2)
     ]
     assert runs[0] == runs[1]
@@ -59,10 +59,10 @@ def test_the_same_seed_gives_the_same_result() -> None:
 def test_more_load_means_more_queueing() -> None:
     trace = poisson_trace(300, 1.0, 1500, 20)
     light = simulate_trace(
-        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=1.0
+        trace, model="tiny-llama-s", hardware="local-cpu", config=CPU_CONFIG, rate_scale=1.0
     )
     heavy = simulate_trace(
-        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=40.0
+        trace, model="tiny-llama-s", hardware="local-cpu", config=CPU_CONFIG, rate_scale=40.0
     )
     assert heavy.summary.ttft_ms.p95 > light.summary.ttft_ms.p95
     assert heavy.attribution.tail.queueing_ms + heavy.attribution.tail.chunking_delay_ms > (
@@ -74,9 +74,9 @@ def test_shared_trace_blocks_hit_the_simulated_prefix_cache() -> None:
     shared = [TraceRequest(i * 0.5, 2048, 4, hash_ids=(1, 2, 3, 4)) for i in range(10)]
     cfg_on = EngineConfig.cpu_default(max_model_len=4096, enable_prefix_caching=True)
     cfg_off = EngineConfig.cpu_default(max_model_len=4096, enable_prefix_caching=False)
-    on = simulate(shared, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=cfg_on)
+    on = simulate(shared, model=get_model("tiny-llama-s"), hardware=get_hardware("local-cpu"), config=cfg_on)
     off = simulate(
-        shared, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=cfg_off
+        shared, model=get_model("tiny-llama-s"), hardware=get_hardware("local-cpu"), config=cfg_off
     )
     # After the first request, each reuses (2048 - 1) // 128 = 15 of its 16 blocks.
     assert on.prefix_cache_hit_rate == pytest.approx(9 * 15 * 128 / (10 * 2048))
@@ -104,7 +104,7 @@ def test_block_hashes_follow_the_load_generators_prompt_layout() -> None:
 
 def test_engine_defaults_are_resolved_per_hardware() -> None:
     cpu, wfmt, _ = resolve_config(
-        EngineConfig.cpu_default(), get_model("tiny-llama-s"), get_hardware("cpu-local")
+        EngineConfig.cpu_default(), get_model("tiny-llama-s"), get_hardware("local-cpu")
     )
     assert (cpu.max_num_batched_tokens, cpu.max_num_seqs, cpu.block_size, wfmt) == (2048, 128, 128, "fp32")
     gpu, wfmt, kv = resolve_config(
@@ -128,7 +128,7 @@ def test_engine_defaults_are_resolved_per_hardware() -> None:
 def test_requests_beyond_max_model_len_fail_like_the_engine_refuses_them() -> None:
     trace = [TraceRequest(0.0, 5000, 10), TraceRequest(0.1, 100, 10)]
     result = simulate(
-        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=CPU_CONFIG
+        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("local-cpu"), config=CPU_CONFIG
     )
     assert result.requests[0].error is not None and "max_model_len" in result.requests[0].error
     assert result.requests[1].ok and result.summary.num_errors == 1
@@ -161,11 +161,11 @@ def test_max_rate_scale_finds_where_the_targets_stop_holding() -> None:
     trace = poisson_trace(150, 2.0, 1000, 16)
     targets = LatencyTargets(ttft_p95_ms=400)
     scale = max_rate_scale(
-        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, targets=targets, iterations=6
+        trace, model="tiny-llama-s", hardware="local-cpu", config=CPU_CONFIG, targets=targets, iterations=6
     )
     assert scale is not None and 0.05 < scale < 64
     worse = simulate_trace(
-        trace, model="tiny-llama-s", hardware="cpu-local", config=CPU_CONFIG, rate_scale=scale * 1.5
+        trace, model="tiny-llama-s", hardware="local-cpu", config=CPU_CONFIG, rate_scale=scale * 1.5
     )
     assert not targets.met_by(worse.summary)
 
@@ -219,7 +219,7 @@ def test_a_configuration_vllm_would_refuse_is_refused_with_the_flag() -> None:
         max_model_len=4096, enable_chunked_prefill=False, max_num_batched_tokens=1024
     )
     with pytest.raises(InvalidEngineConfig, match="smaller than max_model_len") as info:
-        resolve_config(bad, get_model("tiny-llama-s"), get_hardware("cpu-local"))
+        resolve_config(bad, get_model("tiny-llama-s"), get_hardware("local-cpu"))
     assert info.value.flag == "--max-num-batched-tokens"
 
 
@@ -230,12 +230,12 @@ def test_a_request_sent_while_others_stream_reaches_the_engine_later_by_the_cali
 
     from serving.perf.model import load_efficiency
 
-    base = load_efficiency("cpu-local")
+    base = load_efficiency("local-cpu")
     assert base is not None
     eff = dataclasses.replace(base, request_overhead_ms=5.0, stream_overhead_ms=7.0)
     trace = [TraceRequest(0.0, 64, 400), TraceRequest(0.0, 64, 400), TraceRequest(0.5, 32, 2)]
     trace.append(TraceRequest(30.0, 32, 2))
-    kwargs = {"model": get_model("tiny-llama-s"), "hardware": get_hardware("cpu-local"), "config": CPU_CONFIG}
+    kwargs = {"model": get_model("tiny-llama-s"), "hardware": get_hardware("local-cpu"), "config": CPU_CONFIG}
     result = simulate(trace, efficiency=eff, **kwargs)  # type: ignore[arg-type]
     overhead = {r.index: r.overhead_ms for r in result.attribution.requests}
     assert overhead[0] == pytest.approx(5.0) and overhead[1] == pytest.approx(5.0)

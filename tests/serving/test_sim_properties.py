@@ -140,7 +140,7 @@ def test_simulate_results_are_consistent(
         enable_chunked_prefill=chunked,
     )
     result = simulate(
-        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("cpu-local"), config=config
+        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("local-cpu"), config=config
     )
     assert result.summary.num_errors == 0
     assert result.max_kv_blocks_used <= result.scheduler.num_kv_blocks

@@ -58,7 +58,7 @@ def test_plan_ranks_candidates_and_predicts_each_trial(
     tiny_model: Path, shared_traces: Path, tmp_path: Path
 ) -> None:
     prepared = plan_job(_spec(shared_traces / "azure2023_conv.csv", tiny_model), tmp_path / "work")
-    assert prepared.sim is not None and "measured on cpu-local" in prepared.sim_note
+    assert prepared.sim is not None and "measured on local-cpu" in prepared.sim_note
     assert prepared.sim_ranked and all(not prepared.space.violations(a) for a in prepared.sim_ranked)
     predicted = prepared.predict(prepared.defaults)
     assert predicted is not None and predicted["source"] == "calibrated"
@@ -69,7 +69,7 @@ def test_plan_ranks_candidates_and_predicts_each_trial(
     # here) is forecast at the bf16/fp32 decode-step ratio the calibration measured on this CPU.
     fp32 = prepared.predict(prepared.reference)
     assert fp32 is not None
-    data = json.loads((DATA_DIR / "cpu_local.json").read_text())
+    data = json.loads((DATA_DIR / "local_cpu.json").read_text())
     steps = {o["label"]: o["measured_s"] for o in data["observations"] if o["kind"] == "tpot"}
     measured = statistics.median(
         o["measured_s"] / steps[o["label"]]
@@ -147,7 +147,7 @@ def test_calibration_from_a_tenants_trials_moves_predictions_toward_measurements
 def test_correction_ignores_failed_and_unpredicted_trials() -> None:
     assert pairs_from_results([{"status": "failed", "predicted": {"base_ttft_p50_ms": 1.0}}]) == []
     assert pairs_from_results([{"status": "ok", "ttft_p50_ms": 5.0}]) == []
-    eff, _ = nearest_measured(get_hardware("cpu-local"))
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
     same = correct_from_pairs(eff, [Pair(math.nan, 1.0, math.nan, 1.0)])
     assert same == eff
     assert prediction_errors([{"status": "ok"}]) == {

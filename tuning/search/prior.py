@@ -27,8 +27,6 @@ from serving.perf.model import Efficiency, nearest_measured
 from serving.sim.api import LatencyTargets, rank_candidates, simulate_trace
 from tuning.search.space import SearchSpace
 
-# The tuning layer's hardware targets, by their catalog name.
-CATALOG_HARDWARE = {"local-cpu": "cpu-local"}
 SAMPLED_CANDIDATES = 32  # points of the space the simulator ranks before the search starts
 
 
@@ -56,7 +54,7 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
         except UnknownModel:
             return None, f"no simulator prior: {exc.args[0]}"
     try:
-        hw = get_hardware(CATALOG_HARDWARE.get(hardware, hardware))
+        hw = get_hardware(hardware)
     except KeyError as exc:
         return None, f"no simulator prior: {exc.args[0]}"
     base, basis = nearest_measured(hw)

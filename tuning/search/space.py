@@ -197,7 +197,10 @@ LOCAL_CPU = HardwareTarget(
     region=local_region_code(),
     num_devices=1,
     kv_cache_gib=2.0,
-    price_per_hour_usd=0.10,
+    # Not priced (as in the hardware catalog): the operator's own machine has a price only when
+    # the operator sets one (a job's `price_per_hour_usd`). At 0 every configuration costs the
+    # same, so selection decides on latency and simplicity, never on an invented price.
+    price_per_hour_usd=0.0,
     replay_prompt_tokens=1024,
     replay_output_tokens=64,
 )
