@@ -39,7 +39,11 @@ class Endpoint(models.Model):
         "pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="endpoints"
     )
     config = models.JSONField()  # the EngineConfig mapping now serving (no key in it)
-    port = models.IntegerField(unique=True)  # the stable address's port on the serving host
+    # The stable address's port on the host that serves it, as that host's agent picked it when
+    # it started the endpoint (only the host knows which of its ports are free; two hosts may
+    # well use the same number). Empty until the host reports it (and for Kubernetes endpoints,
+    # which are reached through their Service).
+    port = models.IntegerField(null=True, blank=True)
     api_key_prefix = models.CharField(max_length=16)
     api_key_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTING, db_index=True)

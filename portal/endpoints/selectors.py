@@ -67,13 +67,14 @@ def range_key(value: str | None) -> str:
 
 
 def endpoint_base_url(endpoint: Endpoint) -> str:
-    """The OpenAI base URL clients use: the endpoint's public address (from its pool) + /v1."""
+    """The OpenAI base URL clients use: the endpoint's public address (from its pool) + /v1;
+    '' until the host that starts it has reported its port, where the address carries one."""
     from portal.endpoints.services import public_base_url
 
     base = endpoint.base_url or public_base_url(
         pool=endpoint.pool, port=endpoint.port, endpoint_id=str(endpoint.id)
     )
-    return f"{base}/v1"
+    return f"{base}/v1" if base else ""
 
 
 def _finite(value: Any) -> float | None:

@@ -41,7 +41,6 @@ from portal.jobs.models import TuningJob
 from portal.pools.models import Pool
 from portal.pools.selectors import host_here, pool_waiting_reason
 from portal.pools.services import pool_require_usable
-from serving.engine.launcher import free_port
 from serving.runner.base import (
     EndpointLaunch,
     EndpointRunner,
@@ -135,8 +134,8 @@ def endpoint_deploy(
     config = dict(result["config"])  # type: ignore[call-overload]
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
     api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
-    used = set(Endpoint.objects.values_list("port", flat=True))
-    port = next(p for p in (free_port() for _ in range(20)) if p not in used)
+    # No port here: the host that starts it picks one of its own free ports and reports it
+    # (endpoint_start); the address follows then, where the pool's URL carries the port.
     endpoint_id = uuid.uuid4()
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
@@ -147,9 +146,8 @@ def endpoint_deploy(
             job=job,
             pool=chosen,
             runner_kind=runner_kind_for(chosen),
-            base_url=public_base_url(pool=chosen, port=port, endpoint_id=str(endpoint_id)),
+            base_url=public_base_url(pool=chosen, port=None, endpoint_id=str(endpoint_id)),
             config=config,
-            port=port,
             api_key_prefix=prefix,
             api_key_hash=tokens.digest(api_key),
             # The host that starts it reads the key from here (never from a message or a command line).
@@ -171,9 +169,11 @@ def endpoint_deploy(
             organization=job.organization,
             action="endpoint.deploy",
             target=endpoint,
-            data={"job": str(job.id), "trial": number, "port": port},
+            data={"job": str(job.id), "trial": number},
         )
         transaction.on_commit(lambda: _send("endpoint_start", endpoint, start=True))
+    # Where the start ran at once (eager tasks, no outer transaction), its port is known now.
+    endpoint.refresh_from_db()
     return endpoint, api_key
 
 
@@ -253,10 +253,13 @@ def runner_kind_for(pool: Pool | None) -> str:
     return pool.runner if pool is not None else "local"
 
 
-def public_base_url(*, pool: Pool | None, port: int, endpoint_id: str) -> str:
+def public_base_url(*, pool: Pool | None, port: int | None, endpoint_id: str) -> str:
     """Where clients reach the endpoint: the pool's configured public address (a host's address
-    or an ingress; TLS at the proxy), or this deployment's ENDPOINT_URL_TEMPLATE without a pool."""
+    or an ingress; TLS at the proxy), or this deployment's ENDPOINT_URL_TEMPLATE without a pool.
+    '' while an address with `{port}` waits for the host to report its port."""
     template = pool.endpoint_url_template if pool is not None else settings.ENDPOINT_URL_TEMPLATE
+    if port is None and "{port}" in template:
+        return ""
     return template.format(port=port, endpoint=object_name(endpoint_id)).rstrip("/")
 
 
@@ -322,15 +325,23 @@ def endpoint_start(*, endpoint_id: str) -> str:
         )
         return "failed"
     runner = runner_for(endpoint)
+    here = host_here() if endpoint.pool_id else None
     launch = EndpointLaunch(
         endpoint_id=str(endpoint.id),
         model=endpoint.served_model.path,
         config=dict(endpoint.config),
-        port=endpoint.port,
+        # The port is this host's choice (the runner picks a free one here and reports it); one
+        # it reported before is kept only where it was picked, so a restart keeps its address.
+        port=endpoint.port if endpoint.port and endpoint.host_id == (here.id if here else None) else None,
         bind_address=endpoint.pool.bind_address if endpoint.pool else "127.0.0.1",
         api_key=unseal(bytes(endpoint.api_key_sealed), purpose=_KEY_PURPOSE).decode(),
+        # Not the address of another endpoint that ran here: its clients may still call it.
+        avoid_ports=tuple(
+            Endpoint.objects.filter(host=here, port__isnull=False)
+            .exclude(id=endpoint.id)
+            .values_list("port", flat=True)
+        ),
     )
-    here = host_here() if endpoint.pool_id else None
     if here is not None:
         # One host serves it: a start delivered twice (a redelivery after a crash) to another
         # host of the pool finds it claimed and does nothing.
@@ -356,11 +367,21 @@ def endpoint_start(*, endpoint_id: str) -> str:
             status=Endpoint.Status.FAILED, status_detail=str(exc)[-2000:]
         )
         return "failed"
+    port = handle.data.get("port")
+    reported = (
+        {
+            "port": int(port),
+            "base_url": public_base_url(pool=endpoint.pool, port=int(port), endpoint_id=endpoint_id),
+        }
+        if isinstance(port, int)
+        else {}
+    )
     Endpoint.objects.filter(id=endpoint_id).update(
         runner_handle=handle.to_dict(),
         host=here,
         status=Endpoint.Status.STARTING,
         status_detail="",
+        **reported,
     )
     return "started"
 

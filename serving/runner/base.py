@@ -37,9 +37,15 @@ class EndpointLaunch:
     model: str  # model directory (local) or served model path (cluster)
     # The configuration to serve: `EngineConfig.to_mapping()` (no key in it), as the portal stores it.
     config: dict[str, Any]
-    port: int  # the stable port clients reach (behind the pool's public address)
-    bind_address: str = "127.0.0.1"  # where the endpoint listens on its host
     api_key: str = field(default="", repr=False)  # never printed
+    # The stable port clients reach (behind the pool's public address). None: the runner picks
+    # a free one on the host it starts the endpoint on and reports it in the handle
+    # (`data["port"]`); only that host knows which of its ports are free.
+    port: int | None = None
+    bind_address: str = "127.0.0.1"  # where the endpoint listens on its host
+    # Ports the runner must not pick (e.g. those of this host's stopped endpoints, which clients
+    # may still call): a new endpoint never answers at an old one's address.
+    avoid_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from serving.engine.launcher import free_port
 from serving.runner.base import (
     EndpointLaunch,
     MetricsReading,
@@ -77,11 +78,29 @@ class LocalSupervisorRunner:
     def folder_for(self, endpoint_id: str) -> Path:
         return self.root / endpoint_id
 
-    def handle_for(self, endpoint_id: str, pid: int | None = None) -> RunnerHandle:
-        return RunnerHandle(
-            kind=KIND,
-            data={"dir": str(self.folder_for(endpoint_id)), "pid": pid, "hostname": socket.gethostname()},
-        )
+    def handle_for(self, endpoint_id: str, pid: int | None = None, port: int | None = None) -> RunnerHandle:
+        data: dict[str, Any] = {
+            "dir": str(self.folder_for(endpoint_id)),
+            "pid": pid,
+            "hostname": socket.gethostname(),
+        }
+        if port is not None:
+            data["port"] = port
+        return RunnerHandle(kind=KIND, data=data)
+
+    def _port(self, launch: EndpointLaunch, existing: RunnerHandle | None) -> int:
+        """The endpoint's port on this host: the one asked for, else the one it had here (a
+        restart keeps its address), else a free one picked here, never one to avoid."""
+        if launch.port is not None:
+            return launch.port
+        earlier = existing.data.get("port") if existing is not None else None
+        if existing is not None and existing.data.get("hostname") == socket.gethostname() and earlier:
+            return int(earlier)
+        for _ in range(50):
+            port = free_port(launch.bind_address)
+            if port not in launch.avoid_ports:
+                return port
+        raise RunnerError("no free port on this host for the endpoint (50 picks were all in use or reserved)")
 
     @staticmethod
     def _folder(handle: RunnerHandle) -> Path:
@@ -129,6 +148,7 @@ class LocalSupervisorRunner:
             self.prepare(launch)
         if not (folder / "api_key").exists():
             raise RunnerError("the endpoint's key file is missing (it was stopped); deploy it again")
+        port = self._port(launch, existing)
         command = [
             self.python,
             "-m",
@@ -140,7 +160,7 @@ class LocalSupervisorRunner:
             "--config",
             str(folder / "config.json"),
             "--port",
-            str(launch.port),
+            str(port),
             "--host",
             launch.bind_address,
             "--work-dir",
@@ -160,7 +180,7 @@ class LocalSupervisorRunner:
                 start_new_session=True,
                 cwd=str(self.cwd) if self.cwd else None,
             )
-        return self.handle_for(launch.endpoint_id, process.pid)
+        return self.handle_for(launch.endpoint_id, process.pid, port)
 
     def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
         """Write the configuration file when it differs (the supervisor then swaps engines).

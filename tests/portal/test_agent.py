@@ -444,7 +444,6 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
         )
         with django_capture_on_commit_callbacks(execute=True):
             endpoint, api_key = endpoint_services.endpoint_deploy(actor=alice, job=job)
-        assert endpoint.base_url.startswith(f"http://{public}:")
 
         def healthy() -> bool:
             # What the beat does every 15 s: the endpoint's round goes to its host's queue.
@@ -459,6 +458,9 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
             time.sleep(2)
         endpoint.refresh_from_db()
         assert endpoint.host.name == "engine-b" and endpoint.runner_handle["kind"] == "local"
+        # The port the agent picked there, reported back: the address clients use carries it.
+        assert endpoint.port == endpoint.runner_handle["port"]
+        assert endpoint.base_url == f"http://{public}:{endpoint.port}"
         supervisor = int(endpoint.runner_handle["pid"])
         parent = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
         assert parent != os.getpid()  # started by the agent, not by this (web/worker) process
