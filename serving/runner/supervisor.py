@@ -7,6 +7,10 @@ endpoint's host, never the web process. The runner talks to it through its folde
 configuration in (`config.json`, written atomically; the supervisor swaps engines when it
 changes), the state out (`state.json`), the key in a 0600 file (never on a command line).
 
+The endpoint's port is picked here, at `start`, unless the launch names one: only the host that
+serves the endpoint knows which of its ports are free, so the web side never picks it. The
+handle reports it (`data["port"]`) and a restart on the same host keeps it.
+
 The handle is the folder and the supervisor's pid. A stored pid outlives its process and the
 kernel hands pids out again, so a pid counts as this endpoint's supervisor only while that live
 process's command line names this endpoint's own state file; anything else is never signalled.
