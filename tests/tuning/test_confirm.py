@@ -448,3 +448,37 @@ def test_gpu_meter_names_foreign_gpu_processes(tmp_path: Path, monkeypatch: pyte
     finally:
         child.kill()
         os.kill(neighbour, 9)
+
+
+def test_a_faster_p50_with_a_significantly_worse_tail_is_not_a_gain() -> None:
+    # The H200 run (benchmarks/results/gpu_tuning_azure_conv.json) had this shape: the finalist's
+    # p50 TTFT within noise of vLLM's defaults and its p95 significantly worse. A p50 that is
+    # clearly better must not carry a tail that is clearly worse either.
+    faster = confirm.Estimate(0.80, 0.70, 0.90)
+    same = confirm.Estimate(1.0, 1.0, 1.0)
+    worse_tail = confirm.Estimate(2.3, 1.7, 3.2)
+    ratios = {
+        "ttft_p50_ms": faster,
+        "ttft_p95_ms": worse_tail,
+        "tpot_p50_ms": same,
+        "sustainable_multiple": same,
+    }
+    assert confirm.significant_gain(ratios) is None
+    assert confirm.significant_regressions(ratios) == ["p95 TTFT 2.30x the baseline (95% interval 1.70-3.20)"]
+    assert confirm.significant_gain({**ratios, "ttft_p95_ms": confirm.Estimate(1.1, 0.9, 1.3)}) is not None
+
+    result = confirm.SubjectResult(
+        subject="finalist-1",
+        assignment={"max_num_seqs": 256},
+        blocks=3,
+        excluded=(),
+        figures={},
+        vs_competent=ratios,
+        vs_naive=None,
+        slo_met_blocks=3,
+        gates_passed_blocks=3,
+        trials=(1, 2, 3),
+    )
+    verdict = confirm.decide({"finalist-1": result}, ["finalist-1"])
+    assert verdict.outcome == "no_significant_gain" and verdict.winner == confirm.COMPETENT
+    assert "significantly worse: p95 TTFT 2.30x" in verdict.line

@@ -238,14 +238,33 @@ def ratio(
     return result
 
 
+# Figures where a higher ratio to the baseline is worse (the tail and per-token latency): a
+# candidate that is significantly worse on one of them is not a gain, whatever its p50.
+GUARDED = {"ttft_p95_ms": "p95 TTFT", "tpot_p50_ms": "p50 TPOT"}
+
+
+def significant_regressions(r: Mapping[str, Estimate]) -> list[str]:
+    """The guarded figures on which `r` (candidate / baseline ratios) is significantly worse:
+    the interval's low end above 1."""
+    out = []
+    for key, label in GUARDED.items():
+        e = r.get(key)
+        if e is not None and e.above_one:
+            out.append(f"{label} {e.value:.2f}x the baseline (95% interval {e.ci_low:.2f}-{e.ci_high:.2f})")
+    return out
+
+
 def significant_gain(r: Mapping[str, Estimate]) -> str | None:
     """Why `r` (candidate / baseline ratios) is a gain, or None when it is not one.
 
     Faster first tokens with capacity not significantly lower, or more capacity with first tokens
-    not significantly slower."""
+    not significantly slower; in both cases with the tail (p95 TTFT) and per-token time (TPOT) not
+    significantly worse."""
     ttft, rate = r["ttft_p50_ms"], r["sustainable_multiple"]
     rate_worse = rate.below_one
     ttft_worse = ttft.above_one
+    if significant_regressions(r):
+        return None
     if ttft.below_one and not rate_worse:
         return f"p50 TTFT {ttft.value:.3f}x the baseline (95% interval {ttft.ci_low:.3f}-{ttft.ci_high:.3f})"
     if rate.above_one and not ttft_worse:
@@ -358,7 +377,11 @@ def decide(results: Mapping[str, SubjectResult], finalists: Sequence[str]) -> Ve
         why = significant_gain(res.vs_competent)
         if why is None:
             t = res.vs_competent["ttft_p50_ms"]
-            notes.append(f"{name}: p50 TTFT {t.value:.3f}x (95% interval {t.ci_low:.3f}-{t.ci_high:.3f})")
+            worse = significant_regressions(res.vs_competent)
+            notes.append(
+                f"{name}: p50 TTFT {t.value:.3f}x (95% interval {t.ci_low:.3f}-{t.ci_high:.3f})"
+                + (f", significantly worse: {', '.join(worse)}" if worse else "")
+            )
             continue
         gains.append((res.vs_competent["ttft_p50_ms"].value, name, why))
     if not gains:
