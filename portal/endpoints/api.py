@@ -245,9 +245,10 @@ class EndpointStopView(_EndpointAction):
 
 
 class EndpointStartView(_EndpointAction):
-    """Start a stopped (or failed) endpoint again at the same address with its last
-    configuration. A stopped endpoint's key was revoked: the answer carries its new key, shown
-    this once (null where a failed endpoint kept its key). A running one is a 400."""
+    """Start a stopped (or failed) endpoint again with its last configuration (a pool's endpoint
+    on whichever host of the pool takes it: read `base_url` again once it is healthy). A stopped
+    endpoint's key was revoked: the answer carries its new key, shown this once (null where a
+    failed endpoint kept its key). A running one is a 400."""
 
     @extend_schema(request=None, responses={202: EndpointKeySerializer})
     def post(self, request: Request, pk: str) -> Response:

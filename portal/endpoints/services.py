@@ -632,11 +632,14 @@ def endpoints_watch() -> int:
 
 
 def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, str | None]:
-    """Start a stopped (or failed) endpoint again at the same address, with the configuration it
-    served last. Stopping revoked its key, so a stopped endpoint gets a new one (returned, shown
-    once); a failed one keeps the key it has, if any (None returned). Residency is checked again:
-    a policy changed since the deploy is honoured. Two requests at once start it once: the state
-    change is a conditional update, and the loser is told it is already running."""
+    """Start a stopped (or failed) endpoint again with the configuration it served last.
+
+    Without a pool it keeps its address; a pool's endpoint goes to whichever host of the pool
+    takes the start (the one that served it may be gone), which reports its address. Stopping
+    revoked its key, so a stopped endpoint gets a new one (returned, shown once); a failed one
+    keeps the key it has, if any (None returned). Residency is checked again: a policy changed
+    since the deploy is honoured. Two requests at once start it once: the state change is a
+    conditional update, and the loser is told it is already running."""
     require_role(
         actor=actor, organization=endpoint.organization, minimum=Role.MEMBER, doing="start endpoints"
     )
