@@ -481,7 +481,7 @@ def streams_phase(
     build_tiny_model(arch="llama", size=size, out_dir=model_dir, seed=0)
     config = EngineConfig.cpu_default(max_model_len=2048, enable_prefix_caching=False, seed=0)
     rng = np.random.default_rng(0)
-    cases = []
+    cases: list[dict[str, Any]] = []
     with start_engine(model=str(model_dir), config=config, log_path=work / "engine-streams.log") as engine:
         synth = PromptSynthesizer(PromptTokenizer(model_dir), seed=0)
         model = engine.endpoint.model_name
@@ -644,6 +644,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         summary["p95_ttft_ratio_by_streams"] = {
             str(c["open_streams"]): c["p95_ttft_ratio"] for c in open_streams
+        }
+        # What each client adds on top of the engine's own TTFT (mean client TTFT minus mean
+        # engine TTFT of the same rounds): a difference in how tightly the N requests arrive
+        # together moves both terms alike; a slow client loop shows only in its own overhead.
+        summary["client_overhead_ms_by_streams"] = {
+            str(c["open_streams"]): c["client_minus_engine_mean_ttft_ms"] for c in open_streams
         }
     if accuracy is not None:
         summary |= {
