@@ -201,3 +201,43 @@ def test_a_pool_of_two_hosts_measures_a_batch_at_once_one_trial_per_host_recorde
     saved = json.loads(state_file(work).read_text())
     assert [t["number"] for t in saved["trials"]] == [0, 1, 2]
     assert all("cli_trial_run" in output for output in outputs), outputs
+
+
+@pytest.mark.engine
+@pytest.mark.celery_worker
+def test_a_pool_job_from_the_command_line_is_measured_on_the_pools_host_by_its_agent(
+    portal_env: str, shared_traces: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The reference and one search trial, each on a real vLLM engine started by the pool's
+    agent (not by the command's process); the report names the host that measured them."""
+    from serving.models.tiny import build_tiny_model
+
+    model = tmp_path / "llama-xs"
+    build_tiny_model(arch="llama", size="xs", out_dir=model, seed=0)
+    pool = services.pool_create(actor=_ops(), name="cpu-one", region="local", accelerator="local-cpu")
+    out = tmp_path / "report.json"
+    argv = [
+        *_tune_args(model, shared_traces / "mooncake_synthetic.jsonl", out, "--pool", "cpu-one"),
+        *("--budget-trials", "1", "--max-prompt-tokens", "128", "--max-output-tokens", "8"),
+        *("--max-model-len", "512", "--slo", "ttft_p50_ms<=1"),  # missed: no capacity steps
+    ]
+    agent = _agent("cpu-one", "engine-one", portal_env, tmp_path)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not Host.objects.filter(pool=pool, state=Host.State.ACTIVE).exists():
+            assert time.monotonic() < deadline and agent.poll() is None, "agent not registered"
+            time.sleep(0.5)
+        status = tailguard(argv)
+    finally:
+        output = _stop(agent)
+    err = capfd.readouterr().err
+    assert status == 0, err[-3000:]
+    trials = json.loads(out.read_text())["trials"]
+    assert [(t["number"], t["phase"]) for t in trials] == [(0, REFERENCE), (1, SEARCH)]
+    for t in trials:
+        assert t["result"]["status"] == "ok", t["result"].get("error")
+        assert t["result"]["host"]["name"] == "engine-one" and t["result"]["host"]["pool"] == "cpu-one"
+    measured = trials[1]["result"]
+    # Measured and gated there (whether the gate passes depends on this CPU's fastest dtype).
+    assert measured["load"] and measured["slo_met"] is False and "passed" in measured["correctness"]
+    assert output.count("cli_trial_run") >= 2
