@@ -1,11 +1,14 @@
 """The correctness gate on a live engine: a real precision knob of the search space, measured
-against the float32 reference with the default thresholds, and rejected with its numbers."""
+against the float32 reference with the default thresholds on the customer's own prompts (a
+stratified draw of an OpenAI-style log, as a job with prompt text draws them), and rejected with
+its numbers."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from serving.engine.host import hold_host
@@ -31,11 +34,16 @@ def test_the_gate_rejects_an_fp8_kv_cache_on_a_live_engine_with_its_numbers(tmp_
     candidate = {**reference, "kv_cache_dtype": "fp8"}
     assert not space.violations(candidate)
     assert space.change_type(candidate, reference) == PRECISION
-    golden = gates.GoldenSet.make(
+    log = _customer_log(tmp_path / "requests.jsonl")
+    golden, about = gates.golden_for_job(
+        work_dir=tmp_path / "work",
         vocab_size=info.vocab_size,
-        rng=np.random.default_rng(1),
-        prompt_lengths=gates.stratified_lengths(np.random.default_rng(2).integers(16, 400, size=500)),
+        workload_lengths=[16] * 8,
+        seed=0,
+        model_path=str(model),
+        trace_path=str(log),
     )
+    assert about["source"] == gates.CUSTOMER, about
     answers = {}
     with hold_host(holder="test_gate_live"):
         for name, assignment in (("reference", reference), ("candidate", candidate)):
@@ -72,3 +80,33 @@ def test_the_gate_rejects_an_fp8_kv_cache_on_a_live_engine_with_its_numbers(tmp_
         ]
     )
     assert chosen.winner == 2 and "rejected by a gate" in chosen.reasons[1]
+
+
+PHRASES = (
+    "my order has not arrived yet",
+    "how do I reset my password",
+    "the invoice shows the wrong amount",
+    "can you explain the refund policy",
+    "the shipping address on my account is old",
+    "I was charged twice this month",
+    "please cancel the subscription",
+    "the app crashes when I upload a photo",
+)
+
+
+def _customer_log(path: Path, n: int = 120) -> Path:
+    """A support desk's completions log, OpenAI-style: prompts of a few to a few hundred words."""
+    rng = random.Random(11)
+    t = 1_700_000_000.0
+    with path.open("w") as out:
+        for _ in range(n):
+            t += rng.expovariate(1.0)
+            sentences = [rng.choice(PHRASES) for _ in range(int(rng.lognormvariate(1.5, 1.0)) + 1)]
+            prompt = "Customer: " + ". ".join(sentences) + ".\nAgent:"
+            row = {
+                "timestamp": t,
+                "request": {"prompt": prompt},
+                "usage": {"prompt_tokens": len(prompt.split()) * 2, "completion_tokens": rng.randint(8, 80)},
+            }
+            out.write(json.dumps(row) + "\n")
+    return path
