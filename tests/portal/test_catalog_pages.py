@@ -323,6 +323,11 @@ def test_h200_page_shows_the_live_gpu_runs_labelled_with_their_host(bob_client, 
     assert result["machine"]["gpu"] in page and f"vLLM {result['versions']['vllm']}" in page
     for trace, case in result["cases"].items():
         assert trace in page and (case.get("line") or case["outcome"]) in page
+    # The confirmed run: its verdict with the interval, as the job wrote it.
+    confirmed = json.loads(
+        (Path(settings.BASE_DIR) / "benchmarks" / "results" / "gpu_tuning_azure_conv.json").read_text()
+    )
+    assert confirmed["complete"] and confirmed["cases"]["azure_conv"]["line"] in page
     other = _text(bob_client.get(reverse("catalog:hardware_detail", args=["b200"])))
     assert "tuning jobs on a GPU engine" not in other and "No live run" in other
 
