@@ -74,7 +74,9 @@ def cli_trial_run(*, work_dir: str, number: int) -> str:
         return "measured already"
     here = selectors.host_here()
     name = here.name if here is not None else "this machine"
-    _write(folder / CLAIM, {"host_id": str(here.id) if here else None, "host": name, "pid": os.getpid()})
+    holder = _claim(folder / CLAIM, here, name)
+    if holder:
+        return f"trial {number}: measured by host {holder}"
     raw = _read(folder / PLANNED) or {}
     planned = PlannedTrial(**raw) if raw else PlannedTrial("unknown", {})
     prepared: Prepared | None = None
@@ -96,6 +98,26 @@ def cli_trial_run(*, work_dir: str, number: int) -> str:
         result = {**result, "host": selectors.host_summary(here)}
     _write(folder / RESULT, result)
     return f"trial {number}: {result.get('status')}"
+
+
+def _claim(path: Path, here: Host | None, name: str) -> str:
+    """Take the trial for this host; '' when taken, else the live host that holds it already (a
+    message delivered twice, or a stale one from an earlier run of the command, never measures
+    a trial twice at once). A claim by a host that stopped reporting is taken over."""
+    mine = {"host_id": str(here.id) if here else None, "host": name, "pid": os.getpid()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        claim = _read(path) or {}
+        other = Host.objects.filter(id=claim.get("host_id")).first() if claim.get("host_id") else None
+        if other is not None and (here is None or other.id != here.id) and selectors.host_is_live(other):
+            return other.name
+        _write(path, mine)
+        return ""
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(mine))
+    return ""
 
 
 # --- in the command (the executor run_trials calls) ---------------------------------------------

@@ -113,6 +113,42 @@ def test_an_unknown_pool_and_a_pool_with_no_live_host_are_refused_before_any_tri
     assert not out.exists() and not (tmp_path / "report.json.work").exists()
 
 
+def test_a_trial_held_by_a_live_host_is_not_measured_twice_and_a_dead_hosts_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.pools import trials
+    from portal.pools.selectors import AGENT_HOST_ENV
+
+    pool = services.pool_create(actor=_ops(), name="cpu-claims", region="local", accelerator="local-cpu")
+    now = timezone.now()
+    a, b = (
+        Host.objects.create(pool=pool, name=n, state=Host.State.ACTIVE, last_heartbeat_at=now)
+        for n in ("host-a", "host-b")
+    )
+    folder = tmp_path / "work" / "trial-1"
+    folder.mkdir(parents=True)
+    (folder / "claim.json").write_text(json.dumps({"host_id": str(a.id), "host": "host-a", "pid": 1}))
+    # A second delivery of trial 1 reaches host B while host A measures it: B leaves it alone.
+    monkeypatch.setenv(AGENT_HOST_ENV, str(b.id))
+    assert (
+        trials.cli_trial_run(work_dir=str(tmp_path / "work"), number=1) == "trial 1: measured by host host-a"
+    )
+    assert not (folder / "result.json").exists()
+    # Host A stopped reporting: B takes the trial over. The job's files are missing here, which
+    # fails the trial with the host and the cause, never silently.
+    Host.objects.filter(pk=a.pk).update(last_heartbeat_at=now - timedelta(days=1))
+    assert trials.cli_trial_run(work_dir=str(tmp_path / "work"), number=1) == "trial 1: failed"
+    result = json.loads((folder / "result.json").read_text())
+    assert (
+        result["error"].startswith("on host host-b: FileNotFoundError") and result["host"]["name"] == "host-b"
+    )
+    assert json.loads((folder / "claim.json").read_text())["host"] == "host-b"
+
+
 def _agent(pool: str, name: str, broker: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
     child = dict(os.environ)
     child.update(
