@@ -366,9 +366,10 @@ def predicted_vs_measured_figure(trials: list[dict[str, Any]]) -> dict[str, Any]
     return _to_json(fig)
 
 
-def report_sections(data: dict[str, Any]) -> list[dict[str, Any]]:
+def report_sections(data: dict[str, Any], *, priced: bool = True) -> list[dict[str, Any]]:
     """The report's charts in page order: `{"id", "title", "figure", "empty"}`, where `figure`
-    is None and `empty` says why when there is nothing to draw."""
+    is None and `empty` says why when there is nothing to draw. On hardware that is not priced
+    every cost is 0: no cost chart."""
     trials = data["trials"]
     slo = data["slo"]
     curves = []
@@ -394,8 +395,10 @@ def report_sections(data: dict[str, Any]) -> list[dict[str, Any]]:
         (
             "chart-cost",
             "Cost per million tokens against p95 TTFT",
-            cost_vs_ttft_figure(trials, slo),
-            "No trial has a cost: a cost is measured only for trials that met the SLO.",
+            cost_vs_ttft_figure(trials, slo) if priced else None,
+            "No trial has a cost: a cost is measured only for trials that met the SLO."
+            if priced
+            else "The hardware is not priced (an admin may set a price in the catalog), so no trial has a cost.",
         ),
         (
             "chart-predicted",

@@ -34,7 +34,8 @@ class ReportExportError(Exception):
 
 def job_report_context(*, job: TuningJob) -> dict[str, Any]:
     report = selectors.job_report_data(job=job)
-    sections = charts.report_sections(report)
+    priced = selectors.job_is_priced(job=job)
+    sections = charts.report_sections(report, priced=priced)
     return {
         "job": job,
         "report": report,
@@ -43,7 +44,7 @@ def job_report_context(*, job: TuningJob) -> dict[str, Any]:
         "predictions": [_with_misses(t) for t in report["trials"] if t["predicted"]],
         "prediction_miss_share": charts.PREDICTION_MISS_SHARE,
         "thresholds_assumed": any(t["gates"]["thresholds_assumed"] for t in report["trials"] if t["ok"]),
-        "priced": selectors.job_is_priced(job=job),
+        "priced": priced,
     }
 
 

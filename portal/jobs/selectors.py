@@ -395,9 +395,13 @@ def running_trial_engine_log(*, job: TuningJob) -> dict[str, Any] | None:
 def job_is_priced(*, job: TuningJob) -> bool:
     """Whether the job's costs rest on a price: one it carries (an admin's override or its pool's,
     0 included: "free" is a price) or its hardware target's own. The operator's own machine has
-    none (`local-cpu`): its trials cost 0 per token, which the job page shows as "not priced"."""
+    none (`local-cpu`): its trials cost 0 per token, which the job page shows as "not priced".
+    Jobs from before the local machine went unpriced measured costs at a default price; those
+    keep their costs on their pages."""
     spec = job.spec or {}
     if spec.get("price_per_hour_usd") is not None:
         return True
     target = HARDWARE.get(str(spec.get("hardware", "")))
-    return target is None or target.price_per_hour_usd > 0
+    if target is None or target.price_per_hour_usd > 0:
+        return True
+    return job.trials.filter(result__cost_per_mtok_usd__gt=0).exists()
