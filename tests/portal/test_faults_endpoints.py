@@ -363,6 +363,7 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
     job = _finished_job(alice_org, alice, model_root)
     with django_capture_on_commit_callbacks(execute=True):
         endpoint, api_key = services.endpoint_deploy(actor=alice, job=job)
+    endpoint.refresh_from_db()  # the port its start picked on the serving host
     terms = sla_terms_set(actor=alice, endpoint=endpoint, target_ms=60_000.0, metric="ttft_p50_ms")
     model = str(model_root / "llama-xs")
     eid = str(endpoint.id)
