@@ -11,7 +11,9 @@ One step runs every scheduled token through the model once. Its time is the sum 
   sampling, detokenization), which dominates small models on CPUs.
 
 The efficiency factors are calibrated from measurements (`serving.perf.calibrate`) and stored
-in `serving/perf/data/*.json`. A hardware with no measurements borrows the factors of the
+in `serving/perf/data/*.json`; where live engine runs on that hardware were fitted
+(`benchmarks/sim_gpu_fit.py`), `data/<name>_live.json` holds the fitted fixed costs and their
+provenance, which replace the stored ones. A hardware with no measurements borrows the factors of the
 nearest measured hardware, and every `StepTimeModel` says which it did (`basis`).
 """
 
@@ -92,8 +94,48 @@ ACCELERATOR_PRIOR = Efficiency(
 )
 
 
-def load_efficiency(hardware: str) -> Efficiency | None:
-    """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`)."""
+# The fixed costs a live fit may set (`data/<name>_live.json`, key `fitted`): the engine's
+# overheads, which an operator profile cannot see. The roofline efficiencies stay the profile's.
+LIVE_FIT_FIELDS = (
+    "step_overhead_ms",
+    "seq_overhead_ms",
+    "token_overhead_ms",
+    "request_overhead_ms",
+    "stream_overhead_ms",
+)
+PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
+
+
+def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficiency:
+    """`efficiency` with the engine overheads fitted on live engine runs (`live["fitted"]`), and
+    its `how` saying which costs were fitted on which runs (`live["how"]`) instead of calling
+    them priors."""
+    fitted = live.get("fitted")
+    if not isinstance(fitted, dict):
+        raise ValueError("a live fit needs a 'fitted' mapping of overheads")
+    unknown = set(fitted) - set(LIVE_FIT_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"a live fit may set only {', '.join(LIVE_FIT_FIELDS)}; not {', '.join(sorted(unknown))}"
+        )
+    values: dict[str, object] = {k: float(v) for k, v in fitted.items()}
+    if any(not float(v) >= 0 for v in fitted.values()):
+        raise ValueError("fitted overheads must be non-negative")
+    note = str(live.get("how") or "engine overheads fitted on live runs")
+    how = (
+        efficiency.how.replace(PRIORS_CLAUSE, note)
+        if PRIORS_CLAUSE in efficiency.how
+        else f"{efficiency.how}; {note}"
+    )
+    return Efficiency.from_mapping({**efficiency.to_mapping(), **values, "how": how})
+
+
+def load_efficiency(hardware: str, *, live: bool = True) -> Efficiency | None:
+    """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`).
+
+    With `live` (the default), engine overheads fitted on live engine runs of that hardware
+    (`data/<name>_live.json`, written by `benchmarks/sim_gpu_fit.py`) replace the stored ones;
+    `live=False` gives the operator calibration alone (its overheads are then priors)."""
     name = hardware.replace("-", "_")
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
@@ -102,7 +144,11 @@ def load_efficiency(hardware: str) -> Efficiency | None:
     eff = data.get("efficiency")
     if not isinstance(eff, dict):
         return None
-    return Efficiency.from_mapping(eff)
+    efficiency = Efficiency.from_mapping(eff)
+    live_path = DATA_DIR / f"{name}_live.json"
+    if live and live_path.exists():
+        efficiency = apply_live_fit(efficiency, json.loads(live_path.read_text()))
+    return efficiency
 
 
 def nearest_measured(hardware: Hardware) -> tuple[Efficiency, str]:

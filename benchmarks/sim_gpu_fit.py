@@ -1,0 +1,586 @@
+"""The simulator against live vLLM runs on the H200, and the engine overheads fitted to them.
+
+`benchmarks/gpu_tuning.py` measured vLLM 0.26 on the project's H200 (Llama-3.1-8B shape, random
+weights, bf16): a knee probe per trace (vLLM's defaults at rising rates, p50/p95 TTFT) and the
+trials of a tuning job (p50/p95 TTFT, p50 TPOT). This script needs no GPU and no engine: it
+re-creates each measured run's traffic exactly as that script synthesised it (same sample,
+`tuning.workload.synthesize` with the same rate, duration and seed, the same length caps), predicts
+it with the simulator for hardware `h200`, and scores the prediction.
+
+The H200 operator calibration (`serving/perf/data/h200.json`) measured GEMM and attention in
+isolation; the costs around them were priors: the engine's own per step (scheduling, input
+preparation, the sampler, CUDA-graph replay or piecewise launches), per scheduled sequence and
+per scheduled token (norms, activations, rotary), and outside the engine loop the
+client-visible cost of a request (HTTP, tokenizing) and the frontend's delay per other request
+streaming when one is sent (one API-server process tokenizes, detokenizes and streams for all).
+These five are fitted here, and only here:
+
+- FIT set: the azure_conv knee probe (14 rates, vLLM defaults), on p50 and p95 TTFT;
+- HELD-OUT set: the mooncake knee probe and every trial of both result files (another trace,
+  tuned configurations, repeated rounds), on p50/p95 TTFT and p50 TPOT (TPOT never enters the fit).
+
+The fit minimises the mean squared log error of the FIT set's TTFTs over the logarithms of the
+five costs within physical bounds: the priors and a two-level grid are scored, and a compass
+search refines the best two (TTFTs alone can be explained by a slow engine step or by a slow
+frontend; a search from the priors alone stopped in the first, which the grid's start beat on the
+FIT set). Five physical parameters for 28 numbers, no per-point terms. The step model does not
+distinguish CUDA-graph modes (a full-graph decode step and a piecewise mixed step share one fixed
+cost), so the held-out trials with `cudagraph_mode` set show whether that matters.
+
+    .venv/bin/python benchmarks/sim_gpu_fit.py                      # about 5 minutes on 2 cores
+    .venv/bin/python benchmarks/sim_gpu_fit.py --write-calibration  # also stores the fit
+
+writes benchmarks/results/sim_gpu_fit.json; `--write-calibration` writes the fitted overheads with
+their provenance to serving/perf/data/h200_live.json, which the step model then applies to every
+h200 prediction (and says so in its basis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+from benchmarks.gpu_tuning import LADDER, TRACES, TRACES_DIR  # noqa: E402
+from serving.catalog.models import ModelSpec, get_model  # noqa: E402
+from serving.engine.config import EngineConfig  # noqa: E402
+from serving.loadgen.traces import TraceRequest, read_trace  # noqa: E402
+from serving.perf.model import DATA_DIR, LIVE_FIT_FIELDS, Efficiency, load_efficiency  # noqa: E402
+from serving.sim.api import simulate_trace  # noqa: E402
+from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
+from tuning.workload.synth import scale_lengths  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+SOURCES = ("gpu_tuning.json", "gpu_tuning_azure_conv.json")
+FIT_SOURCE, FIT_CASE = "gpu_tuning.json", "azure_conv"
+HARDWARE = "h200"
+FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")
+FIT_FIGURES = ("ttft_p50_ms", "ttft_p95_ms")  # what the knee probe measured
+KNEE_DURATIONS_S = (10.0, 15.0, 20.0, 30.0, 60.0)  # the probe's duration is inferred from its counts
+TRIAL_SEED = 0  # gpu_tuning.py's --seed default, which the recorded runs used
+ERROR_LIMIT = 0.25  # issue 26: an end-to-end error above this must be fixed
+# Bounds of the fitted costs (ms): wide, but physical (no step costs seconds, no token a ms).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "request_overhead_ms": (0.5, 60.0),
+    "step_overhead_ms": (0.1, 30.0),
+    "seq_overhead_ms": (1e-4, 0.5),
+    "token_overhead_ms": (1e-5, 0.05),
+    "stream_overhead_ms": (1e-4, 2.0),
+}
+# Said in every result: the model was revised once after its held-out scores were seen.
+FIRST_ATTEMPT = (
+    "a first fit (four step-model costs without the frontend's per-stream delay, compass search "
+    "from the priors alone) reached FIT loss 0.0169 (FIT MAPE p50 TTFT 0.12, p95 0.10) with "
+    "0.133 ms per sequence per step, and made the held-out set worse (p50 TTFT 1.03, p95 1.24, "
+    "p50 TPOT 1.05: a per-sequence cost of a slow engine that the trials' TPOT refutes); the "
+    "frontend's per-stream delay, already a field of the step model (measured on CPUs), and the "
+    "multi-start search were then added. The held-out set thus chose the model's form once; no "
+    "value was fitted on it"
+)
+LIVE_FILE = DATA_DIR / f"{HARDWARE}_live.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One measured run, re-created: its traffic, configuration and measured figures."""
+
+    source: str  # result file it was read from
+    case: str  # the trace's name in that file
+    kind: str  # "knee" (a knee-probe rate) or "trial" (a tuning job's trial)
+    label: str  # the rate, or the trial's number, phase and configuration
+    rate_rps: float
+    requests: tuple[TraceRequest, ...] = dataclasses.field(repr=False)
+    config: EngineConfig
+    max_prompt_tokens: int
+    max_output_tokens: int
+    seed: int
+    measured: dict[str, float]  # figure -> value, where measured
+    workload_key: str  # runs with the same key replay the same requests
+
+    @property
+    def fit(self) -> bool:
+        return self.source == FIT_SOURCE and self.case == FIT_CASE and self.kind == "knee"
+
+
+def _parse_value(text: str) -> Any:
+    for literal, value in (("None", None), ("True", True), ("False", False)):
+        if text == literal:
+            return value
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def assignment_from_label(label: str) -> dict[str, Any]:
+    """A trial's knobs from its label ("max_num_seqs=256, cudagraph_mode=PIECEWISE")."""
+    out: dict[str, Any] = {}
+    for part in label.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep:
+            raise ValueError(f"cannot read the trial label {label!r}")
+        out[key] = _parse_value(value)
+    return out
+
+
+def engine_config(assignment: dict[str, Any], max_model_len: int) -> EngineConfig:
+    """What `SearchSpace.to_config` builds on a GPU for the knobs the simulator reads."""
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = set(assignment) - fields
+    if unknown:
+        raise ValueError(f"knobs the simulator cannot take: {', '.join(sorted(unknown))}")
+    values = {k: v for k, v in assignment.items() if v is not None}
+    values.setdefault("dtype", "auto")
+    return EngineConfig(**values, max_model_len=max_model_len)
+
+
+def _knee_duration_s(points: Sequence[dict[str, Any]]) -> float:
+    for duration in KNEE_DURATIONS_S:
+        if all(max(2, round(p["rate_rps"] * duration)) == p["requests"] for p in points):
+            return duration
+    raise SystemExit("no knee-probe duration explains the recorded request counts")
+
+
+class Workloads:
+    """The traces' samples, read once, and synthesised workloads written to a scratch directory."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self._samples: dict[str, Any] = {}
+        self._made: dict[str, tuple[TraceRequest, ...]] = {}
+
+    def make(
+        self, case: str, *, rate_rps: float, duration_s: float, seed: int, length_scale: float, expect: int
+    ) -> tuple[str, tuple[TraceRequest, ...]]:
+        key = f"{case}@{rate_rps:g}rps-{duration_s:g}s-seed{seed}-x{length_scale:g}"
+        if key not in self._made:
+            if case not in self._samples:
+                self._samples[case] = ingest_path(TRACES_DIR / TRACES[case], keep_blocks=True)
+            trace = synthesize(
+                self._samples[case],
+                target_rps=rate_rps,
+                duration_s=duration_s,
+                rng=np.random.default_rng(seed),
+            )
+            trace = scale_lengths(trace, length_scale)
+            if trace.num_requests != expect:
+                raise SystemExit(f"{key}: {trace.num_requests} requests re-created, {expect} recorded")
+            path = self.scratch / f"{key}.jsonl"
+            with path.open("wb") as out:
+                write_mooncake_jsonl(trace, out)
+            self._made[key] = tuple(read_trace(path))
+        return key, self._made[key]
+
+
+def collect_runs(workloads: Workloads) -> list[Run]:
+    runs: list[Run] = []
+    for source in SOURCES:
+        data = json.loads((RESULTS / source).read_text())
+        method = data.get("method", {})
+        for case_name, case in data["cases"].items():
+            knee = case.get("knee_probe") or {}
+            # A knee recorded by an earlier run (`--knee-from`) is scored where it was measured.
+            if knee.get("points") and "source" not in knee:
+                caps = knee["caps"]
+                ladder = [r for r in LADDER if r >= float(method.get("ladder_start_rps") or LADDER[0])]
+                duration = _knee_duration_s(knee["points"])
+                competent = knee.get("competent") or {"dtype": "bfloat16"}
+                for point in knee["points"]:
+                    seed = 1000 + ladder.index(point["rate_rps"])
+                    key, requests = workloads.make(
+                        case_name,
+                        rate_rps=point["rate_rps"],
+                        duration_s=duration,
+                        seed=seed,
+                        length_scale=1.0,
+                        expect=point["requests"],
+                    )
+                    runs.append(
+                        Run(
+                            source=source,
+                            case=case_name,
+                            kind="knee",
+                            label=f"{point['rate_rps']:g} req/s, vLLM defaults",
+                            rate_rps=point["rate_rps"],
+                            requests=requests,
+                            config=engine_config(competent, caps["max_model_len"]),
+                            max_prompt_tokens=caps["max_prompt_tokens"],
+                            max_output_tokens=caps["max_output_tokens"],
+                            seed=seed,
+                            measured={f: float(point[f]) for f in FIT_FIGURES if point.get(f)},
+                            workload_key=key,
+                        )
+                    )
+            caps = case.get("caps") or {}
+            for trial in case.get("trials", []):
+                if trial.get("phase") == "reference" or trial.get("status") != "ok":
+                    continue
+                measured = {f: float(trial[f]) for f in FIGURES if trial.get(f)}
+                if not measured:
+                    continue
+                key, requests = workloads.make(
+                    case_name,
+                    rate_rps=float(case["target_rps"]),
+                    duration_s=float(method["duration_s"]),
+                    seed=TRIAL_SEED,
+                    length_scale=float(caps.get("length_scale", 1.0)),
+                    expect=int(caps["num_requests"]),
+                )
+                runs.append(
+                    Run(
+                        source=source,
+                        case=case_name,
+                        kind="trial",
+                        label=f"trial {trial['number']} ({trial['phase']}): {trial['label']}",
+                        rate_rps=float(case["target_rps"]),
+                        requests=requests,
+                        config=engine_config(assignment_from_label(trial["label"]), caps["max_model_len"]),
+                        max_prompt_tokens=caps["max_prompt_tokens"],
+                        max_output_tokens=caps["max_output_tokens"],
+                        seed=TRIAL_SEED,
+                        measured=measured,
+                        workload_key=key,
+                    )
+                )
+    return runs
+
+
+class Predictor:
+    """Simulated figures of a run under given overheads; identical runs are simulated once."""
+
+    def __init__(self, model: ModelSpec, base: Efficiency) -> None:
+        self.model = model
+        self.base = base
+        self._cache: dict[tuple[Any, ...], dict[str, float]] = {}
+
+    def efficiency(self, overheads: dict[str, float]) -> Efficiency:
+        return dataclasses.replace(self.base, **overheads)
+
+    def predict(self, run: Run, overheads: dict[str, float]) -> dict[str, float]:
+        key = (run.workload_key, repr(run.config), run.seed, tuple(sorted(overheads.items())))
+        if key not in self._cache:
+            s = simulate_trace(
+                run.requests,
+                model=self.model,
+                hardware=HARDWARE,
+                config=run.config,
+                max_prompt_tokens=run.max_prompt_tokens,
+                max_output_tokens=run.max_output_tokens,
+                seed=run.seed,
+                efficiency=self.efficiency(overheads),
+            ).summary
+            self._cache[key] = {
+                "ttft_p50_ms": s.ttft_ms.p50,
+                "ttft_p95_ms": s.ttft_ms.p95,
+                "tpot_p50_ms": s.tpot_ms.p50,
+            }
+        return self._cache[key]
+
+
+def log_loss(predictor: Predictor, runs: Sequence[Run], overheads: dict[str, float]) -> float:
+    """Mean squared log ratio of predicted to measured TTFTs (a 2x miss counts alike at any load)."""
+    terms = []
+    for run in runs:
+        predicted = predictor.predict(run, overheads)
+        for figure in FIT_FIGURES:
+            if figure in run.measured and math.isfinite(predicted[figure]) and predicted[figure] > 0:
+                terms.append(math.log(predicted[figure] / run.measured[figure]) ** 2)
+            elif figure in run.measured:
+                terms.append(25.0)  # nothing predicted: as bad as a factor of ~150
+    return float(np.mean(terms))
+
+
+def compass_search(
+    loss: Callable[[dict[str, float]], float],
+    start: dict[str, float],
+    *,
+    step: float = 0.5,
+    min_step: float = 0.03,
+    max_evaluations: int = 160,
+) -> tuple[dict[str, float], float, list[dict[str, Any]]]:
+    """Bounded pattern search on log10 of each parameter: try +-step on one at a time, keep any
+    improvement, halve the step when none helps. Deterministic; no gradients (the simulated
+    figures move in steps as requests change places)."""
+    names = list(start)
+    lo = {n: math.log10(BOUNDS[n][0]) for n in names}
+    hi = {n: math.log10(BOUNDS[n][1]) for n in names}
+    x = {n: min(max(math.log10(max(start[n], BOUNDS[n][0])), lo[n]), hi[n]) for n in names}
+
+    def value(point: dict[str, float]) -> dict[str, float]:
+        return {n: round(10 ** point[n], 6) for n in names}
+
+    best = loss(value(x))
+    evaluations = 1
+    path = [{"evaluation": 1, "loss": best, **value(x)}]
+    while step >= min_step and evaluations < max_evaluations:
+        improved = False
+        for name in names:
+            for sign in (1.0, -1.0):
+                trial = dict(x)
+                trial[name] = min(max(x[name] + sign * step, lo[name]), hi[name])
+                if trial[name] == x[name]:
+                    continue
+                current = loss(value(trial))
+                evaluations += 1
+                if current < best - 1e-9:
+                    x, best, improved = trial, current, True
+                    path.append({"evaluation": evaluations, "loss": best, **value(x)})
+                    break
+        if not improved:
+            step /= 2.0
+    return value(x), best, path
+
+
+def grid_starts(names: Sequence[str]) -> list[dict[str, float]]:
+    """Two levels per parameter (a quarter and three quarters into its log-bounds): where the
+    multi-start search begins besides the priors, so that one explanation of the FIT set (a slow
+    engine step, or a slow frontend) is not chosen merely because it lies next to the priors."""
+    levels = {
+        n: tuple(10 ** (math.log10(lo) + f * (math.log10(hi) - math.log10(lo))) for f in (0.25, 0.75))
+        for n, (lo, hi) in BOUNDS.items()
+        if n in names
+    }
+    out: list[dict[str, float]] = [{}]
+    for name in names:
+        out = [{**point, name: level} for point in out for level in levels[name]]
+    return out
+
+
+def multistart_search(
+    loss: Callable[[dict[str, float]], float],
+    priors: dict[str, float],
+    *,
+    refine: int = 2,
+    max_evaluations: int = 60,
+) -> tuple[dict[str, float], float, list[dict[str, Any]]]:
+    """The priors and a two-level grid scored on the FIT set, then a compass search from the best
+    `refine` of them; the lowest FIT loss wins (the held-out set plays no part)."""
+    starts = [dict(priors), *grid_starts(list(priors))]
+    scored = sorted(((loss(s), i) for i, s in enumerate(starts)), key=lambda t: t)
+    log: list[dict[str, Any]] = [
+        {"grid_points": len(starts), "best_start_losses": [round(v, 5) for v, _ in scored[:5]]}
+    ]
+    best: tuple[dict[str, float], float] | None = None
+    for _, index in scored[:refine]:
+        found, value, path = compass_search(loss, starts[index], step=0.25, max_evaluations=max_evaluations)
+        log.append(
+            {
+                "start": {k: round(v, 6) for k, v in starts[index].items()},
+                "loss": value,
+                "found": found,
+                "steps": len(path),
+            }
+        )
+        if best is None or value < best[1]:
+            best = (found, value)
+    assert best is not None
+    return best[0], best[1], log
+
+
+def score(
+    predictor: Predictor, runs: Sequence[Run], overheads: dict[str, float]
+) -> tuple[list[dict[str, Any]], list[float]]:
+    rows, apes = [], []
+    for run in runs:
+        predicted = predictor.predict(run, overheads)
+        row: dict[str, Any] = {}
+        for figure, measured in run.measured.items():
+            p = predicted[figure]
+            ape = abs(p - measured) / measured if math.isfinite(p) else None
+            row[figure] = {"measured": round(measured, 2), "predicted": _round(p), "ape": _round(ape, 4)}
+            if ape is not None:
+                apes.append(ape)
+        rows.append(row)
+    return rows, apes
+
+
+def mape_table(rows: Sequence[dict[str, Any]], when: str) -> dict[str, Any]:
+    """MAPE per figure (and over all figures) of the rows, from their `when` ("before"/"after")."""
+    out: dict[str, Any] = {"num_runs": len(rows)}
+    every: list[float] = []
+    for figure in FIGURES:
+        apes = [
+            r[when][figure]["ape"] for r in rows if figure in r[when] and r[when][figure]["ape"] is not None
+        ]
+        out[f"{figure}_mape"] = _round(float(np.mean(apes)), 4) if apes else None
+        out[f"{figure}_n"] = len(apes)
+        every += apes
+    out["all_figures_mape"] = _round(float(np.mean(every)), 4) if every else None
+    return out
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), digits)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "sim_gpu_fit.json")
+    parser.add_argument(
+        "--write-calibration",
+        action="store_true",
+        help=f"store the fitted overheads with their provenance in {LIVE_FILE.relative_to(REPO)}",
+    )
+    parser.add_argument("--max-evaluations", type=int, default=60, help="per refined start")
+    parser.add_argument("--fields", default=",".join(LIVE_FIT_FIELDS))
+    args = parser.parse_args()
+    started = time.monotonic()
+    model = get_model("llama-3.1-8b")  # the shape gpu_tuning.py served (its config.json's dimensions)
+    prior = load_efficiency(HARDWARE, live=False)
+    if prior is None:
+        raise SystemExit(f"no operator calibration for {HARDWARE}")
+    priors = {name: float(getattr(prior, name)) for name in args.fields.split(",")}
+    predictor = Predictor(model, prior)
+    with tempfile.TemporaryDirectory(prefix="sim-gpu-fit-") as scratch:
+        runs = collect_runs(Workloads(Path(scratch)))
+    fit_runs = [r for r in runs if r.fit]
+    held_out = [r for r in runs if not r.fit]
+    print(f"{len(fit_runs)} FIT runs, {len(held_out)} HELD-OUT runs", file=sys.stderr)
+    fitted, loss_after, path = multistart_search(
+        lambda o: log_loss(predictor, fit_runs, o), priors, max_evaluations=args.max_evaluations
+    )
+    loss_before = log_loss(predictor, fit_runs, priors)
+    print(f"fit: loss {loss_before:.4f} -> {loss_after:.4f}, {fitted}", file=sys.stderr)
+
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        before, _ = score(predictor, [run], priors)
+        after, _ = score(predictor, [run], fitted)
+        rows.append(
+            {
+                "set": "fit" if run.fit else "held_out",
+                "source": run.source,
+                "model": model.name,
+                "trace": run.case,
+                "kind": run.kind,
+                "run": run.label,
+                "rate_rps": round(run.rate_rps, 3),
+                "num_requests": len(run.requests),
+                "before": before[0],
+                "after": after[0],
+            }
+        )
+    sets = {
+        name: {"before": mape_table(sel, "before"), "after": mape_table(sel, "after")}
+        for name, sel in (
+            ("fit", [r for r in rows if r["set"] == "fit"]),
+            ("held_out", [r for r in rows if r["set"] == "held_out"]),
+        )
+    }
+    groups: dict[str, Any] = {}
+    for row in rows:
+        groups.setdefault(
+            f"{row['set']}: {row['model']} / {row['trace']} / {row['kind']} ({row['source']})", []
+        ).append(row)
+    per_group = {
+        name: {"before": mape_table(sel, "before"), "after": mape_table(sel, "after")}
+        for name, sel in groups.items()
+    }
+    over = {
+        f"{figure}_mape": sets["held_out"]["after"][f"{figure}_mape"]
+        for figure in FIGURES
+        if (sets["held_out"]["after"][f"{figure}_mape"] or 0.0) > ERROR_LIMIT
+    }
+    over_limit = (
+        {
+            "figures": over,
+            "line": "held-out error stays above 25% on "
+            + ", ".join(f"{k.removesuffix('_mape')} ({v:.0%})" for k, v in over.items())
+            + "; no value was fitted on the held-out runs",
+        }
+        if over
+        else None
+    )
+    when = datetime.now(UTC)
+    git = git_state(REPO)
+    commit = str(git.get("commit", ""))
+    fit_how = (
+        f"step, sequence, token and request costs fitted to live vLLM runs on the H200 "
+        f"({FIT_CASE} knee probe, {len(fit_runs)} rates, vLLM defaults, benchmarks/results/{FIT_SOURCE}; "
+        f"benchmarks/sim_gpu_fit.py, {when.date().isoformat()}, commit {commit[:10]}); "
+        "communication costs are priors, not measured"
+    )
+    result = {
+        "benchmark": "sim_gpu_fit",
+        "when": when.isoformat(timespec="seconds"),
+        **git,
+        "machine": machine_facts(),
+        "versions": versions("numpy"),
+        "hardware": HARDWARE,
+        "model": model.name,
+        "method": {
+            "sources": [f"benchmarks/results/{s}" for s in SOURCES],
+            "fit_set": f"{FIT_SOURCE}: cases.{FIT_CASE}.knee_probe.points (p50 and p95 TTFT)",
+            "held_out_set": "every other knee-probe point and every trial of both files (p50/p95 TTFT, p50 TPOT)",
+            "workloads": "re-created as benchmarks/gpu_tuning.py made them: tuning.workload.synthesize of the "
+            "trace's sample (knee: seed 1000 + ladder index, duration from the recorded counts; trials: "
+            f"seed {TRIAL_SEED}, the job's target rate and duration, the case's length scale), the "
+            "recorded caps; every re-created count matches the recorded one",
+            "objective": "mean squared log(predicted / measured) over the FIT set's TTFTs",
+            "search": "the priors and a two-level grid scored on the FIT set; a bounded compass search on "
+            "log10 of each cost from the best two; the lowest FIT loss wins",
+            "history": FIRST_ATTEMPT,
+            "bounds_ms": BOUNDS,
+            "not_modelled": "CUDA-graph modes (full-graph decode vs piecewise mixed steps share one step "
+            "cost), async scheduling, block size (the simulator pages at 16 tokens on GPUs)",
+            "error_limit": ERROR_LIMIT,
+        },
+        "priors": priors,
+        "fitted": fitted,
+        "fit_loss": {"before": round(loss_before, 5), "after": round(loss_after, 5)},
+        "fit_path": path,
+        "fit_how": fit_how,
+        "sets": sets,
+        "per_model_trace": per_group,
+        "held_out_over_limit": over_limit,
+        "rows": rows,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    if args.write_calibration:
+        live = {
+            "hardware": HARDWARE,
+            "fitted": fitted,
+            "how": fit_how,
+            "fitted_at": when.isoformat(timespec="seconds"),
+            "commit": commit,
+            "dirty": git.get("dirty"),
+            "sources": [f"benchmarks/results/{s}" for s in SOURCES],
+            "fit_set": result["method"]["fit_set"],
+            "result": "benchmarks/results/sim_gpu_fit.json",
+            "mape": sets,
+            "engine": "vLLM 0.26.0, Llama-3.1-8B shape, random weights, bf16 (see the sources)",
+        }
+        LIVE_FILE.write_text(json.dumps(live, indent=1) + "\n")
+        print(f"wrote {LIVE_FILE}", file=sys.stderr)
+    for name, table in sets.items():
+        b, a = table["before"], table["after"]
+        print(
+            f"{name}: "
+            + ", ".join(f"{f} {b[f + '_mape']} -> {a[f + '_mape']}" for f in FIGURES if a[f + "_n"]),
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
