@@ -513,7 +513,8 @@ def main() -> int:
     git = git_state(REPO)
     commit = str(git.get("commit", ""))
     fit_how = (
-        f"step, sequence, token and request costs fitted to live vLLM runs on the H200 "
+        f"step, sequence, token and request costs and the frontend's per-stream delay fitted to "
+        f"live vLLM runs on the H200 "
         f"({FIT_CASE} knee probe, {len(fit_runs)} rates, vLLM defaults, benchmarks/results/{FIT_SOURCE}; "
         f"benchmarks/sim_gpu_fit.py, {when.date().isoformat()}, commit {commit[:10]}); "
         "communication costs are priors, not measured"
