@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
@@ -24,7 +25,12 @@ from tests.factories import deployed_endpoint, finished_job
 
 
 def test_the_web_side_picks_no_port_and_the_hosts_start_picks_and_reports_one(
-    alice, alice_org, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks
+    alice,
+    alice_org,
+    alice_client,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks,
 ) -> None:  # type: ignore[no-untyped-def]
     ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
     pool = pool_services.pool_create(
@@ -51,6 +57,8 @@ def test_the_web_side_picks_no_port_and_the_hosts_start_picks_and_reports_one(
     row = Endpoint.objects.get(pk=endpoint.pk)
     # Nothing picked here: the address waits for the host's port.
     assert row.port is None and row.base_url == "" and selectors.endpoint_base_url(row) == ""
+    listing = alice_client.get(reverse("endpoints:list")).content.decode()
+    assert "address pending" in listing and "port None" not in listing
     # Another endpoint of that host still holds its address; the host's picks are 41001 (taken
     # by it), then 41002.
     deployed_endpoint(alice_org, alice, port=41001, pool=pool, host=host, status=Endpoint.Status.STOPPED)
