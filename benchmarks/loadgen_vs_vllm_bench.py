@@ -381,35 +381,39 @@ def lateness_phase(work: Path, *, rates: list[float], duration_s: float) -> list
 
 
 def _raw_stream_client(host: str, port: int, body: bytes, barrier: Any, results: Any, index: int) -> None:
-    """One request on its own process and its own blocking socket (no event loop, no shared
-    interpreter): released with the others by `barrier`, it times the first streamed event that
-    carries a choice, as our client does."""
-    import http.client
+    """One request on its own process and its own socket, with no HTTP library and no event loop:
+    the request goes out in one write, and the first token is the first received bytes that hold
+    a streamed event carrying a choice (what our client times)."""
+    import socket
 
-    conn = http.client.HTTPConnection(host, port, timeout=600)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection((host, port), timeout=600)
     try:
-        conn.connect()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         barrier.wait(timeout=120)
         sent = time.perf_counter()
-        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
+        sock.sendall(head + body)
+        seen = b""
         first = None
-        if response.status == 200:
-            for line in response:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                if first is None and json.loads(data).get("choices"):
-                    first = time.perf_counter()
-        else:
-            response.read()
-        results.put((index, (first - sent) * 1000.0 if first is not None else None))
+        while first is None:
+            data = sock.recv(65536)
+            if not data:
+                break
+            seen += data
+            _, _, payload = seen.partition(b"\r\n\r\n")
+            if b"data:" in payload and b'"choices":[{' in payload.replace(b" ", b""):
+                first = time.perf_counter()
+        status_ok = seen.startswith(b"HTTP/1.1 200")
+        while sock.recv(65536):  # read the stream to its end, as a client does
+            pass
+        results.put((index, (first - sent) * 1000.0 if first is not None and status_ok else "no token"))
     except BaseException as exc:  # reported, not raised: the parent counts it as an error
         results.put((index, f"{type(exc).__name__}: {exc}"))
     finally:
-        conn.close()
+        sock.close()
 
 
 def raw_round(engine: EngineProcess, bodies: list[bytes]) -> tuple[list[float | None], int]:
