@@ -974,7 +974,8 @@ def main() -> int:
             keep = args.out.with_name(args.out.stem + ".live.json")
         keep.parent.mkdir(parents=True, exist_ok=True)
         kept_rows = simulated_rows(chosen, live, cases, show=False)
-        keep.write_text(json.dumps(_finite({"live_run": live_meta, "cases": kept_rows}), indent=1) + "\n")
+        kept = {**git_state(REPO), "live_run": live_meta, "cases": kept_rows}
+        keep.write_text(json.dumps(_finite(kept), indent=1) + "\n")
         print(f"kept the live run as {keep}")
 
     rows = simulated_rows(chosen, live, cases, show=True)
