@@ -338,7 +338,20 @@ def ranking(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "blind_p50_ttft_mape": pooled("p50", "blind"),
         "blind_p95_ttft_mape": pooled("p95", "blind"),
     }
-    return {"summary": summary, "groups": out_groups}
+    taus = [g["p50"]["kendall_tau"] for g in out_groups if g["p50"]["kendall_tau"] is not None]
+    return {"summary": summary, "groups": out_groups, "case_errors": errors, "group_taus": taus}
+
+
+def bootstrap_mean(values: Sequence[float], seed: int = 0, rounds: int = 2000) -> dict[str, float] | None:
+    """The mean of `values` with a 95% bootstrap interval (resampling the values: cases for the
+    MAPEs, trace x load groups for the rank correlation, so few groups give a wide interval)."""
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if arr.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    draws = rng.choice(arr, size=(rounds, arr.size), replace=True).mean(axis=1)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {"value": float(arr.mean()), "ci_low": float(low), "ci_high": float(high)}
 
 
 def _finite_number(value: Any) -> bool:
@@ -996,6 +1009,18 @@ def main() -> int:
         "top1_agreement_rate": rank["summary"]["top1_agreement_rate"],
         "top3_hit_rate_p95": rank["summary"]["top3_hit_rate_p95"],
         "ranked_groups": rank["summary"]["groups"],
+        "intervals": {
+            "rank_tau": bootstrap_mean(rank["group_taus"]),
+            "p50_ttft_mape": bootstrap_mean(
+                [abs(r["error"]["ttft_p50_ms"]) for r in rows if r["error"]["ttft_p50_ms"] is not None]
+            ),
+            "p95_ttft_mape": bootstrap_mean(
+                [abs(r["error"]["ttft_p95_ms"]) for r in rows if r["error"]["ttft_p95_ms"] is not None]
+            ),
+            "blind_p50_ttft_mape": bootstrap_mean(rank["case_errors"]["p50"]["blind"]),
+            "blind_p95_ttft_mape": bootstrap_mean(rank["case_errors"]["p95"]["blind"]),
+            "how": "95% bootstrap intervals: MAPEs resample cases, rank_tau resamples trace x load groups",
+        },
         "cases": len(rows),
         "held_out": held["all_after_calibration"],
         "live_run_on_calibrated_machine": _same_machine(live_meta),
