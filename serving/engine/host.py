@@ -117,9 +117,21 @@ def _busy_ticks() -> tuple[int, int]:
     return total - idle, total
 
 
-def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, own + reaped children's CPU ticks) for every live process."""
-    table: dict[int, tuple[int, int]] = {}
+@dataclass(frozen=True)
+class _Proc:
+    ppid: int
+    own: int  # the process's own user + system ticks
+    reaped: int  # ticks of its children it has waited for (cutime + cstime)
+    started: int  # start time in ticks since boot: (pid, started) names one process for good
+
+    @property
+    def total(self) -> int:
+        return self.own + self.reaped
+
+
+def _process_table() -> dict[int, _Proc]:
+    """pid -> its parent and CPU ticks, for every live process."""
+    table: dict[int, _Proc] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -129,19 +141,24 @@ def _process_table() -> dict[int, tuple[int, int]]:
         except OSError:
             continue  # exited meanwhile
         rest = raw[raw.rfind(")") + 2 :].split()
-        # state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime
-        table[int(entry.name)] = (int(rest[1]), sum(int(x) for x in rest[11:15]))
+        # 0 state, 1 ppid, ... 11 utime, 12 stime, 13 cutime, 14 cstime, ... 19 starttime
+        table[int(entry.name)] = _Proc(
+            ppid=int(rest[1]),
+            own=int(rest[11]) + int(rest[12]),
+            reaped=int(rest[13]) + int(rest[14]),
+            started=int(rest[19]),
+        )
     return table
 
 
-def _ours(table: dict[int, tuple[int, int]], root: int) -> set[int]:
+def _ours(table: dict[int, _Proc], root: int) -> set[int]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
     out, stack = set(), [root]
     while stack:
         pid = stack.pop()
-        if pid in out:
+        if pid in out or pid not in table:
             continue
         out.add(pid)
         stack.extend(children.get(pid, ()))
@@ -162,36 +179,108 @@ class LoadSample:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
+@dataclass
+class _Tracked:
+    first: int  # total ticks when the window opened (0 for a process born in it)
+    last: int  # total ticks when last seen as ours
+    parent: tuple[int, int] | None  # the parent's key when last seen
+    state: str = "ours"  # "ours", "left" (alive, no longer our descendant) or "gone" (exited)
+
+
+FOREIGN_POLL_S = 1.0  # how often the meter reads /proc while a window is open
+
+
 class ForeignLoadMeter:
     """CPU time spent by other processes between `start()` and `stop()`.
 
-    A process of ours that exits in the window is not lost: its ticks move into its parent's
-    reaped-children counters, and the parent is ours too.
+    Our processes (this one and its descendants) are read from `/proc` when the window opens and
+    then every `poll_s` by a background thread, each named by pid and start time. Their
+    in-window ticks are what they spent since first seen; one that exits is not lost and not
+    counted twice: the parent that waits for it receives all its ticks (`cutime`, `cstime`),
+    and the child's own share up to its last sighting is taken out of that. A process that
+    leaves our tree alive (orphaned when its parent died first, or double-forked away) counts as
+    ours up to its last sighting in the tree and as foreign after; a process born and ended
+    between two readings is counted through its parent. So an engine stopped inside a window
+    (its workers orphaned for a moment) no longer turns its whole lifetime into foreign load.
     """
 
-    def __init__(self, root_pid: int | None = None) -> None:
+    def __init__(self, root_pid: int | None = None, *, poll_s: float = FOREIGN_POLL_S) -> None:
+        if not 0.05 <= poll_s <= 60:
+            raise ValueError(f"poll_s must be in [0.05, 60], got {poll_s}")
         self.root = root_pid or os.getpid()
-        self._start: tuple[float, int, int, int] | None = None
+        self.poll_s = poll_s
+        self._start: tuple[float, int] | None = None
+        self._at_start: set[tuple[int, int]] = set()
+        self._tracked: dict[tuple[int, int], _Tracked] = {}
+        self._lock: Any = None
+        self._stop_event: Any = None
+        self._thread: Any = None
+
+    def _read(self) -> None:
+        table = _process_table()
+        ours = _ours(table, self.root)
+        alive = {(pid, proc.started) for pid, proc in table.items()}
+        with self._lock:
+            for pid in ours:
+                proc = table[pid]
+                key = (pid, proc.started)
+                parent = table.get(proc.ppid)
+                parent_key = (proc.ppid, parent.started) if parent is not None else None
+                tracked = self._tracked.get(key)
+                if tracked is None:
+                    first = proc.total if key in self._at_start else 0
+                    self._tracked[key] = _Tracked(first=first, last=proc.total, parent=parent_key)
+                elif tracked.state == "ours":
+                    tracked.last, tracked.parent = proc.total, parent_key
+            for key, tracked in self._tracked.items():
+                if tracked.state != "ours":
+                    continue
+                if key not in alive:
+                    tracked.state = "gone"
+                elif key[0] not in ours:
+                    tracked.state = "left"
 
     def _ours_ticks(self) -> int:
-        table = _process_table()
-        return sum(table[pid][1] for pid in _ours(table, self.root) if pid in table)
+        """Our in-window ticks: each tracked process's growth, less what a tracked parent reaped
+        twice (a gone child's last reading, already inside its parent's reaped ticks)."""
+        ticks = 0
+        for tracked in self._tracked.values():
+            ticks += tracked.last - tracked.first
+            if tracked.state == "gone" and tracked.parent in self._tracked:
+                ticks -= tracked.last
+        return max(0, ticks)
 
     def start(self) -> ForeignLoadMeter:
-        busy, total = _busy_ticks()
-        self._start = (time.monotonic(), busy, total, self._ours_ticks())
+        import threading
+
+        self._lock = threading.Lock()
+        busy, _ = _busy_ticks()
+        self._at_start = {(pid, proc.started) for pid, proc in _process_table().items()}
+        self._tracked = {}
+        self._read()
+        self._start = (time.monotonic(), busy)
+        self._stop_event = threading.Event()
+
+        def run() -> None:
+            while not self._stop_event.wait(self.poll_s):
+                self._read()
+
+        self._thread = threading.Thread(target=run, name="foreign-load-meter", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self) -> LoadSample:
         if self._start is None:
             raise RuntimeError("ForeignLoadMeter.stop() before start()")
-        t0, busy0, _, ours0 = self._start
-        ours1 = self._ours_ticks()
+        self._stop_event.set()
+        self._thread.join(timeout=max(5.0, 2 * self.poll_s))
+        t0, busy0 = self._start
+        self._read()
         busy1, _ = _busy_ticks()
         window = max(time.monotonic() - t0, 1e-6)
         hz = _ticks_per_s()
         total = (busy1 - busy0) / hz / window
-        ours = max(0, ours1 - ours0) / hz / window
+        ours = min(self._ours_ticks() / hz / window, total)
         return LoadSample(
             window_s=window,
             num_cpus=os.cpu_count() or 1,

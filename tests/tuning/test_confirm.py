@@ -404,6 +404,50 @@ def test_foreign_load_counts_other_processes_not_our_own_children() -> None:
     assert foreign.foreign_cores > foreign.ours_cores
 
 
+def test_foreign_load_keeps_an_orphaned_engine_worker_ours_up_to_its_last_sighting(tmp_path: Path) -> None:
+    # Like an engine stopped inside a window: its worker (our grandchild, 1 CPU-second spent
+    # before the window opened) outlives the server process and is orphaned. Only its in-window
+    # work as our descendant is ours; before the fix its whole pre-window lifetime disappeared
+    # from "ours" and the window's own work of the tree read as foreign (ours ~0).
+    marker = tmp_path / "half"
+    worker = (
+        "import sys, time\n"
+        "while time.process_time() < 1.0: pass\n"
+        "open(sys.argv[1], 'w').write('1')\n"
+        "while time.process_time() < 1.6: pass\n"
+        "open(sys.argv[1] + '.done', 'w').write('1')\n"
+        "while time.process_time() < 1.8: pass\n"
+    )
+    server = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {worker!r}, sys.argv[1]])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", server, str(marker)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        worker_pid = int(proc.stdout.readline())
+        while not marker.exists():
+            time.sleep(0.02)
+        meter = ForeignLoadMeter(poll_s=0.1).start()
+        done = Path(f"{marker}.done")
+        while not done.exists():
+            time.sleep(0.02)
+        time.sleep(0.2)  # one more reading of the worker as ours
+    finally:
+        proc.kill()  # the server dies first: the worker is orphaned and finishes away from us
+        proc.wait()
+    while _running(worker_pid):
+        time.sleep(0.02)
+    sample = meter.stop()
+    ours_cpu_s = sample.ours_cores * sample.window_s
+    # ~0.6 CPU-s of the worker in the window as ours; its first second is not in the window.
+    assert 0.3 < ours_cpu_s < 1.0, sample
+    with pytest.raises(ValueError, match="poll_s"):
+        ForeignLoadMeter(poll_s=0)
+
+
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
