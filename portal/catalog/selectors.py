@@ -82,7 +82,8 @@ class PriceView:
 
     @property
     def is_priced(self) -> bool:
-        return self.source != PRICE_SOURCE_UNPRICED
+        # An override of 0 (the service refuses one now; older rows may hold it) is no price.
+        return self.source != PRICE_SOURCE_UNPRICED and self.effective_usd > 0
 
     @property
     def effective_text(self) -> str:

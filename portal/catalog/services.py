@@ -45,7 +45,13 @@ def _price(value: Any) -> Decimal:
     if not price.is_finite():
         raise ValidationError({"price_per_hour_usd": "Enter the price per device-hour in USD."})
     if price < 0:
-        raise ValidationError({"price_per_hour_usd": "A price cannot be negative (0 means free)."})
+        raise ValidationError({"price_per_hour_usd": "A price cannot be negative."})
+    if price == 0:
+        # 0 is no price: costs per token would all be 0 and rank nothing. Clearing the override
+        # returns the device to its datasheet price, or to "not priced" where it has none.
+        raise ValidationError(
+            {"price_per_hour_usd": "A price must be above 0 USD; to remove a price, clear the override."}
+        )
     if price > MAX_PRICE_PER_HOUR_USD:
         raise ValidationError(
             {

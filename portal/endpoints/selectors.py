@@ -533,13 +533,18 @@ def deploy_summary(*, job: Any) -> dict[str, Any]:
     hardware = str((job.spec or {}).get("hardware", "local-cpu"))
     trial = job.trials.filter(number=job.winner_trial).first() if job.winner_trial is not None else None
     config = dict((trial.result or {}).get("config") or {}) if trial is not None else {}
-    try:
-        price, source = effective_price_per_hour(hardware)
-        price_text: str | None = (
-            None if source == PRICE_SOURCE_UNPRICED else f"${usd_text(price)} per device-hour"
-        )
-    except UnknownHardware:
-        price_text = None
+    price_text: str | None = None
+    if job.pool_id is not None:
+        # It deploys on the job's pool, so the pool's price is the one it runs at (none: not priced).
+        if job.pool.price_per_host_hour_usd is not None:
+            price_text = f"${usd_text(job.pool.price_per_device_hour_usd)} per device-hour"
+    else:
+        try:
+            price, source = effective_price_per_hour(hardware)
+            if source != PRICE_SOURCE_UNPRICED and price > 0:
+                price_text = f"${usd_text(price)} per device-hour"
+        except UnknownHardware:
+            pass
     return {
         "name": f"{job.served_model.name} (tuned)",
         "model": job.served_model.name,

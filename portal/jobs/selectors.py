@@ -393,14 +393,14 @@ def running_trial_engine_log(*, job: TuningJob) -> dict[str, Any] | None:
 
 
 def job_is_priced(*, job: TuningJob) -> bool:
-    """Whether the job's costs rest on a price: one it carries (an admin's override or its pool's,
-    0 included: "free" is a price) or its hardware target's own. The operator's own machine has
-    none (`local-cpu`): its trials cost 0 per token, which the job page shows as "not priced".
+    """Whether the job's costs rest on a price: one above 0 it carries (an admin's override or its
+    pool's; 0 is a pool without a price) or its hardware target's own. The operator's own machine
+    has none (`local-cpu`): its trials have no cost, which the job page shows as "not priced".
     Jobs from before the local machine went unpriced measured costs at a default price; those
     keep their costs on their pages."""
     spec = job.spec or {}
     if spec.get("price_per_hour_usd") is not None:
-        return True
+        return float(spec["price_per_hour_usd"]) > 0
     target = HARDWARE.get(str(spec.get("hardware", "")))
     if target is None or target.price_per_hour_usd > 0:
         return True

@@ -330,11 +330,10 @@ def _job_create(
         confirm_repeats=confirm_repeats,
         finalists=finalists,
         incumbent=incumbent,
-        # An admin's price override (catalog pages) prices this job; None: the target's own.
+        # A pool's price (0: the pool is not priced), else an admin's price override (catalog
+        # pages); None: the target's own.
         price_per_hour_usd=(
-            float(chosen.price_per_device_hour_usd) * chosen.devices_per_host
-            if chosen is not None
-            else job_price_per_hour(hardware)
+            (chosen.price_per_host_hour_usd or 0.0) if chosen is not None else job_price_per_hour(hardware)
         ),
     )
     try:

@@ -3,7 +3,6 @@ choose, its own pools' creation and changes, and each pool's hosts. Thin: servic
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
@@ -85,12 +84,13 @@ class PoolWriteSerializer(serializers.Serializer):
     devices_per_host = serializers.IntegerField(
         default=1, min_value=1, max_value=services.MAX_DEVICES_PER_HOST
     )
+    # Checked by the service (above 0, or null: not priced), which names the rule.
     price_per_device_hour_usd = serializers.DecimalField(
         max_digits=10,
         decimal_places=4,
-        default=Decimal("0"),
-        min_value=Decimal("0"),
-        max_value=services.MAX_PRICE,
+        default=None,
+        allow_null=True,
+        help_text="USD per device-hour, above 0; null (the default): the pool is not priced.",
     )
     endpoint_url_template = api_fields.CharField(max_length=300, default="http://127.0.0.1:{port}")
     bind_address = api_fields.CharField(max_length=64, default="127.0.0.1")

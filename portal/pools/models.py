@@ -41,11 +41,17 @@ class Pool(models.Model):
     devices_per_host = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
+    # Empty: not priced, like the operator's own machine: no trial or endpoint on the pool has a
+    # cost, and selection ranks on latency alone. A set price is above 0 (the services and the
+    # constraint refuse 0: "free" would rank every configuration as equally cheap).
     price_per_device_hour_usd = models.DecimalField(
         max_digits=10,
         decimal_places=4,
-        default=Decimal("0"),
-        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("10000"))],
+        null=True,
+        blank=True,
+        default=None,
+        validators=[MaxValueValidator(Decimal("10000"))],
+        help_text="USD per device-hour, above 0; leave empty for a pool that is not priced.",
     )
     # How clients reach an endpoint served by this pool: a URL with `{port}` (a host's public
     # address or a load balancer) or `{endpoint}` (an ingress per endpoint); TLS ends at the proxy.
@@ -75,9 +81,24 @@ class Pool(models.Model):
 
     class Meta:
         ordering: ClassVar = ["name"]
+        constraints: ClassVar = [
+            models.CheckConstraint(
+                condition=models.Q(price_per_device_hour_usd__isnull=True)
+                | models.Q(price_per_device_hour_usd__gt=0),
+                name="pool_price_empty_or_positive",
+                violation_error_message="A price must be above 0 USD per device-hour; leave it empty for a pool that is not priced.",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def price_per_host_hour_usd(self) -> float | None:
+        """What one of the pool's hosts costs per hour (a trial's or an endpoint's price), or None
+        when the pool is not priced."""
+        price = self.price_per_device_hour_usd
+        return None if price is None or price <= 0 else float(price) * self.devices_per_host
 
     @property
     def queue(self) -> str:

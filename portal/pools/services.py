@@ -76,12 +76,20 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
             errors["devices_per_host"] = f"Give a whole number from 1 to {MAX_DEVICES_PER_HOST}."
         out["devices_per_host"] = devices
     if "price_per_device_hour_usd" in values:
-        try:
-            price = Decimal(str(values["price_per_device_hour_usd"]))
-        except (InvalidOperation, ValueError):
-            price = Decimal(-1)
-        if not (price.is_finite() and Decimal(0) <= price <= MAX_PRICE):
-            errors["price_per_device_hour_usd"] = f"Give a price from 0 to {MAX_PRICE} USD per device-hour."
+        raw = values["price_per_device_hour_usd"]
+        price: Decimal | None = None
+        if raw is not None and str(raw).strip() != "":
+            # Empty is "not priced"; a set price must be one: 0 would rank every configuration
+            # as equally free, and selection would compare costs that are not there.
+            try:
+                price = Decimal(str(raw).strip())
+            except (InvalidOperation, ValueError):
+                price = Decimal("NaN")
+            if not (price.is_finite() and Decimal(0) < price <= MAX_PRICE):
+                errors["price_per_device_hour_usd"] = (
+                    f"Give a price above 0 and at most {MAX_PRICE} USD per device-hour, "
+                    "or leave it empty for a pool that is not priced."
+                )
         out["price_per_device_hour_usd"] = price
     if "endpoint_url_template" in values:
         template = str(values["endpoint_url_template"] or "").strip()
@@ -146,7 +154,7 @@ def pool_create(
     region: str,
     accelerator: str,
     devices_per_host: int = 1,
-    price_per_device_hour_usd: Decimal | float | str = Decimal("0"),
+    price_per_device_hour_usd: Decimal | float | str | None = None,
     endpoint_url_template: str = "http://127.0.0.1:{port}",
     bind_address: str = "127.0.0.1",
     owned_by: Organization | None = None,

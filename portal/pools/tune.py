@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if waiting:
             print(f"{PROG}: pool {name} has no live host: {waiting}", file=sys.stderr)
             return 1
-        price = float(pool.price_per_device_hour_usd) * pool.devices_per_host
+        price = pool.price_per_host_hour_usd or 0.0  # 0: the pool is not priced
         executor = PoolExecutor(pool, log=lambda line: print(line, file=sys.stderr))
         print(f"[tailguard tune] trials on pool {name} ({pool.accelerator})", file=sys.stderr)
         return tune.run(args, executor=executor, hardware=pool.accelerator, price_per_hour_usd=price)

@@ -304,10 +304,15 @@ def test_bad_overrides_get_field_errors_and_change_nothing(admin, admin_client) 
     assert "no price override" in info.value.message_dict["hardware_name"][0]
     assert admin_client.post(reverse("catalog:price_clear"), {"hardware_name": "h200"}).status_code == 400
     assert (_overrides(), AuditEvent.objects.count()) == state
-    # The edges are prices: free, and the most a device-hour may cost.
-    services.hardware_price_override_set(actor=admin, hardware_name="h100", price_per_hour_usd="0")
+    # 0 is no price (costs would all be 0 and rank nothing): refused, saying how to remove one.
+    with pytest.raises(ValidationError) as info:
+        services.hardware_price_override_set(actor=admin, hardware_name="h100", price_per_hour_usd="0")
+    assert "above 0" in info.value.message_dict["price_per_hour_usd"][0]
+    assert (_overrides(), AuditEvent.objects.count()) == state
+    # The edges are prices: the least above 0 and the most a device-hour may cost.
+    services.hardware_price_override_set(actor=admin, hardware_name="h100", price_per_hour_usd="0.0001")
     services.hardware_price_override_set(actor=admin, hardware_name="b300", price_per_hour_usd="1000")
-    assert _overrides() == [("b300", Decimal("1000.0000"), ""), ("h100", Decimal("0.0000"), "")]
+    assert _overrides() == [("b300", Decimal("1000.0000"), ""), ("h100", Decimal("0.0001"), "")]
 
 
 @pytest.mark.django_db

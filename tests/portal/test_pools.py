@@ -107,7 +107,7 @@ def test_pools_are_managed_by_their_owners_and_checked_against_the_registries(
     refused = _api(alice).patch("/api/v1/pools/cpu-pool/", {"price_per_device_hour_usd": "9"}, format="json")
     assert refused.status_code == 403
     shared.refresh_from_db()
-    assert shared.price_per_device_hour_usd == Decimal("0")
+    assert shared.price_per_device_hour_usd is None  # created without a price: not priced
     changed = _api(alice).patch(
         "/api/v1/pools/acme-cpu/", {"endpoint_url_template": "https://{endpoint}.acme.test"}, format="json"
     )

@@ -135,11 +135,13 @@ def test_the_local_machine_is_not_priced_until_an_admin_prices_it(  # type: igno
     trials = alice_client.get(reverse("jobs:trials", args=[unpriced.id])).content.decode()
     assert "not priced" in trials and "0.0000" not in trials
     assert deploy_summary(job=unpriced)["price"] is None
-    # A price the operator set (0 "free" included) is a price.
-    for price, shown in ((0.35, "0.0123"), (0.0, "0.0000")):
-        priced = _priced_job(alice_org, alice, price=price, cost=float(shown))
-        trials = alice_client.get(reverse("jobs:trials", args=[priced.id])).content.decode()
-        assert shown in trials and "not priced" not in trials
+    # A price the operator set is a price; 0 (a pool without a price) is none.
+    priced = _priced_job(alice_org, alice, price=0.35, cost=0.0123)
+    trials = alice_client.get(reverse("jobs:trials", args=[priced.id])).content.decode()
+    assert "0.0123" in trials and "not priced" not in trials
+    zero = _priced_job(alice_org, alice, price=0.0, cost=0.0)
+    trials = alice_client.get(reverse("jobs:trials", args=[zero.id])).content.decode()
+    assert "not priced" in trials and "0.0000" not in trials
 
     # Its report draws no cost chart (every cost is 0) and says why.
     report = alice_client.get(reverse("jobs:report", args=[unpriced.id])).content.decode()

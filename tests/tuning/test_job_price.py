@@ -39,9 +39,11 @@ def test_plan_uses_the_specs_price_and_otherwise_the_targets(spec: JobSpec, tmp_
     stored = JobSpec.from_dict(json.loads(json.dumps(overridden.to_dict())))
     assert stored.price_per_hour_usd == 3.25
     assert plan_job(stored, tmp_path / "override").plan.price_per_hour_usd == 3.25
-    # A free machine is a price too (0 is not "unset").
-    free = JobSpec(**{**spec.to_dict(), "price_per_hour_usd": 0.0})
-    assert plan_job(free, tmp_path / "free").plan.price_per_hour_usd == 0.0
+    assert prepared.plan.priced
+    # 0 is "not priced" (a pool without a price), not "unset" and not a free machine to rank on.
+    unpriced = JobSpec(**{**spec.to_dict(), "price_per_hour_usd": 0.0})
+    plan = plan_job(unpriced, tmp_path / "unpriced").plan
+    assert plan.price_per_hour_usd == 0.0 and not plan.priced
 
 
 def test_specs_stored_before_the_field_existed_keep_the_targets_price(spec: JobSpec) -> None:

@@ -114,8 +114,10 @@ class JobSpec:
     # The configuration serving now (a re-tuning job of the continual loop): measured first
     # after the reference, so the candidates are judged against it on the same traffic.
     incumbent: dict[str, Any] | None = None
-    # USD per device-hour that cost per million tokens uses (an admin's price override in the
-    # portal's catalog); None: the hardware target's own price.
+    # USD per hour of the trials' host that cost per million tokens uses (an admin's price
+    # override in the portal's catalog, or a pool's price); None: the hardware target's own
+    # price; 0: not priced (a pool or machine without a price): no trial has a cost, and the
+    # search and selection rank on latency alone.
     price_per_hour_usd: float | None = None
     # Confirmation: interleaved rounds re-measuring the finalists and both baselines on fresh
     # engines (0 skips it: the search's single measurements are then reported as unconfirmed).
@@ -220,7 +222,9 @@ def validate(
         raise JobSpecError("strategy", "choose tpe or grid")
     price = spec.price_per_hour_usd
     if price is not None and not (math.isfinite(price) and price >= 0):
-        raise JobSpecError("price_per_hour_usd", "the price per hour must be a number of USD, 0 or more")
+        raise JobSpecError(
+            "price_per_hour_usd", "the price per hour must be a number of USD above 0, or 0 for not priced"
+        )
     hardware = HARDWARE.get(spec.hardware)
     if hardware is None:
         raise JobSpecError("hardware", f"unknown hardware {spec.hardware!r}; known: {', '.join(HARDWARE)}")
@@ -492,15 +496,20 @@ class ReferenceFailedError(RuntimeError):
     """The gate's reference could not be captured: candidates cannot be judged."""
 
 
-def objective(result: Mapping[str, Any], slo: SLOTarget) -> float | None:
-    """What the strategy minimises: cost per million tokens, or a penalty saying how far off."""
+def objective(result: Mapping[str, Any], slo: SLOTarget, *, priced: bool = True) -> float | None:
+    """What the strategy minimises: cost per million tokens (p95 TTFT in ms on hardware that is
+    not priced), or a penalty saying how far off."""
     if result.get("status") != "ok":
         return None
     gates_ok = bool((result.get("correctness") or {}).get("passed")) and bool(
         (result.get("reliability") or {}).get("passed")
     )
-    if result.get("slo_met") and gates_ok and result.get("cost_per_mtok_usd") is not None:
-        return float(result["cost_per_mtok_usd"])
+    cost = result.get("cost_per_mtok_usd")
+    if result.get("slo_met") and gates_ok and priced and cost is not None and cost > 0:
+        return float(cost)
+    p95 = result.get("ttft_p95_ms")
+    if result.get("slo_met") and gates_ok and not priced and p95 is not None and math.isfinite(p95):
+        return min(float(p95), PENALTY / 2)  # below every penalty, whatever the SLO's limits
     overshoot = 0.0
     for o in slo.objectives:
         value = result.get(f"{o.metric}_p{o.percentile}_ms") if o.metric == "ttft" else None
@@ -625,7 +634,10 @@ def next_trial(
         return PlannedTrial(REFERENCE, dict(prepared.reference))
     search = [r for r in history if r.phase == SEARCH]
     if len(search) < prepared.spec.budget_trials:
-        observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in search]
+        observations = [
+            Observation(r.assignment, objective(r.result, prepared.slo, priced=prepared.plan.priced))
+            for r in search
+        ]
         proposed = (strategy or strategy_for(prepared)).propose(prepared.space, observations)
         if proposed is not None:
             return PlannedTrial(SEARCH, proposed)
@@ -660,7 +672,10 @@ def next_trials(
         return [] if planned is None else [planned]
     searched = [r for r in history if r.phase == SEARCH]
     size = min(slots, prepared.spec.budget_trials - len(searched))
-    observations = [Observation(r.assignment, objective(r.result, prepared.slo)) for r in searched]
+    observations = [
+        Observation(r.assignment, objective(r.result, prepared.slo, priced=prepared.plan.priced))
+        for r in searched
+    ]
     batch = propose_batch(strategy or strategy_for(prepared), prepared.space, observations, size)
     return [PlannedTrial(SEARCH, a) for a in batch] or [planned]
 
@@ -807,7 +822,7 @@ def summarize_job(
     prepared: Prepared, history: Sequence[TrialRecord], confirmed: dict[str, Any] | None = None
 ) -> Selection:
     """The search's selection, overruled by the confirmation's verdict once it is complete."""
-    selection = select(candidates(prepared, history))
+    selection = select(candidates(prepared, history), priced=prepared.plan.priced)
     if confirmed is None:
         confirmed = confirmation(prepared, history)
     if confirmed is None:

@@ -50,16 +50,20 @@ class Selection:
         }
 
 
+def _has_cost(c: Candidate) -> bool:
+    """Whether the candidate carries a cost to rank on. A cost of 0 only comes from hardware
+    with no price (0 per hour): it is no figure to rank on, not a free configuration."""
+    return c.cost_per_mtok_usd is not None and c.cost_per_mtok_usd > 0
+
+
 def pareto_front(candidates: Sequence[Candidate]) -> tuple[int, ...]:
     """Trials no other trial beats on both p95 TTFT and cost, among those that passed the gates
-    and measured both (a candidate a gate rejected is not an option, however fast)."""
+    and measured both (a candidate a gate rejected is not an option, however fast). Empty when
+    the hardware is not priced: there is no cost axis."""
     points = [
         c
         for c in candidates
-        if c.error is None
-        and c.gates_passed
-        and c.cost_per_mtok_usd is not None
-        and not math.isnan(c.ttft_p95_ms)
+        if c.error is None and c.gates_passed and _has_cost(c) and not math.isnan(c.ttft_p95_ms)
     ]
     front = []
     for c in points:
@@ -80,7 +84,7 @@ def _cost(c: Candidate) -> float:
 
 def _within(cost: float, base_cost: float, fraction: float) -> bool:
     """Whether `cost` is within `fraction` of `base_cost` (the cheapest). Multiplied, never
-    divided: hardware the catalog prices at $0 gives a cost of 0, and 0 ties only with 0."""
+    divided, though only positive costs reach it (unpriced hardware is ranked by latency)."""
     return cost - base_cost <= fraction * base_cost
 
 
@@ -88,14 +92,18 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) -> Selection:
+def select(
+    candidates: Sequence[Candidate], *, priced: bool = True, cost_tie_fraction: float = 0.05
+) -> Selection:
     """Lowest cost per million tokens among candidates meeting the SLO and passing the gates.
 
     Costs within `cost_tie_fraction` of each other are a tie on cost; then the lower p95 TTFT wins
     if its bootstrap interval clears the other's, and otherwise the simpler configuration wins.
+    When the hardware is not priced (`priced` False, or no candidate has a positive cost: a
+    price of 0 gives every candidate a cost of 0), candidates are ranked by p95 TTFT alone.
     """
     reasons: dict[int, str] = {}
-    eligible = []
+    passed = []
     for c in candidates:
         if c.error is not None:
             reasons[c.trial] = f"trial failed: {c.error}"
@@ -103,11 +111,16 @@ def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) 
             reasons[c.trial] = "rejected by a gate: " + "; ".join(c.gate_reasons)
         elif not c.slo_met:
             reasons[c.trial] = "missed the SLO: " + "; ".join(c.slo_violations)
-        elif c.cost_per_mtok_usd is None:
-            reasons[c.trial] = "no cost measured"
         else:
+            passed.append(c)
+    priced = priced and any(_has_cost(c) for c in passed)
+    eligible = []
+    for c in passed:
+        if _has_cost(c) if priced else not math.isnan(c.ttft_p95_ms):
             eligible.append(c)
-    pareto = pareto_front(candidates)
+        else:
+            reasons[c.trial] = "no cost measured" if priced else "no p95 TTFT measured"
+    pareto = pareto_front(candidates) if priced else ()
     if not eligible:
         measured = [c for c in candidates if c.error is None and not math.isnan(c.ttft_p95_ms)]
         best = min(measured, key=lambda c: (not c.gates_passed, c.ttft_p95_ms)) if measured else None
@@ -119,6 +132,8 @@ def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) 
             )
         return Selection(None, False, summary, reasons, pareto, best.trial if best else None)
 
+    if not priced:
+        return _select_by_latency(eligible, reasons)
     eligible.sort(key=lambda c: (_cost(c), c.num_changed_knobs, c.trial))
     winner = eligible[0]
     tie = False
@@ -156,3 +171,36 @@ def select(candidates: Sequence[Candidate], *, cost_tie_fraction: float = 0.05) 
         f"p95 {winner.ttft_p95_ms:,.0f} ms at the target load."
     )
     return Selection(winner.trial, tie, summary, reasons, pareto, None)
+
+
+def _select_by_latency(eligible: Sequence[Candidate], reasons: dict[int, str]) -> Selection:
+    """The winner on hardware with no price: the lowest p95 TTFT, unless its bootstrap interval
+    overlaps others' (a tie within the noise), when the simplest of those wins."""
+    ranked = sorted(eligible, key=lambda c: (c.ttft_p95_ms, c.num_changed_knobs, c.trial))
+    fastest = ranked[0]
+    tied = [c for c in ranked if c is fastest or _overlap(fastest.ttft_p95_ci_ms, c.ttft_p95_ci_ms)]
+    tie = len(tied) > 1
+    if tie:
+        winner = min(tied, key=lambda c: (c.num_changed_knobs, c.ttft_p95_ms, c.trial))
+        why = (
+            f"not priced, so ranked by latency: a tie within the noise with {len(tied) - 1} other(s) "
+            f"(p95 TTFT intervals overlapping): the simplest configuration ({winner.num_changed_knobs} changed knobs) wins"
+        )
+    else:
+        winner = fastest
+        why = (
+            f"not priced, so ranked by latency: the lowest p95 TTFT ({winner.ttft_p95_ms:,.0f} ms) among the "
+            f"{len(eligible)} that met the SLO and passed the gates"
+        )
+    reasons[winner.trial] = "winner: " + why
+    for c in eligible:
+        if c.trial != winner.trial:
+            reasons[c.trial] = (
+                f"met the SLO but p95 TTFT {c.ttft_p95_ms:,.0f} ms vs {winner.ttft_p95_ms:,.0f} ms (not priced)"
+                + (" (tie; the winner is simpler)" if tie and c in tied else "")
+            )
+    summary = (
+        f"Trial {winner.trial} ({winner.label}) wins: {why}. It serves p50 TTFT {winner.ttft_p50_ms:,.0f} ms, "
+        f"p95 {winner.ttft_p95_ms:,.0f} ms at the target load."
+    )
+    return Selection(winner.trial, tie, summary, reasons, (), None)

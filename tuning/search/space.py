@@ -198,8 +198,8 @@ LOCAL_CPU = HardwareTarget(
     num_devices=1,
     kv_cache_gib=2.0,
     # Not priced (as in the hardware catalog): the operator's own machine has a price only when
-    # the operator sets one (a job's `price_per_hour_usd`). At 0 every configuration costs the
-    # same, so selection decides on latency and simplicity, never on an invented price.
+    # the operator sets one (a job's `price_per_hour_usd`). At 0 no trial has a cost, and the
+    # search and selection rank on latency alone, never on an invented price.
     price_per_hour_usd=0.0,
     replay_prompt_tokens=1024,
     replay_output_tokens=64,

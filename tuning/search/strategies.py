@@ -35,7 +35,8 @@ PENALTY = 1e6
 @dataclass(frozen=True)
 class Observation:
     assignment: Mapping[str, Any] = field(hash=False)
-    # Lower is better (cost per million tokens); PENALTY-scaled when the SLO or a gate failed;
+    # Lower is better (cost per million tokens, or p95 TTFT in ms on hardware that is not
+    # priced); PENALTY-scaled when the SLO or a gate failed;
     # None when the trial crashed before measuring.
     objective: float | None
 

@@ -35,7 +35,7 @@ class TrialPlan:
     workload_trace: str  # the customer's traffic synthesised at the target rate (Mooncake JSONL)
     target_rps: float
     slo: SLOTarget
-    price_per_hour_usd: float
+    price_per_hour_usd: float  # 0: not priced (no cost per token is computed)
     golden: gates.GoldenSet
     repeats: int = 2  # replays at the target rate (noise estimate)
     capacity_steps: tuple[float, ...] = (1.5, 2.0)  # further load multiples tried while the SLO holds
@@ -58,6 +58,11 @@ class TrialPlan:
     # would take cores from the engine; several on a GPU host, where one loop cannot keep up
     # with thousands of streamed tokens a second and would add its own delay to every TTFT.
     client_processes: int = 1
+
+    @property
+    def priced(self) -> bool:
+        """Whether trials have a cost: only a positive price makes one (0 is "not priced")."""
+        return self.price_per_hour_usd > 0
 
 
 @dataclass(frozen=True)
@@ -316,7 +321,11 @@ def _run_held(
             p50_ttft_by_repeat=[p.ttft_p50_ms for p in at_target],
             limits=plan.limits,
         )
-        cost = plan.price_per_hour_usd / (best_tps * 3600) * 1e6 if slo_met and best_tps > 0 else None
+        cost = (
+            plan.price_per_hour_usd / (best_tps * 3600) * 1e6
+            if plan.priced and slo_met and best_tps > 0
+            else None
+        )
         return TrialResult(
             config=config.to_mapping(),
             status="ok",
