@@ -371,24 +371,6 @@ def other_engines(mine: set[int] | None = None) -> list[int]:
 MAX_OTHERS_CORES = 0.2  # other people's average CPU use (cores) tolerated during a case
 
 
-def _busy_jiffies() -> int:
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return user + nice + system + irq + softirq + steal
-
-
-def _process_jiffies(pids: set[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total
-
-
 class OverlapWatch:
     """Notices other vLLM engines running while a case is measured, and everybody else's CPU use."""
 
@@ -400,27 +382,22 @@ class OverlapWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _ours(self) -> set[int]:
-        from serving.engine import process_group_members
-
-        return {os.getpid(), *self.mine, *process_group_members(self.engine_pgid)}
-
     def _run(self) -> None:
         while not self._stop.is_set():
             self.seen.update(other_engines(self.mine))
             self._stop.wait(0.5)
 
     def __enter__(self) -> OverlapWatch:
-        self._start = (time.monotonic(), _busy_jiffies(), _process_jiffies(self._ours()))
+        # Everybody else's CPU use: the shared meter, which follows this process's descendants
+        # (the engine it started included) through the window, exits and orphans too.
+        self._meter = ForeignLoadMeter().start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        wall = time.monotonic() - self._start[0]
-        others = (_busy_jiffies() - self._start[1]) - (_process_jiffies(self._ours()) - self._start[2])
-        self.others_cores = max(0.0, others / os.sysconf("SC_CLK_TCK") / wall) if wall > 0 else 0.0
+        self.others_cores = self._meter.stop().foreign_cores
 
     @property
     def disturbed(self) -> bool:
