@@ -8,9 +8,16 @@ from rest_framework import serializers
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
 from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
-from portal.jobs.services import BUDGET_HELP, BUDGET_MIN_ERROR, MIN_BUDGET_TRIALS
+from portal.jobs.services import BUDGET_HELP
 from portal.traffic.models import TrafficSample
-from tuning.search.job import MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
+from tuning.search.job import (
+    BUDGET_MIN_ERROR,
+    MAX_BUDGET_TRIALS,
+    MAX_CONFIRM_REPEATS,
+    MAX_PEAK_RPS,
+    MAX_TOKENS,
+    MIN_BUDGET_TRIALS,
+)
 from tuning.workload.synth import MIN_LENGTH_SCALE
 
 # A free-form object that may be absent (null), e.g. a job's selection before it has one.

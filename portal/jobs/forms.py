@@ -6,9 +6,17 @@ from django import forms
 
 from portal.accounts.models import Organization
 from portal.jobs import selectors
-from portal.jobs.services import BUDGET_HELP, BUDGET_MIN_ERROR, MIN_BUDGET_TRIALS
+from portal.jobs.services import BUDGET_HELP
 from portal.pools.selectors import pools_for
-from tuning.search.job import HARDWARE, MAX_BUDGET_TRIALS, MAX_CONFIRM_REPEATS, MAX_PEAK_RPS, MAX_TOKENS
+from tuning.search.job import (
+    BUDGET_MIN_ERROR,
+    HARDWARE,
+    MAX_BUDGET_TRIALS,
+    MAX_CONFIRM_REPEATS,
+    MAX_PEAK_RPS,
+    MAX_TOKENS,
+    MIN_BUDGET_TRIALS,
+)
 from tuning.workload.synth import MIN_LENGTH_SCALE
 
 

@@ -48,6 +48,7 @@ from portal.traffic.services import workload_path
 from serving.engine.launcher import read_log_tail
 from tuning.search.job import (
     HARDWARE,
+    MIN_BUDGET_TRIALS,
     MIN_REQUESTS_FOR_P95,
     JobSpec,
     JobSpecError,
@@ -71,13 +72,8 @@ _HEARTBEAT_S = 5.0
 # Each try is bounded by the broker's socket timeouts (settings.REDIS_BROKER_TIMEOUTS).
 SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
 
-# The search budget counts the search's live trials only. Its first trial is the competent
-# baseline (vLLM's defaults with the host's fastest dtype; a re-tune measures the running
-# configuration before it), so a budget of 1 measures no candidate at all and "tunes" nothing.
-# The customer's entry points (the job form, the API) refuse less than a baseline and one
-# candidate; the library and the services still take 1, which measures the baseline alone
-# (reported as unconfirmed, never as a gain).
-MIN_BUDGET_TRIALS = 2
+# The minimum budget and its message are the library's (tuning.search.job), which refuses less
+# whoever asks; the form and the API say it before the job is built.
 BUDGET_HELP = (
     f"Configurations the search measures ({MIN_BUDGET_TRIALS} or more): the first is the competent "
     "baseline (vLLM's defaults with this host's fastest dtype), the others are candidates. On top "
@@ -85,10 +81,6 @@ BUDGET_HELP = (
     "candidate); then, when a candidate passes, the confirmation rounds (each re-measures the "
     "finalists and both baselines on fresh engines); and, for a confirmed gain from several knobs, "
     "an ablation (one trial a round for each changed knob, reverted)."
-)
-BUDGET_MIN_ERROR = (
-    f"A search needs at least {MIN_BUDGET_TRIALS} trials: the first measures the competent baseline, "
-    "so with fewer no candidate is ever tried."
 )
 
 

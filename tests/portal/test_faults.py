@@ -297,7 +297,7 @@ def test_a_database_restart_during_a_step(
             served_model=model,
             slo=LOOSE_SLO,
             peak_rps=1.0,
-            budget_trials=1,
+            budget_trials=2,
         )
         assert TuningJob.objects.get(pk=job.pk).dispatch == TuningJob.Dispatch.SENT
         with _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log:
@@ -389,7 +389,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
             served_model=model,
             slo=LOOSE_SLO,
             peak_rps=1.0,
-            budget_trials=1,
+            budget_trials=2,
         )
         # Its step ends at plan time (no engine here): the workload goes missing.
         workload_path(sample).unlink()
@@ -522,7 +522,8 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
             served_model=model,
             slo=LOOSE_SLO,
             peak_rps=1.0,
-            budget_trials=1,
+            budget_trials=2,
+            confirm_repeats=0,
             duration_s=8,
             repeats=1,
             capacity_steps=(1.5,),
@@ -536,7 +537,11 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
     job.refresh_from_db()
     assert job.status == TuningJob.Status.SUCCEEDED, job.error
     trials = list(job.trials.order_by("number"))
-    assert [(t.number, t.status, t.attempts) for t in trials] == [(0, "done", 1), (1, "done", 1)]
+    assert [(t.number, t.status, t.attempts) for t in trials] == [
+        (0, "done", 1),
+        (1, "done", 1),
+        (2, "done", 1),
+    ]
     assert all(t.result["status"] == "ok" for t in trials), [t.result.get("error") for t in trials]
     assert job.interruptions == 0
     assert _audit_actions(job) == ["tuning_job.create", "tuning_job.succeeded"]

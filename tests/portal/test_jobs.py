@@ -396,7 +396,8 @@ def test_a_job_survives_a_killed_worker(
             served_model=model,
             slo=SLO,
             peak_rps=1.0,
-            budget_trials=1,
+            budget_trials=2,
+            confirm_repeats=0,
             duration_s=8,
             repeats=1,
             capacity_steps=(1.5,),
@@ -419,9 +420,9 @@ def test_a_job_survives_a_killed_worker(
         job.refresh_from_db()
         assert job.status == TuningJob.Status.SUCCEEDED, job.error
         trials = list(job.trials.order_by("number"))
-        assert [(t.number, t.status) for t in trials] == [(0, "done"), (1, "done")]
+        assert [(t.number, t.status) for t in trials] == [(0, "done"), (1, "done"), (2, "done")]
         assert trials[0].attempts == 2  # re-run after the kill, not duplicated
-        assert trials[1].attempts == 1
+        assert trials[1].attempts == 1 and trials[2].attempts == 1
     finally:
         for worker in (first, second):
             if worker is not None and worker.poll() is None:

@@ -16,6 +16,7 @@ from portal.jobs import services
 from portal.jobs.models import TuningJob
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
+from tuning.search.job import BUDGET_MIN_ERROR
 
 pytestmark = pytest.mark.django_db
 
@@ -108,7 +109,7 @@ def test_the_api_holds_the_same_minimum(ready, alice) -> None:  # type: ignore[n
     }
     response = api.post("/api/v1/tuning-jobs/", {**body, "budget_trials": 1}, format="json")
     assert response.status_code == 400
-    assert response.json()["budget_trials"] == [services.BUDGET_MIN_ERROR]
+    assert response.json()["budget_trials"] == [BUDGET_MIN_ERROR]
     assert not TuningJob.objects.exists()
     response = api.post(
         "/api/v1/tuning-jobs/", {**body, "budget_trials": 2, "confirm_repeats": 0}, format="json"
@@ -117,3 +118,23 @@ def test_the_api_holds_the_same_minimum(ready, alice) -> None:  # type: ignore[n
     schema = api.get("/api/schema/?format=json").json()
     field = schema["components"]["schemas"]["TuningJobCreateRequest"]["properties"]["budget_trials"]
     assert field["minimum"] == 2 and "reference capture" in field["description"]
+
+
+def test_the_service_refuses_it_too_with_the_librarys_message(ready, alice, alice_org) -> None:  # type: ignore[no-untyped-def]
+    """Below the form and the API, the library's own validation refuses it (one shared constant)."""
+    from django.core.exceptions import ValidationError
+
+    sample, model = ready
+    with pytest.raises(ValidationError) as info:
+        services.tuning_job_create(
+            actor=alice,
+            organization=alice_org,
+            name="",
+            traffic_sample=sample,
+            served_model=model,
+            slo="ttft_p50_ms<=600",
+            peak_rps=1.0,
+            budget_trials=1,
+        )
+    assert info.value.message_dict == {"budget_trials": [BUDGET_MIN_ERROR]}
+    assert not TuningJob.objects.exists()

@@ -244,8 +244,9 @@ def test_a_pool_of_two_hosts_measures_a_batch_at_once_one_trial_per_host_recorde
 def test_a_pool_job_from_the_command_line_is_measured_on_the_pools_host_by_its_agent(
     portal_env: str, shared_traces: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """The reference and one search trial, each on a real vLLM engine started by the pool's
-    agent (not by the command's process); the report names the host that measured them."""
+    """The reference and two search trials (the smallest budget), each on a real vLLM engine
+    started by the pool's agent (not by the command's process); the report names the host that
+    measured them."""
     from serving.models.tiny import build_tiny_model
 
     model = tmp_path / "llama-xs"
@@ -254,7 +255,8 @@ def test_a_pool_job_from_the_command_line_is_measured_on_the_pools_host_by_its_a
     out = tmp_path / "report.json"
     argv = [
         *_tune_args(model, shared_traces / "mooncake_synthetic.jsonl", out, "--pool", "cpu-one"),
-        *("--budget-trials", "1", "--max-prompt-tokens", "128", "--max-output-tokens", "8"),
+        *("--budget-trials", "2", "--confirm-repeats", "0"),
+        *("--max-prompt-tokens", "128", "--max-output-tokens", "8"),
         *("--max-model-len", "512", "--slo", "ttft_p50_ms<=1"),  # missed: no capacity steps
     ]
     agent = _agent("cpu-one", "engine-one", portal_env, tmp_path)
@@ -269,7 +271,7 @@ def test_a_pool_job_from_the_command_line_is_measured_on_the_pools_host_by_its_a
     err = capfd.readouterr().err
     assert status == 0, err[-3000:]
     trials = json.loads(out.read_text())["trials"]
-    assert [(t["number"], t["phase"]) for t in trials] == [(0, REFERENCE), (1, SEARCH)]
+    assert [(t["number"], t["phase"]) for t in trials] == [(0, REFERENCE), (1, SEARCH), (2, SEARCH)]
     for t in trials:
         assert t["result"]["status"] == "ok", t["result"].get("error")
         assert t["result"]["host"]["name"] == "engine-one" and t["result"]["host"]["pool"] == "cpu-one"

@@ -28,6 +28,7 @@ from typing import Any
 from tuning.search.caps import Caps
 from tuning.search.job import (
     HARDWARE,
+    MIN_BUDGET_TRIALS,
     JobSpec,
     JobSpecError,
     ReferenceFailedError,
@@ -37,6 +38,7 @@ from tuning.search.job import (
     plan_job,
     report,
     run_trials,
+    validate_budget,
     write_json,
 )
 from tuning.search.space import LOCAL_CPU, ModelLoadError, model_info
@@ -63,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--budget-trials",
         type=int,
         default=8,
-        help="live search trials (the reference capture and the confirmation rounds come on top)",
+        help=f"live search trials, {MIN_BUDGET_TRIALS} or more: the first is the competent baseline "
+        "(the reference capture and the confirmation rounds come on top)",
     )
     p.add_argument("--strategy", choices=("tpe", "grid"), default="tpe")
     p.add_argument(
@@ -120,9 +123,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _tune(args: argparse.Namespace) -> int:
+    refused = _refuse_budget(args)
+    if refused is not None:
+        return refused
     if args.pool:
         return _hand_over_to_pool(args)
     return run(args)
+
+
+def _refuse_budget(args: argparse.Namespace) -> int | None:
+    """A usage error (2) for a budget that cannot tune, said in one line before any work (the
+    trace is not read, no pool is looked up); None when the budget is fine."""
+    try:
+        validate_budget(args.budget_trials)
+    except JobSpecError as exc:
+        print(f"tailguard tune: --budget-trials {args.budget_trials}: {exc.message}", file=sys.stderr)
+        return 2
+    return None
 
 
 def _hand_over_to_pool(args: argparse.Namespace) -> int:
@@ -180,6 +197,9 @@ def run(
     price_per_hour_usd: float | None = None,
 ) -> int:
     """The command: trials on this machine, or on `executor`'s hosts (a pool's)."""
+    refused = _refuse_budget(args)
+    if refused is not None:
+        return refused
     if not MIN_LENGTH_SCALE <= args.length_scale <= 1.0:  # also refuses NaN
         print(f"tailguard tune: --length-scale must be {MIN_LENGTH_SCALE:g} to 1", file=sys.stderr)
         return 1

@@ -57,6 +57,16 @@ MIN_REQUESTS_FOR_P95 = 20  # fewer and a p95 is one or two requests' worth of ev
 MAX_PEAK_RPS = 1000.0
 MAX_REQUESTS_PER_LEVEL = 50_000
 MAX_BUDGET_TRIALS = 100
+# The search budget counts the search's live trials only. Its first trial is the competent
+# baseline (vLLM's defaults with the host's fastest dtype; a re-tune measures the running
+# configuration before it), so a budget of 1 measures no candidate at all and "tunes" nothing.
+# Every entry point (the portal's form and API, the CLI, this library) refuses less than a
+# baseline and one candidate, with this message.
+MIN_BUDGET_TRIALS = 2
+BUDGET_MIN_ERROR = (
+    f"A search needs at least {MIN_BUDGET_TRIALS} trials: the first measures the competent baseline, "
+    "so with fewer no candidate is ever tried."
+)
 MAX_CONFIRM_REPEATS = 10
 MAX_FINALISTS = 4
 MAX_TOKENS = 1_000_000
@@ -180,6 +190,19 @@ class Prepared:
         )
 
 
+def validate_budget(budget_trials: int) -> None:
+    """Refuses a search budget that cannot tune (below a baseline and one candidate) or that
+    would start more engines than a job may."""
+    if isinstance(budget_trials, bool) or not isinstance(budget_trials, int):
+        raise JobSpecError("budget_trials", "the search budget must be a whole number of live trials")
+    if budget_trials < MIN_BUDGET_TRIALS:
+        raise JobSpecError("budget_trials", BUDGET_MIN_ERROR)
+    if budget_trials > MAX_BUDGET_TRIALS:
+        raise JobSpecError(
+            "budget_trials", f"the search budget must be at most {MAX_BUDGET_TRIALS} live trials"
+        )
+
+
 def validate(
     spec: JobSpec, *, allowed_regions: Sequence[str] | None = None
 ) -> tuple[SLOTarget, HardwareTarget]:
@@ -188,8 +211,7 @@ def validate(
         slo = parse_slo(spec.slo)
     except SLOParseError as exc:
         raise JobSpecError("slo", str(exc)) from None
-    if not 1 <= spec.budget_trials <= MAX_BUDGET_TRIALS:
-        raise JobSpecError("budget_trials", f"the search budget must be 1 to {MAX_BUDGET_TRIALS} live trials")
+    validate_budget(spec.budget_trials)
     if not spec.peak_rps > 0 or not math.isfinite(spec.peak_rps):
         raise JobSpecError("peak_rps", "the peak request rate must be a positive number")
     if spec.peak_rps > MAX_PEAK_RPS:
