@@ -537,6 +537,9 @@ BENCHMARK_ALLOWED_NETWORKS = env.networks("BENCHMARK_ALLOWED_NETWORKS", [])
 # The measuring point in front of the endpoints (router or proxy) posts its request records to
 # /sla/edge/<endpoint id>/ with "Authorization: Bearer <this>"; unset, that ingest is off (404).
 SLA_EDGE_INGEST_TOKEN = env.str("SLA_EDGE_INGEST_TOKEN", "") or ""
+# Where engine hosts reach this portal for that ingest (the measuring proxy the local runner puts in
+# front of each endpoint posts to <this>/sla/edge/); unset, SITE_URL.
+SLA_EDGE_INGEST_BASE_URL = (env.str("SLA_EDGE_INGEST_BASE_URL", "") or SITE_URL).rstrip("/")
 # Edge request records are kept this long (their month is closed and frozen long before: at
 # least 62 days, so the month before last is always still there to close).
 SLA_EDGE_RETENTION_DAYS = env.int("SLA_EDGE_RETENTION_DAYS", 100, minimum=62)

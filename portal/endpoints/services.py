@@ -28,6 +28,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.urls import reverse
 from django.utils import timezone
 
 from compliance.selectors import allowed_regions
@@ -341,6 +342,14 @@ def endpoint_start(*, endpoint_id: str) -> str:
             .exclude(id=endpoint.id)
             .values_list("port", flat=True)
         ),
+        # Where the SLA ingest is on, a measuring proxy in front of the engine posts every
+        # request's TTFT and status to it (issue 23).
+        edge_ingest_url=(
+            settings.SLA_EDGE_INGEST_BASE_URL + reverse("sla:edge_ingest")
+            if settings.SLA_EDGE_INGEST_TOKEN
+            else None
+        ),
+        edge_ingest_token=settings.SLA_EDGE_INGEST_TOKEN,
     )
     if here is not None:
         # One host serves it: a start delivered twice (a redelivery after a crash) to another

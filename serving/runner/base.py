@@ -46,6 +46,11 @@ class EndpointLaunch:
     # Ports the runner must not pick (e.g. those of this host's stopped endpoints, which clients
     # may still call): a new endpoint never answers at an old one's address.
     avoid_ports: tuple[int, ...] = ()
+    # The SLA's measuring point (issue 23): with an ingest URL (the portal's /sla/edge/) and its
+    # token, a proxy in front of the engine measures every request where it enters the endpoint
+    # and posts the records there; the endpoint's address is then the proxy's.
+    edge_ingest_url: str | None = None
+    edge_ingest_token: str = field(default="", repr=False)  # never printed
 
 
 @dataclass(frozen=True)

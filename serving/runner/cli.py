@@ -1,6 +1,7 @@
 """`tailguard endpoint serve`: run one endpoint in the foreground, supervised.
 
-The process owns the router and the engine. It writes its state (status, address, generation,
+The process owns the router and the engine (and, with `--edge-ingest-url`, the measuring proxy
+in front of them, which then holds `--port`). It writes its state (status, address, generation,
 restarts) to `--state-file` after every change, and re-deploys without failing a request when
 `--config` changes on disk (the portal writes a new configuration there to promote one).
 SIGTERM or SIGINT stops everything.
@@ -17,9 +18,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from serving.edge import IngestTarget
 from serving.engine.config import EngineConfig, InvalidEngineConfig
 from serving.engine.launcher import EngineLaunchError
-from serving.runner.local import LocalEndpoint, RouterError
+from serving.runner.local import EdgeProxyError, LocalEndpoint, RouterError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--api-key-file", type=Path, help="file holding the key clients must send (kept out of argv)"
     )
     serve.add_argument("--check-interval-s", type=float, default=2.0)
+    serve.add_argument(
+        "--edge-ingest-url",
+        help="the portal's SLA ingest (…/sla/edge/): a measuring proxy then takes --port, in front of the router",
+    )
+    serve.add_argument("--edge-endpoint-id", help="the portal's id of this endpoint (with --edge-ingest-url)")
+    serve.add_argument(
+        "--edge-token-file", type=Path, help="file holding the ingest's token (kept out of argv)"
+    )
     serve.set_defaults(func=_serve)
     _register_render_k8s(sub)
     _register_agent(subparsers)
@@ -119,8 +129,21 @@ def _serve(args: argparse.Namespace) -> int:
     except InvalidEngineConfig as exc:
         print(f"tailguard endpoint serve: {exc}", file=sys.stderr)
         return 1
+    edge = None
+    if args.edge_ingest_url:
+        if not args.edge_endpoint_id or not args.edge_token_file:
+            print(
+                "tailguard endpoint serve: --edge-ingest-url needs --edge-endpoint-id and --edge-token-file",
+                file=sys.stderr,
+            )
+            return 2
+        edge = IngestTarget(
+            url=args.edge_ingest_url,
+            endpoint_id=args.edge_endpoint_id,
+            token=args.edge_token_file.read_text().strip(),
+        )
     endpoint = LocalEndpoint(
-        model=args.model, config=config, port=args.port, work_dir=args.work_dir, host=args.host
+        model=args.model, config=config, port=args.port, work_dir=args.work_dir, host=args.host, edge=edge
     )
     # A crash is reported as it is found, not once the replacement engine is up a minute later.
     endpoint.on_change = lambda: _write_state(args.state_file, endpoint)
@@ -134,7 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         endpoint.start()
-    except (EngineLaunchError, RouterError) as exc:
+    except (EngineLaunchError, RouterError, EdgeProxyError) as exc:
         endpoint.stop()
         endpoint.state.last_error = str(exc)
         _write_state(args.state_file, endpoint, status="failed")

@@ -11,14 +11,23 @@ The router (an existing proxy, not ours) owns the stable port. Engines come and 
   must be healthy, then it joins the router, then the old one leaves the router, drains its
   in-flight requests, and only then stops.
 
-Both the router and the engines run under the launcher's watchdog, so none outlives the process
-that started it.
+With an SLA ingest named (`edge`), the measuring proxy (`python -m serving.edge`) takes the
+stable address instead: clients reach the proxy, the proxy the router (then on a loopback port),
+and every generation request's TTFT and status go to the portal as the client saw them. The
+proxy starts after the router and stops first, so it sees every request the endpoint served and
+sends its records before the endpoint is gone; `check()` restarts it if it dies (the time it was
+down is a gap in the SLA's coverage, never compliance).
+
+The router, the proxy and the engines run under the launcher's watchdog, so none outlives the
+process that started it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +39,7 @@ from pathlib import Path
 import httpx
 
 import serving.engine
+from serving.edge import TOKEN_ENV, IngestTarget
 from serving.engine.config import EngineConfig
 from serving.engine.launcher import EngineLaunchError, EngineProcess, free_port, read_log_tail, start_engine
 from serving.metrics import scrape
@@ -155,6 +165,110 @@ class RouterProcess:
                 self._watchdog.stdin.close()
 
 
+class EdgeProxyError(RuntimeError):
+    """The measuring proxy did not start; the message has its log."""
+
+
+class EdgeProxyProcess:
+    """The measuring proxy (serving.edge) at the endpoint's stable address, in front of `upstream`."""
+
+    # Its own shutdown (running requests finish, then the last flush) fits inside the watchdog's grace.
+    SHUTDOWN_GRACE_S = 10.0
+    DRAIN_TIMEOUT_S = 10.0
+
+    def __init__(self, *, port: int, ingest: IngestTarget, log_path: Path, host: str = "127.0.0.1") -> None:
+        self.host, self.port, self.ingest, self.log_path = host, port, ingest, log_path
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host  # noqa: S104
+        return f"http://{host}:{self.port}"
+
+    def _listening(self) -> bool:
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host  # noqa: S104
+        with contextlib.suppress(OSError), socket.create_connection((host, self.port), timeout=1.0):
+            return True
+        return False
+
+    def start(self, upstream: str, timeout_s: float = 60.0) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_file = Path(tempfile.mkdtemp(prefix="tailguard-edge-")) / "edge.pid"
+        listen = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        command = [
+            sys.executable,
+            "-m",
+            "serving.edge",
+            "--listen",
+            listen,
+            "--upstream",
+            upstream,
+            "--ingest-url",
+            self.ingest.url,
+            "--endpoint-id",
+            self.ingest.endpoint_id,
+            "--shutdown-grace-s",
+            str(self.SHUTDOWN_GRACE_S),
+            "--drain-timeout-s",
+            str(self.DRAIN_TIMEOUT_S),
+            # The proxy's own request log, beside the engine logs: what an auditor compares the
+            # portal's figures with.
+            "--record-log",
+            str(self.log_path.with_name("edge-requests.jsonl")),
+        ]
+        grace = self.SHUTDOWN_GRACE_S + self.DRAIN_TIMEOUT_S + 5.0
+        with self.log_path.open("ab") as log:
+            self._watchdog = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_WATCHDOG),
+                    "--pid-file",
+                    str(pid_file),
+                    "--grace-s",
+                    str(grace),
+                    "--",
+                    *command,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # The token travels in the environment, never on the command line (`ps` shows that).
+                env={**os.environ, TOKEN_ENV: self.ingest.token},
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._watchdog.poll() is not None:
+                raise EdgeProxyError(
+                    "the measuring proxy exited during start-up:\n"
+                    + "\n".join(read_log_tail(self.log_path, 20))
+                )
+            if self._listening():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise EdgeProxyError(
+            f"the measuring proxy was not listening after {timeout_s:.0f} s:\n"
+            + "\n".join(read_log_tail(self.log_path, 20))
+        )
+
+    def alive(self) -> bool:
+        return self._watchdog is not None and self._watchdog.poll() is None
+
+    def stop(self) -> None:
+        if self._watchdog is None:
+            return
+        if self._watchdog.poll() is None:
+            self._watchdog.terminate()
+            try:
+                self._watchdog.wait(timeout=self.SHUTDOWN_GRACE_S + self.DRAIN_TIMEOUT_S + 15.0)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait(timeout=10)
+        if self._watchdog.stdin:
+            with contextlib.suppress(OSError):
+                self._watchdog.stdin.close()
+
+
 @dataclass
 class EndpointState:
     """What the runner reports (the portal stores it)."""
@@ -181,6 +295,7 @@ class LocalEndpoint:
         engine_command: list[str] | None = None,
         on_change: Callable[[], None] | None = None,
         host: str = "127.0.0.1",
+        edge: IngestTarget | None = None,
     ) -> None:
         self.model, self.config, self.port, self.work_dir = model, config, port, work_dir
         self.startup_timeout_s, self.drain_timeout_s = startup_timeout_s, drain_timeout_s
@@ -190,15 +305,21 @@ class LocalEndpoint:
         # it): `check()` returns only once the replacement engine is up.
         self.on_change = on_change
         # The router listens where clients reach it (the pool's bind address); engines stay on
+        # loopback behind it. With a measuring proxy, the proxy listens there and the router on
         # loopback behind it.
-        self.router = RouterProcess(port=port, log_path=work_dir / "router.log", host=host)
+        self.edge: EdgeProxyProcess | None = None
+        if edge is not None:
+            self.edge = EdgeProxyProcess(port=port, ingest=edge, log_path=work_dir / "edge.log", host=host)
+            self.router = RouterProcess(port=free_port(), log_path=work_dir / "router.log")
+        else:
+            self.router = RouterProcess(port=port, log_path=work_dir / "router.log", host=host)
         self.engine: EngineProcess | None = None
         self.state = EndpointState()
 
     @property
     def base_url(self) -> str:
         """The stable address clients use (append /v1 for the OpenAI API)."""
-        return self.router.base_url
+        return self.edge.base_url if self.edge is not None else self.router.base_url
 
     def _start_engine(self, config: EngineConfig) -> EngineProcess:
         self.state.generation += 1
@@ -216,7 +337,10 @@ class LocalEndpoint:
         self.engine = self._start_engine(self.config)
         try:
             self.router.start(self.engine.base_url)
-        except RouterError:
+            if self.edge is not None:
+                self.edge.start(self.router.base_url)
+        except (RouterError, EdgeProxyError):
+            self.router.stop()
             self.engine.stop()
             raise
         self.state.status = "healthy"
@@ -253,6 +377,12 @@ class LocalEndpoint:
         """One supervision round: restart a dead engine (with back-off), or mark degraded."""
         if self.engine is None or self.state.status in {"degraded", "stopped"}:
             return self.state.status
+        if self.edge is not None and not self.edge.alive():
+            # Requests cannot reach the endpoint without it; the time it was down is a coverage gap.
+            try:
+                self.edge.start(self.router.base_url)
+            except EdgeProxyError as exc:
+                self.state.last_error = f"the measuring proxy did not restart: {exc}"
         if self.engine.alive() and self.engine.healthy(timeout_s=5.0):
             self.state.status = "healthy"
             return self.state.status
@@ -293,6 +423,9 @@ class LocalEndpoint:
         return self.state.status
 
     def stop(self) -> None:
+        # The proxy first: its running requests finish through the engine, then it sends its records.
+        if self.edge is not None:
+            self.edge.stop()
         if self.engine is not None:
             self.engine.stop()
         self.router.stop()

@@ -5,7 +5,9 @@ engine behind it, crash restarts, zero-failure swaps when the config file change
 session, so it outlives whoever started it; in the portal that is always the agent of the
 endpoint's host, never the web process. The runner talks to it through its folder: the
 configuration in (`config.json`, written atomically; the supervisor swaps engines when it
-changes), the state out (`state.json`), the key in a 0600 file (never on a command line).
+changes), the state out (`state.json`), the key in a 0600 file (never on a command line), and
+the SLA ingest's token likewise when the launch names an ingest (the measuring proxy then holds
+the endpoint's port, in front of the router).
 
 The endpoint's port is picked here, at `start`, unless the launch names one: only the host that
 serves the endpoint knows which of its ports are free, so the web side never picks it. The
@@ -153,6 +155,21 @@ class LocalSupervisorRunner:
         if not (folder / "api_key").exists():
             raise RunnerError("the endpoint's key file is missing (it was stopped); deploy it again")
         port = self._port(launch, existing)
+        edge_args: list[str] = []
+        if launch.edge_ingest_url and launch.edge_ingest_token:
+            # Like the key: a 0600 file, never a command-line argument.
+            token_file = folder / "edge_token"
+            token_file.touch(mode=0o600)
+            token_file.chmod(0o600)
+            token_file.write_text(launch.edge_ingest_token)
+            edge_args = [
+                "--edge-ingest-url",
+                launch.edge_ingest_url,
+                "--edge-endpoint-id",
+                launch.endpoint_id,
+                "--edge-token-file",
+                str(token_file),
+            ]
         command = [
             self.python,
             "-m",
@@ -173,6 +190,7 @@ class LocalSupervisorRunner:
             str(folder / "state.json"),
             "--api-key-file",
             str(folder / "api_key"),
+            *edge_args,
         ]
         with (folder / "supervisor.log").open("ab") as log:
             # A new session: the endpoint outlives the process that started it.
@@ -216,6 +234,7 @@ class LocalSupervisorRunner:
             if self.supervisor_alive(handle):
                 os.killpg(pid, signal.SIGKILL)  # its own session: the router and engine go with it
         (self._folder(handle) / "api_key").unlink(missing_ok=True)
+        (self._folder(handle) / "edge_token").unlink(missing_ok=True)
 
     def state(self, handle: RunnerHandle) -> RunnerState:
         raw = self.read_state_file(handle)
