@@ -109,12 +109,15 @@ def _ticks_per_s() -> int:
 
 
 def _busy_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine since boot (/proc/stat's first line)."""
+    """(busy, steal) CPU ticks of the whole machine since boot (/proc/stat's first line): busy
+    is what ran in this machine's processes and kernel; steal is time the hypervisor gave this
+    virtual machine's CPUs to someone else (a noisy neighbour: nothing in /proc to blame)."""
     with open("/proc/stat") as fh:
         fields = [int(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already inside user/nice
-    return total - idle, total
+    # user nice system idle iowait irq softirq steal (guest time is already inside user/nice)
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    steal = fields[7] if len(fields) > 7 else 0
+    return sum(fields[:8]) - idle - steal, steal
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,13 @@ class LoadSample:
     num_cpus: int
     total_cores: float  # everything
     ours_cores: float  # this process and its descendants (engine, load generator)
-    foreign_cores: float  # the rest: what could have disturbed the measurement
+    foreign_cores: float  # the rest of this machine's processes: what could have disturbed it
+    steal_cores: float = 0.0  # CPU the hypervisor took away from this machine meanwhile
+
+    @property
+    def disturbance_cores(self) -> float:
+        """Everything that competed with the measurement: other processes and stolen time."""
+        return self.foreign_cores + self.steal_cores
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -209,7 +218,7 @@ class ForeignLoadMeter:
             raise ValueError(f"poll_s must be in [0.05, 60], got {poll_s}")
         self.root = root_pid or os.getpid()
         self.poll_s = poll_s
-        self._start: tuple[float, int] | None = None
+        self._start: tuple[float, int, int] | None = None
         self._at_start: set[tuple[int, int]] = set()
         self._tracked: dict[tuple[int, int], _Tracked] = {}
         self._lock: Any = None
@@ -254,11 +263,11 @@ class ForeignLoadMeter:
         import threading
 
         self._lock = threading.Lock()
-        busy, _ = _busy_ticks()
+        busy, steal = _busy_ticks()
         self._at_start = {(pid, proc.started) for pid, proc in _process_table().items()}
         self._tracked = {}
         self._read()
-        self._start = (time.monotonic(), busy)
+        self._start = (time.monotonic(), busy, steal)
         self._stop_event = threading.Event()
 
         def run() -> None:
@@ -274,9 +283,9 @@ class ForeignLoadMeter:
             raise RuntimeError("ForeignLoadMeter.stop() before start()")
         self._stop_event.set()
         self._thread.join(timeout=max(5.0, 2 * self.poll_s))
-        t0, busy0 = self._start
+        t0, busy0, steal0 = self._start
         self._read()
-        busy1, _ = _busy_ticks()
+        busy1, steal1 = _busy_ticks()
         window = max(time.monotonic() - t0, 1e-6)
         hz = _ticks_per_s()
         total = (busy1 - busy0) / hz / window
@@ -287,6 +296,7 @@ class ForeignLoadMeter:
             total_cores=total,
             ours_cores=ours,
             foreign_cores=max(0.0, total - ours),
+            steal_cores=max(0.0, (steal1 - steal0) / hz / window),
         )
 
 

@@ -309,7 +309,7 @@ def _run_held(
         load = meter.stop()
         gpu = gpu_meter.stop()
         contended = plan.contention_cores is not None and (
-            load.foreign_cores > plan.contention_cores or (gpu is not None and gpu.contended)
+            load.disturbance_cores > plan.contention_cores or (gpu is not None and gpu.contended)
         )
         delta = snapshot_delta(before, after)
         survived = engine.alive() and engine.healthy()
