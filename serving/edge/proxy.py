@@ -34,6 +34,7 @@ from multidict import CIMultiDict
 
 from serving.edge.records import (
     ERROR_CLIENT_DISCONNECTED,
+    ERROR_PROXY_FAILED,
     ERROR_PROXY_STOPPED,
     ERROR_STREAM_BROKEN,
     ERROR_STREAM_ERROR,
@@ -103,6 +104,10 @@ class _SSEScanner:
     """Reads a server-sent event stream as it passes: when the first generated content comes,
     whether it ended with `data: [DONE]`, and whether the engine reported an error inside it."""
 
+    # One event larger than this is not the OpenAI protocol: the scanner stops holding it (the
+    # bytes still pass through) and the stream counts as ended without its [DONE].
+    MAX_EVENT_BYTES = 4 * 2**20
+
     def __init__(self) -> None:
         self._pending = b""
         self.content_seen = False
@@ -111,7 +116,7 @@ class _SSEScanner:
 
     def feed(self, chunk: bytes) -> bool:
         """Scan `chunk`; True when it completed the first event with generated content."""
-        if self.done:
+        if self.done or len(self._pending) > self.MAX_EVENT_BYTES:
             return False
         self._pending += chunk
         first = False
@@ -305,12 +310,21 @@ class EdgeProxy:
             measurement = _Measurement(request_id, self.buffer.arrived(request_id, self.clock_us()))
         try:
             return await self._forward(request, measurement)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
+            # Cancelled: the client left (or the proxy is shutting down); a connection error
+            # here is the client's socket, gone before the response started.
             if measurement is not None:
                 if self._stopping:
                     measurement.status, measurement.error = 503, ERROR_PROXY_STOPPED
                 else:
                     measurement.status, measurement.error = STATUS_CLIENT_CLOSED, ERROR_CLIENT_DISCONNECTED
+            raise
+        except Exception:
+            if measurement is not None:
+                measurement.error = ERROR_PROXY_FAILED
+                # A status the ingest accepts: one bad row would make it refuse the whole batch.
+                if not 100 <= measurement.status <= 599:
+                    measurement.status = 502
             raise
         finally:
             if measurement is not None:

@@ -37,9 +37,15 @@ ERROR_STREAM_BROKEN = "stream_broken"  # the response stopped before its end
 ERROR_STREAM_ERROR = "stream_error"  # the engine reported an error inside the stream
 ERROR_CLIENT_DISCONNECTED = "client_disconnected"  # the client left; the engine's work was cancelled
 ERROR_PROXY_STOPPED = "proxy_stopped"  # cut off by the proxy's own shutdown
-# Failures the engine side caused after a success status went out: reported to the ingest as 502,
-# since the client did not get its answer.
-_SERVER_SIDE_AFTER_HEADERS = frozenset({ERROR_STREAM_BROKEN, ERROR_STREAM_ERROR})
+ERROR_PROXY_FAILED = "proxy_failed"  # the proxy itself failed (logged with its traceback)
+# Failures on the engine's side after a success status went out: the client did not get its
+# answer, so the ingest is told 502 (504 when the engine went silent) instead of that status.
+_STATUS_AFTER_HEADERS = {
+    ERROR_STREAM_BROKEN: 502,
+    ERROR_STREAM_ERROR: 502,
+    ERROR_UPSTREAM_TIMEOUT: 504,
+    ERROR_PROXY_FAILED: 502,
+}
 
 # The status recorded for a client that left before its answer (nginx's convention: no real
 # response code was ever sent).
@@ -62,8 +68,8 @@ class EdgeRequestRecord:
     @property
     def ingest_status(self) -> int:
         """The status the SLA judges: a stream that broke after a 200 went out failed all the same."""
-        if self.error in _SERVER_SIDE_AFTER_HEADERS and self.status < 500:
-            return 502
+        if self.error in _STATUS_AFTER_HEADERS and self.status < 500:
+            return _STATUS_AFTER_HEADERS[self.error]
         return self.status
 
     def to_row(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.sla import selectors
 from portal.sla.models import EdgeCoverage, EdgeRequest
 from portal.traffic.models import TrafficSample
-from serving.edge import REQUEST_ID_HEADER
+from serving.edge import REQUEST_ID_HEADER, TOKEN_ENV
 from serving.engine import EngineConfig
 
 INGEST_TOKEN = "edge-live-token"
@@ -63,6 +63,20 @@ def _job(org: Any, user: Any, model_dir: Path) -> TuningJob:
     return job
 
 
+def _processes_naming(text: str) -> list[tuple[int, bytes]]:
+    """(pid, argv) of this user's processes whose command line names `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in argv:
+                found.append((int(entry.name), argv))
+    return found
+
+
 def _hour(at: datetime) -> datetime:
     return at.replace(minute=0, second=0, microsecond=0)
 
@@ -92,8 +106,16 @@ def test_the_portal_records_exactly_what_the_proxy_in_front_of_the_engine_measur
             time.sleep(1)
         endpoint.refresh_from_db()
         base = f"http://127.0.0.1:{endpoint.port}/v1"
-        # The token reached the proxy through a 0600 file and its environment, never its argv.
-        assert "edge-live-token" not in (folder / "supervisor.log").read_text()
+        # The token reached the proxy through a 0600 file and its environment, never an argv.
+        assert (folder / "edge_token").stat().st_mode & 0o777 == 0o600
+        proxies = _processes_naming(str(endpoint.id))
+        assert proxies and all(INGEST_TOKEN.encode() not in argv for _, argv in proxies)
+        assert any(
+            argv.split(b"\0")[1:3] == [b"-m", b"serving.edge"]
+            and f"{TOKEN_ENV}={INGEST_TOKEN}".encode()
+            in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            for pid, argv in proxies
+        )
         headers = {"Authorization": f"Bearer {api_key}"}
         model = str(model_dir)
         sent: dict[str, int] = {}  # request id (from the response header) -> status the client got

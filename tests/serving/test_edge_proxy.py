@@ -26,6 +26,7 @@ from serving.edge.records import (
     ERROR_CLIENT_DISCONNECTED,
     ERROR_STREAM_BROKEN,
     ERROR_STREAM_ERROR,
+    ERROR_UPSTREAM_TIMEOUT,
     ERROR_UPSTREAM_UNREACHABLE,
     EdgeRequestRecord,
 )
@@ -81,6 +82,8 @@ class Upstream:
                     assert request.transport is not None
                     request.transport.close()
                     return response
+                if prompt == "stall" and i == 1:
+                    await asyncio.sleep(30)  # the engine goes silent mid-stream
                 if prompt == "error-event" and i == 1:
                     await response.write(b'data: {"error": {"message": "out of KV cache", "code": 500}}\n\n')
                     break
@@ -308,6 +311,32 @@ def test_failures_are_recorded_as_such() -> None:
             unreachable_id: 502,
         }
         assert ingest.rows[broken[0].request_id]["error"] == ERROR_STREAM_BROKEN
+
+    asyncio.run(main())
+
+
+def test_an_engine_that_goes_silent_mid_stream_is_cut_off_and_recorded_as_a_timeout() -> None:
+    async def main() -> None:
+        upstream, ingest = Upstream(), Ingest()
+        async with (
+            serve(upstream.app()) as up_port,
+            serve(ingest.app()) as in_port,
+            proxy_for(settings_for(up_port, in_port, upstream_read_timeout_s=0.5)) as (proxy, records),
+            aiohttp.ClientSession() as session,
+        ):
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await fetch(
+                    session,
+                    f"http://127.0.0.1:{proxy.port}/v1/completions",
+                    {"prompt": "stall", "stream": True},
+                )
+        [record] = records
+        assert (record.status, record.error, record.ttft_ms is not None) == (
+            200,
+            ERROR_UPSTREAM_TIMEOUT,
+            True,
+        )
+        assert ingest.rows[record.request_id]["status"] == 504
 
     asyncio.run(main())
 
