@@ -117,7 +117,12 @@ class IngestShipper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.backoff_s())
             if not stop.is_set():
-                await self.flush()
+                try:
+                    await self.flush()
+                except Exception:
+                    # A bug here must not end the measuring: the records stay buffered (bounded).
+                    self.failures += 1
+                    logger.exception("edge ingest: flushing failed; retrying in %.1f s", self.backoff_s())
 
     async def drain(self, *, deadline_s: float) -> bool:
         """The last flush at shutdown: retry (with back-off) for at most `deadline_s`."""

@@ -390,16 +390,37 @@ def test_ingest_down_then_up_delivers_every_record_exactly_once() -> None:
                 second = [await fetch(session, url, {"prompt": f"b{i}"}) for i in range(2)]
                 assert await proxy.shipper.flush()
                 assert proxy.shipper.failures == 0
-                assert sorted(ingest.received_ids) == sorted(r[2] for r in first + second)  # type: ignore[type-var]
+                assert sorted(ingest.received_ids) == sorted(r[2] for r in first + second)
                 third = await fetch(session, url, {"prompt": "c", "stream": True})
                 await proxy.stop()  # the last flush at shutdown
         sent = [r[2] for r in [*first, *second, third]]
-        assert sorted(ingest.received_ids) == sorted(sent)  # type: ignore[type-var]
+        assert sorted(ingest.received_ids) == sorted(sent)
         assert len(ingest.received_ids) == len(set(ingest.received_ids)) == len(records) == 6
         # The spans sent cover the proxy's whole up-time without a hole.
         spans = sorted(ingest.spans)
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         assert proxy.stats().dropped == 0 and proxy.stats().buffered == 0
+
+    asyncio.run(main())
+
+
+def test_records_go_out_on_their_own_every_flush_interval() -> None:
+    async def main() -> None:
+        upstream, ingest = Upstream(), Ingest()
+        async with (
+            serve(upstream.app()) as up_port,
+            serve(ingest.app()) as in_port,
+            proxy_for(settings_for(up_port, in_port, flush_interval_s=0.1)) as (proxy, _records),
+            aiohttp.ClientSession() as session,
+        ):
+            url = f"http://127.0.0.1:{proxy.port}/v1/completions"
+            ids = [(await fetch(session, url, {"prompt": f"t{i}", "stream": True}))[2] for i in range(3)]
+            # Delivered while the proxy runs, without a flush from here (a liveness wait).
+            async with asyncio.timeout(30):
+                while len(ingest.received_ids) < 3:
+                    await asyncio.sleep(0.05)
+            assert sorted(ingest.received_ids) == sorted(ids)
+            assert len(ingest.posts) >= 1 and proxy.stats().delivered == 3
 
     asyncio.run(main())
 
