@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "portal.sla",
     "portal.alerts",
     "portal.ops",
+    "portal.outbox",
     "compliance",
 ]
 
@@ -317,6 +318,17 @@ TRAFFIC_REDISPATCH_AFTER_S = env.int("TRAFFIC_REDISPATCH_AFTER_S", 60, minimum=1
 CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
     "task": "portal.jobs.tasks.jobs_redispatch",
     "schedule": float(TUNING_REDISPATCH_INTERVAL_S),
+}
+# The task outbox (portal/outbox): endpoint operations, benchmark runs, invitations and billing
+# notices are recorded with the change that makes them due and sent after the commit; this beat
+# sends what the broker did not take (it was down), at most OUTBOX_BATCH a run, and deletes
+# messages sent more than OUTBOX_KEEP_SENT_DAYS ago.
+OUTBOX_REDISPATCH_INTERVAL_S = env.int("OUTBOX_REDISPATCH_INTERVAL_S", 15, minimum=1)
+OUTBOX_BATCH = env.int("OUTBOX_BATCH", 100, minimum=1)
+OUTBOX_KEEP_SENT_DAYS = env.int("OUTBOX_KEEP_SENT_DAYS", 7, minimum=1)
+CELERY_BEAT_SCHEDULE["outbox-redispatch"] = {
+    "task": "portal.outbox.tasks.outbox_redispatch",
+    "schedule": float(OUTBOX_REDISPATCH_INTERVAL_S),
 }
 # Job report PDFs: the headless Chromium that prints them (a name on PATH or a path), and how
 # long one print may take before the request gives up with an error.

@@ -8,8 +8,11 @@ The test process itself sends tasks for real (not eagerly) only inside `sending_
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -138,6 +141,32 @@ def sending_to(url: str, transport_options: dict[str, Any] | None = None) -> Ite
         app.conf.update(task_always_eager=True, broker_url=saved[0], broker_transport_options=saved[1])
         app._pool = None
         app.amqp._producer_pool = None
+
+
+def unreachable_broker_url() -> str:
+    """A Redis URL at a port nobody listens on: every send is refused at once (a broker down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def queued_messages(url: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every task message waiting in the Redis broker at `url`, as (queue, task name, keyword
+    arguments): what the workers would take, read without taking it."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    found = []
+    for key in sorted(client.scan_iter()):
+        # Kombu keeps each queue as a list; its bindings and unacknowledged messages are not lists.
+        if client.type(key) != b"list":
+            continue
+        for raw in client.lrange(key, 0, -1):
+            message = json.loads(raw)
+            _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append((key.decode(), message["headers"]["task"], kwargs))
+    return found
 
 
 def wait_for(condition: Callable[[], object], log: Path, what: str, timeout_s: float = 180) -> None:

@@ -26,6 +26,7 @@ from django.utils.text import slugify
 from compliance.services import audit_record
 from portal.accounts import rls, tokens
 from portal.accounts.models import ROLE_RANK, ApiToken, Invitation, Membership, Organization, Role, User
+from portal.outbox.services import outbox_enqueue
 
 
 class InvitationError(Exception):
@@ -154,10 +155,12 @@ def invitation_create(*, actor: User, organization: Organization, email: str, ro
             target=invitation,
             data={"email": email, "role": role},
         )
-        from portal.accounts.tasks import invitation_send
-
-        invitation_id = str(invitation.id)
-        transaction.on_commit(lambda: invitation_send.delay(invitation_id))
+        # Sent after the commit, or by the outbox's beat if the broker is down then.
+        outbox_enqueue(
+            task="portal.accounts.tasks.invitation_send",
+            kwargs={"invitation_id": str(invitation.id)},
+            key=f"invitation.send:{invitation.id}",
+        )
     return invitation
 
 

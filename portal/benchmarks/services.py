@@ -47,6 +47,7 @@ from portal.accounts.models import User
 from portal.benchmarks import measure
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
 from portal.benchmarks.selectors import user_is_benchmark_staff
+from portal.outbox.services import outbox_enqueue
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tuning.search.job import MAX_TOKENS as TUNING_MAX_TOKENS
@@ -338,10 +339,12 @@ def benchmark_report_create(
                 "duration_s": float(duration_s),
             },
         )
-        from portal.benchmarks.tasks import benchmark_report_run as run_task
-
-        report_id = str(report.id)
-        transaction.on_commit(lambda: run_task.delay(report_id))
+        # Sent after the commit, or by the outbox's beat if the broker is down then.
+        outbox_enqueue(
+            task="portal.benchmarks.tasks.benchmark_report_run",
+            kwargs={"report_id": str(report.id)},
+            key=f"benchmark_report.run:{report.id}",
+        )
     return report
 
 

@@ -45,6 +45,9 @@ class BillingAccount(models.Model):
     # late never overwrites a newer state.
     state_event_created = models.DateTimeField(null=True, blank=True)
     status_changed_at = models.DateTimeField(null=True, blank=True)
+    # When the admins were last told of a change of state (billing_status_notify): a notice is
+    # owed while this is older than `status_changed_at`, so a duplicated one sends nothing.
+    status_notified_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q, Sum
+from django.db.models import F, Max, Q, Sum
 from django.urls import reverse
 from django.utils import timezone
 
@@ -45,6 +45,7 @@ from portal.billing.usage import (
     split_by_hour,
 )
 from portal.jobs.models import Trial
+from portal.outbox.services import outbox_enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -574,20 +575,14 @@ def invoice_credit_add(
                     **(data or {}),
                 },
             )
-            credit_id = str(credit.id)
-            transaction.on_commit(lambda: _send_credit_later(credit_id))
+            # Sent after the commit, or by the outbox's beat if the broker is down then (the
+            # scheduled billing run also retries every credit Stripe has not taken).
+            outbox_enqueue(
+                task="portal.billing.tasks.invoice_credit_send",
+                kwargs={"credit_id": str(credit.id)},
+                key=f"invoice_credit.send:{credit.id}",
+            )
     return credit
-
-
-def _send_credit_later(credit_id: str) -> None:
-    from portal.billing.tasks import invoice_credit_send
-
-    # A broker outage loses nothing: the credit stays pending and the scheduled billing run
-    # (usage_report_run) sends every pending credit.
-    try:
-        invoice_credit_send.delay(credit_id)
-    except Exception:
-        logger.warning("credit %s stays pending until the next billing run", credit_id, exc_info=True)
 
 
 def invoice_credit_send(*, credit_id: object, now: datetime | None = None) -> str:
@@ -756,10 +751,14 @@ def _period_end(subscription: dict[str, Any]) -> datetime | None:
     return datetime.fromtimestamp(max(values), tz=UTC) if values else None
 
 
-def _notify_admins(account_id: object, status: str) -> None:
-    from portal.billing.tasks import billing_status_notify
-
-    transaction.on_commit(lambda: billing_status_notify.delay(str(account_id), status))
+def _notify_admins(account: BillingAccount) -> None:
+    """Records the notice of the account's new state (sent after the commit, or by the outbox's
+    beat), once per change of state: the key names the change."""
+    outbox_enqueue(
+        task="portal.billing.tasks.billing_status_notify",
+        kwargs={"account_id": str(account.id), "status": account.status},
+        key=f"billing.status_notify:{account.id}:{account.status}:{account.status_changed_at:%Y%m%dT%H%M%S.%f}",
+    )
 
 
 def _apply_subscription(
@@ -820,7 +819,7 @@ def _apply_subscription(
             },
         )
         if new_status in {SubscriptionStatus.PAST_DUE, SubscriptionStatus.CANCELED}:
-            _notify_admins(account.id, new_status)
+            _notify_admins(account)
     return "applied"
 
 
@@ -878,10 +877,21 @@ def webhook_event_process(*, event: dict[str, Any]) -> str:
 
 
 def billing_status_notify(*, account_id: str, status: str) -> int:
-    """Emails the organization's owners and admins that its subscription needs attention."""
+    """Emails the organization's owners and admins that its subscription needs attention.
+
+    Once per change of state: the notice claims the account's change first (a duplicated or
+    re-sent task finds it claimed and sends nothing). Returns how many people were emailed."""
     account = BillingAccount.objects.select_related("organization").filter(id=account_id).first()
     if account is None or account.status != status:
         # The state moved on before the notice went out; the newer state sends its own.
+        return 0
+    previous_notice = account.status_notified_at
+    claimed = (
+        BillingAccount.objects.filter(id=account_id, status=status, status_notified_at=previous_notice)
+        .filter(Q(status_notified_at__isnull=True) | Q(status_notified_at__lt=F("status_changed_at")))
+        .update(status_notified_at=timezone.now())
+    )
+    if not claimed:
         return 0
     recipients = list(
         Membership.objects.filter(organization=account.organization, role__in=[Role.OWNER, Role.ADMIN])
@@ -904,5 +914,10 @@ def billing_status_notify(*, account_id: str, status: str) -> int:
             f"The subscription of {name} was cancelled. Usage is no longer reported for billing.\n\n"
             f"Subscribe again at any time: {_site_url(reverse('billing:overview'))}"
         )
-    send_mail(subject=subject, message=body, from_email=None, recipient_list=recipients)
+    try:
+        send_mail(subject=subject, message=body, from_email=None, recipient_list=recipients)
+    except Exception:
+        # Release the claim so the task's retry sends it.
+        BillingAccount.objects.filter(id=account_id).update(status_notified_at=previous_notice)
+        raise
     return len(recipients)

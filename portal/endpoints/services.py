@@ -39,6 +39,7 @@ from portal.accounts.models import Role, User
 from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
+from portal.outbox.services import outbox_enqueue
 from portal.pools.models import Pool
 from portal.pools.selectors import host_here, pool_waiting_reason
 from portal.pools.services import pool_require_usable
@@ -165,14 +166,14 @@ def endpoint_deploy(
             result,
             f"deployed the winner of tuning job {job.name!r} (trial {number})",
         )
-        audit_record(
+        event = audit_record(
             actor=actor,
             organization=job.organization,
             action="endpoint.deploy",
             target=endpoint,
             data={"job": str(job.id), "trial": number},
         )
-        transaction.on_commit(lambda: _send("endpoint_start", endpoint, start=True))
+        _enqueue("endpoint_start", endpoint, action=str(event.id), start=True)
     # Where the start ran at once (eager tasks, no outer transaction), its port is known now.
     endpoint.refresh_from_db()
     return endpoint, api_key
@@ -239,7 +240,7 @@ def endpoint_switch(
         endpoint_id = str(endpoint.pk)
         if _route(locked):
             # Served on a pool's host: its agent writes the new configuration there.
-            transaction.on_commit(lambda: _send("endpoint_apply", locked))
+            _enqueue("endpoint_apply", locked, action=f"generation-{generation}")
         else:
             transaction.on_commit(lambda: endpoint_config_sync(endpoint_id=endpoint_id))
     return revision
@@ -300,18 +301,37 @@ def _route(endpoint: Endpoint, *, start: bool = False) -> dict[str, str]:
     return {"host": str(endpoint.host_id)}
 
 
-def _send(task_name: str, endpoint: Endpoint, *, start: bool = False) -> None:
+def _enqueue(task_name: str, endpoint: Endpoint, *, action: str, start: bool = False) -> None:
+    """Records an operation of the endpoint (`start`, `stop`, `apply`) in the task outbox, inside
+    the caller's transaction, routed where the endpoint runs (`_route`). It goes to the broker
+    after the commit, or from the outbox's beat if the broker is down then; `action` names this
+    one operation (the audit event that decided it, the generation applied), so the same
+    operation recorded twice is sent once."""
+    route = _route(endpoint, start=start)
+    endpoint_id = str(endpoint.id)
+    outbox_enqueue(
+        task=f"portal.endpoints.tasks.{task_name}",
+        kwargs={"endpoint_id": endpoint_id, **route},
+        key=f"{task_name}:{endpoint_id}:{action}",
+    )
+    pool = endpoint.pool
+    if start and pool is not None and route:
+        transaction.on_commit(lambda: _note_pool_waiting(endpoint_id, pool))
+
+
+def _note_pool_waiting(endpoint_id: str, pool: Pool) -> None:
+    waiting = pool_waiting_reason(pool=pool)
+    if waiting:
+        # Never silent: the start waits in the pool's queue, and the endpoint says so.
+        Endpoint.objects.filter(id=endpoint_id, status=Endpoint.Status.STARTING).update(status_detail=waiting)
+
+
+def _send_watch(endpoint: Endpoint) -> None:
+    # Straight to the broker, not through the outbox: the beat sends a watch every round, so a
+    # round lost to a broker outage is replaced by the next.
     from portal.endpoints import tasks
 
-    route = _route(endpoint, start=start)
-    getattr(tasks, task_name).apply_async(kwargs={"endpoint_id": str(endpoint.id), **route})
-    if start and endpoint.pool is not None and route:
-        waiting = pool_waiting_reason(pool=endpoint.pool)
-        if waiting:
-            # Never silent: the start waits in the pool's queue, and the endpoint says so.
-            Endpoint.objects.filter(id=endpoint.id, status=Endpoint.Status.STARTING).update(
-                status_detail=waiting
-            )
+    tasks.endpoint_watch.apply_async(kwargs={"endpoint_id": str(endpoint.id), **_route(endpoint)})
 
 
 def endpoint_start(*, endpoint_id: str) -> str:
@@ -578,9 +598,11 @@ def endpoint_stop(*, actor: User, endpoint: Endpoint) -> None:
         Endpoint.objects.filter(id=endpoint.id).update(
             status=Endpoint.Status.STOPPING, api_key_hash="", api_key_sealed=None, status_detail=""
         )
-        audit_record(actor=actor, organization=endpoint.organization, action="endpoint.stop", target=endpoint)
+        event = audit_record(
+            actor=actor, organization=endpoint.organization, action="endpoint.stop", target=endpoint
+        )
         stopping = Endpoint.objects.select_related("pool").get(id=endpoint.id)
-        transaction.on_commit(lambda: _send("endpoint_stop", stopping))
+        _enqueue("endpoint_stop", stopping, action=str(event.id))
 
 
 def endpoint_stop_run(*, endpoint_id: str, timeout_s: float = 60.0) -> str:
@@ -632,7 +654,7 @@ def endpoints_watch() -> int:
                 Endpoint.objects.filter(id=endpoint.id, host__isnull=True).update(status_detail=waiting)
             continue
         if route:
-            _send("endpoint_watch", endpoint)
+            _send_watch(endpoint)
         else:
             endpoint_watch_one(endpoint_id=str(endpoint.id))
         count += 1
@@ -685,7 +707,7 @@ def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, 
         claimed = Endpoint.objects.filter(id=endpoint.id, status__in=restartable).update(**values)
         if not claimed:
             raise ValidationError("This endpoint is already starting or running.")
-        audit_record(
+        event = audit_record(
             actor=actor,
             organization=endpoint.organization,
             action="endpoint.start_again",
@@ -695,7 +717,7 @@ def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, 
         starting = Endpoint.objects.select_related("pool", "organization", "served_model", "job").get(
             id=endpoint.id
         )
-        transaction.on_commit(lambda: _send("endpoint_start", starting, start=True))
+        _enqueue("endpoint_start", starting, action=str(event.id), start=True)
     return starting, api_key
 
 

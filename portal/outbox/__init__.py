@@ -1,0 +1,1 @@
+"""One durable way to hand work to the broker: a transactional outbox (see services.py)."""
