@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -340,6 +341,30 @@ def test_a_past_due_notice_decided_during_an_outage_is_emailed_once_after_it(
 
 
 # --- The kit itself --------------------------------------------------------------------------------
+
+
+def test_a_broker_that_hangs_leaves_the_action_done_and_its_message_pending(
+    alice: User, alice_org: Organization, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    # A listener that never answers: only the socket timeout (shortened here, same option) ends
+    # each try, after the commit and again in the beat, which then counts it as unsent.
+    timeouts = {**settings.REDIS_BROKER_TIMEOUTS, "socket_timeout": 2}
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        with sending_to(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeouts):
+            with django_capture_on_commit_callbacks(execute=True):
+                invitation = account_services.invitation_create(
+                    actor=alice, organization=alice_org, email="dana@acme.test", role="member"
+                )
+            message = OutboxMessage.objects.get()
+            assert message.status == OutboxMessage.Status.PENDING and message.attempts == 1
+            assert "imeout" in message.last_error, message.last_error
+            counts = services.outbox_redispatch(now=message.next_attempt_at)
+    assert counts == {"sent": 0, "unsent": 1, "failed": 0, "purged": 0}
+    message.refresh_from_db()
+    assert message.status == OutboxMessage.Status.PENDING and message.attempts == 2
+    assert Invitation.objects.get(pk=invitation.pk).sent_at is None and mail.outbox == []
 
 
 def test_the_same_action_is_one_message_and_an_unknown_task_is_refused(
