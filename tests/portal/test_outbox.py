@@ -20,9 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.core import mail
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.accounts import services as account_services
@@ -410,6 +411,38 @@ def test_the_beat_sends_oldest_first_a_bounded_batch_and_stops_at_an_unreachable
         assert services.outbox_redispatch(now=rows[ids[0]].next_attempt_at)["sent"] == 1
     assert [t for _q, t, _k in queued_messages(redis_url)] == ["portal.accounts.tasks.invitations_expire"] * 3
     assert set(OutboxMessage.objects.values_list("status", flat=True)) == {OutboxMessage.Status.SENT}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beat_skips_the_messages_another_beat_has_locked(settings: Any, redis_url: str) -> None:
+    require_postgres()
+    with sending_to(unreachable_broker_url(), settings.REDIS_BROKER_TIMEOUTS):
+        first, second = (
+            services.outbox_enqueue(
+                task="portal.accounts.tasks.invitations_expire", kwargs={}, key=f"beat:{n}"
+            )
+            for n in range(2)
+        )
+    later = timezone.now() + timedelta(seconds=services.RETRY_MAX_S)
+    # Another beat's transaction holds the first row (it is claiming it), from its own session.
+    s = connection.settings_dict
+    other = psycopg.connect(
+        host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"]
+    )
+    try:
+        other.execute("SELECT id FROM outbox_outboxmessage WHERE id = %s FOR UPDATE", [first.id])
+        with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
+            assert services.outbox_redispatch(now=later)["sent"] == 1
+    finally:
+        other.rollback()
+        other.close()
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, first.attempts) == (OutboxMessage.Status.PENDING, 1)
+    assert (second.status, second.attempts) == (OutboxMessage.Status.SENT, 2)
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
+        assert services.outbox_redispatch(now=later)["sent"] == 1
+    assert len(queued_messages(redis_url)) == 2
 
 
 def test_a_message_held_by_one_sender_is_not_sent_by_another_and_old_sent_ones_are_purged(
