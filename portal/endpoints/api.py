@@ -35,6 +35,9 @@ class EndpointSerializer(api_fields.ModelSerializer):
     job = serializers.UUIDField(source="job_id", read_only=True, allow_null=True)
     pool = api_fields.CharField(source="pool.name", read_only=True, allow_null=True)
     base_url = serializers.SerializerMethodField(help_text="The OpenAI base URL clients use (ends in /v1).")
+    model = serializers.SerializerMethodField(
+        help_text="The `model` every request names: the name the engine serves (GET {base_url}/models lists it)."
+    )
     config = serializers.DictField(read_only=True, help_text="The engine configuration now serving.")
 
     class Meta:
@@ -49,6 +52,7 @@ class EndpointSerializer(api_fields.ModelSerializer):
             "job",
             "pool",
             "base_url",
+            "model",
             "api_key_prefix",
             "config",
             "created_at",
@@ -58,6 +62,9 @@ class EndpointSerializer(api_fields.ModelSerializer):
 
     def get_base_url(self, endpoint: Endpoint) -> str:
         return selectors.endpoint_base_url(endpoint)
+
+    def get_model(self, endpoint: Endpoint) -> str:
+        return selectors.endpoint_model_id(endpoint)
 
 
 class EndpointKeySerializer(EndpointSerializer):
@@ -261,7 +268,7 @@ class EndpointStartView(_EndpointAction):
 
 
 class EndpointMetricsView(TenantScopedMixin, generics.GenericAPIView):
-    """Live metrics over a range (`1h` every scrape; `6h`, `24h`, `7d` bucketed), the SLO, SLA
+    """Live metrics over a range (`15m`, `1h` every scrape; `6h`, `24h`, `7d` bucketed), the SLO, SLA
     compliance per window, the optimization history and the loop's iterations: the data the
     endpoint page charts. Gaps are null, never zeros."""
 

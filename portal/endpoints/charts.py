@@ -72,6 +72,13 @@ def _line(series: dict[str, Any], key: str, name: str, **style: Any) -> go.Scatt
     )
 
 
+def requests_text(count: float | None) -> str:
+    """What a percentile rests on, as its hover and tables say it."""
+    if count is None:
+        return "requests not counted"
+    return f"{count:,.0f} request{'' if round(count) == 1 else 's'}"
+
+
 def _resolution(series: dict[str, Any]) -> str:
     bucket = series.get("bucket_s")
     if not bucket:
@@ -105,8 +112,22 @@ def _shade_gaps(fig: go.Figure, series: dict[str, Any]) -> None:
 def ttft_figure(series: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
     """Live p50 and p95 TTFT over time with the SLO's targets as horizontal lines."""
     fig = go.Figure()
-    fig.add_trace(_line(series, "ttft_p50_ms", "p50 TTFT", line={"color": _P50_COLOR}))
-    fig.add_trace(_line(series, "ttft_p95_ms", "p95 TTFT", line={"color": _P95_COLOR, "dash": "dash"}))
+    # Every point's percentiles state the requests they rest on (those finished in its interval).
+    behind = [requests_text(n) for n in series.get("num_requests") or [None] * len(series["taken_at"])]
+    for key, name, line in (
+        ("ttft_p50_ms", "p50 TTFT", {"color": _P50_COLOR}),
+        ("ttft_p95_ms", "p95 TTFT", {"color": _P95_COLOR, "dash": "dash"}),
+    ):
+        fig.add_trace(
+            _line(
+                series,
+                key,
+                name,
+                line=line,
+                customdata=behind,
+                hovertemplate=f"%{{x}}: {name} %{{y:,.0f}} ms over %{{customdata}}<extra></extra>",
+            )
+        )
     for key, dash, label in (("ttft_p50_ms", "dash", "p50"), ("ttft_p95_ms", "dot", "p95")):
         limit = slo.get(key)
         if limit is not None:
@@ -122,8 +143,10 @@ def ttft_figure(series: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
     if not _has_values(series["ttft_p50_ms"], series["ttft_p95_ms"]):
         _empty_note(fig, f"No TTFT measured in the {series['range_label']}")
     bucketed = " (p50: median, p95: worst interval per bucket)" if series.get("bucket_s") else ""
+    total = series.get("total_requests")
+    over = f", over {requests_text(total)}" if total is not None else ""
     fig.update_layout(
-        title=f"Time to first token, {series['range_label']} ({_resolution(series)}{bucketed}; grey: no data)",
+        title=f"Time to first token, {series['range_label']}{over} ({_resolution(series)}{bucketed}; grey: no data)",
         yaxis_title="time to first token (ms)",
         yaxis_rangemode="tozero",
         **_LAYOUT,
@@ -263,6 +286,7 @@ def history_figure(history: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = [row["tokens_per_s"] for row in history]
     p50 = [row["ttft_p50_ms"] for row in history]
     whys = [_why(row) for row in history]
+    behind = [requests_text(row.get("num_requests")) for row in history]
     if history:
         fig.add_trace(
             go.Bar(
@@ -287,8 +311,8 @@ def history_figure(history: list[dict[str, Any]]) -> dict[str, Any]:
                 connectgaps=False,
                 line={"color": _P95_COLOR},
                 marker={"size": 9},
-                customdata=whys,
-                hovertemplate="%{x}: p50 %{y:,.0f} ms<br>%{customdata}<extra></extra>",
+                customdata=list(zip(whys, behind, strict=True)),
+                hovertemplate="%{x}: p50 %{y:,.0f} ms over %{customdata[1]}<br>%{customdata[0]}<extra></extra>",
             )
         )
         for label, why in zip(labels, whys, strict=True):

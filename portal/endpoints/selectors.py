@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import F
 from django.utils import timezone
 
 from compliance import selectors as compliance_selectors
@@ -28,12 +29,19 @@ from tuning.search.slo import SLOParseError, parse_slo
 # Range key -> (length, bucket). Up to an hour every scrape (one each 15 s) is a point; longer
 # ranges are bucketed so a page refreshed every 15 s does not ship tens of thousands of points.
 RANGES: dict[str, tuple[timedelta, timedelta | None]] = {
+    "15m": (timedelta(minutes=15), None),
     "1h": (timedelta(hours=1), None),
     "6h": (timedelta(hours=6), timedelta(minutes=1)),
     "24h": (timedelta(hours=24), timedelta(minutes=5)),
     "7d": (timedelta(days=7), timedelta(minutes=30)),
 }
-RANGE_LABELS = {"1h": "last hour", "6h": "last 6 hours", "24h": "last 24 hours", "7d": "last 7 days"}
+RANGE_LABELS = {
+    "15m": "last 15 minutes",
+    "1h": "last hour",
+    "6h": "last 6 hours",
+    "24h": "last 24 hours",
+    "7d": "last 7 days",
+}
 DEFAULT_RANGE = "1h"
 SERIES = (
     "ttft_p50_ms",
@@ -43,6 +51,9 @@ SERIES = (
     "generation_tokens_per_s",
     "prefix_cache_hit_rate",
 )
+# Requests finished in a snapshot's interval (its `window`, `LiveWindow.to_dict()`): what the
+# interval's p50 and p95 rest on, stated beside every percentile the page shows.
+COUNT = "num_requests"
 SLA_WINDOWS_SHOWN = 6  # closed monthly windows on the chart, besides the current one
 _MAX_CELL = 120  # characters of a configuration value shown in a table cell
 
@@ -77,6 +88,46 @@ def endpoint_base_url(endpoint: Endpoint) -> str:
     return f"{base}/v1" if base else ""
 
 
+def endpoint_model_id(endpoint: Endpoint) -> str:
+    """The model name clients send (`model` in every request; `GET /v1/models` lists it): the
+    name the engine serves, which is the model's folder unless the launch gives it a shorter one."""
+    served = (endpoint.config or {}).get("served_model_name")
+    return str(served) if served else endpoint.served_model.path
+
+
+# The key is shown once, at deploy: the snippets read it from the environment, never the page.
+API_KEY_VARIABLE = "TAILGUARD_API_KEY"
+
+
+def client_snippets(*, base_url: str, model_id: str, endpoint: Endpoint) -> dict[str, str]:
+    """Ready-to-paste calls of the endpoint (the `openai` Python client and curl), with its base
+    URL and model; '' each until the address is known."""
+    if not base_url:
+        return {"python": "", "curl": ""}
+    python = (
+        "import os\n\n"
+        "from openai import OpenAI\n\n"
+        f"# {API_KEY_VARIABLE}: the key shown once at deploy (tgk_{endpoint.api_key_prefix}_…)\n"
+        f'client = OpenAI(base_url="{base_url}", api_key=os.environ["{API_KEY_VARIABLE}"])\n'
+        "reply = client.chat.completions.create(\n"
+        f'    model="{model_id}",\n'
+        '    messages=[{"role": "user", "content": "Hello"}],\n'
+        "    max_tokens=64,\n"
+        ")\n"
+        "print(reply.choices[0].message.content)\n"
+    )
+    body = json.dumps(
+        {"model": model_id, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}
+    )
+    curl = (
+        f"curl {base_url}/chat/completions \\\n"
+        f'  -H "Authorization: Bearer ${API_KEY_VARIABLE}" \\\n'
+        "  -H 'Content-Type: application/json' \\\n"
+        f"  -d '{body}'\n"
+    )
+    return {"python": python, "curl": curl}
+
+
 def _finite(value: Any) -> float | None:
     if value is None:
         return None
@@ -99,8 +150,8 @@ def endpoint_slo(*, endpoint: Endpoint) -> dict[str, Any]:
 
 def _point(row: dict[str, Any]) -> dict[str, float | None]:
     if row["gap"]:
-        return dict.fromkeys(SERIES)
-    return {name: _finite(row[name]) for name in SERIES}
+        return dict.fromkeys((*SERIES, COUNT))
+    return {**{name: _finite(row[name]) for name in SERIES}, COUNT: _finite(row.get(COUNT))}
 
 
 def _bucket(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -108,7 +159,8 @@ def _bucket(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     mean rates and hit rate; `None` where no snapshot in it measured the value."""
     points = [_point(r) for r in rows]
     values = {name: [p[name] for p in points if p[name] is not None] for name in SERIES}
-    out: dict[str, float | None] = {}
+    counts = [p[COUNT] for p in points if p[COUNT] is not None]
+    out: dict[str, float | None] = {COUNT: sum(counts) if counts else None}
     for name, found in values.items():
         if not found:
             out[name] = None
@@ -152,7 +204,7 @@ def _rows(endpoint: Endpoint, since: datetime, until: datetime) -> list[dict[str
     return list(
         MetricSnapshot.objects.filter(endpoint=endpoint, taken_at__gte=since, taken_at__lte=until)
         .order_by("taken_at")
-        .values("taken_at", "gap", "gap_reason", *SERIES)
+        .values("taken_at", "gap", "gap_reason", *SERIES, **{COUNT: F("window__num_requests")})
     )
 
 
@@ -176,7 +228,7 @@ def _raw_points(rows: list[dict[str, Any]], max_interval: timedelta) -> list[Poi
     for row in rows:
         if previous is not None and row["taken_at"] - previous > max_interval:
             # A silence: one empty point between the two, so the line breaks there.
-            points.append((previous + (row["taken_at"] - previous) / 2, dict.fromkeys(SERIES)))
+            points.append((previous + (row["taken_at"] - previous) / 2, dict.fromkeys((*SERIES, COUNT))))
         points.append((row["taken_at"], _point(row)))
         previous = row["taken_at"]
     return points
@@ -207,6 +259,13 @@ def _bucket_points(
                 else:
                     gaps.append({"start": lo, "end": hi, "reason": "no scrape with data in this bucket"})
     return points, [{**g, "start": g["start"].isoformat(), "end": g["end"].isoformat()} for g in gaps]
+
+
+def _total_requests(rows: list[dict[str, Any]]) -> int | None:
+    """Requests finished over the range's snapshots; None when no snapshot counted them."""
+    counts = [_finite(r.get(COUNT)) for r in rows if not r["gap"]]
+    known = [c for c in counts if c is not None]
+    return round(sum(known)) if known else None
 
 
 def snapshot_series(
@@ -240,6 +299,9 @@ def snapshot_series(
         "bucket_s": bucket.total_seconds() if bucket else None,
         "taken_at": [moment.isoformat() for moment, _ in points],
         **{name: [point[name] for _, point in points] for name in SERIES},
+        # Per point, the requests its percentiles rest on (None where unknown or a gap).
+        COUNT: [point[COUNT] for _, point in points],
+        "total_requests": _total_requests(rows),
         "num_snapshots": len(rows),
         "num_gaps": sum(1 for r in rows if r["gap"]),
         "gaps": gaps,
@@ -424,7 +486,17 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
     """Every generation in order: what was deployed and why, what changed from the generation
     before, what its tuning job measured, and the gain over the generation before (tokens per
     second up, p50 TTFT down). A loop-created generation carries its iteration's trigger."""
+    from portal.jobs.models import Trial
+    from portal.jobs.selectors import requests_at_target
+
     revisions = list(EndpointRevision.objects.filter(endpoint=endpoint).select_related("job"))
+    # The requests each generation's percentiles rest on: its trial's repeats at the target rate.
+    results = {
+        (t["job_id"], t["number"]): t["result"] or {}
+        for t in Trial.objects.filter(job_id__in={r.job_id for r in revisions if r.job_id}).values(
+            "job_id", "number", "result"
+        )
+    }
     by_revision = {
         it.revision_id: it for it in LoopIteration.objects.filter(endpoint=endpoint, revision__isnull=False)
     }
@@ -455,6 +527,7 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
                 "is_first": previous is None,
                 "ttft_p50_ms": p50,
                 "ttft_p95_ms": _finite(revision.measured_ttft_p95_ms),
+                "num_requests": requests_at_target(results.get((revision.job_id, revision.trial_number), {})),
                 "tokens_per_s": tokens,
                 "tokens_gain_pct": _change_pct(before_tokens, tokens),
                 "ttft_p50_change_pct": _change_pct(before_p50, p50),
@@ -465,12 +538,61 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
     return rows
 
 
+def _requests_between(endpoint: Endpoint, since: datetime, until: datetime | None) -> int | None:
+    rows = MetricSnapshot.objects.filter(endpoint=endpoint, gap=False, taken_at__gte=since)
+    if until is not None:
+        rows = rows.filter(taken_at__lte=until)
+    return _total_requests(list(rows.values("gap", **{COUNT: F("window__num_requests")})))
+
+
+def _iteration_requests(it: LoopIteration) -> tuple[int | None, int | None]:
+    """The requests behind an iteration's live p95s, over the snapshots the loop judged them on
+    (`portal.endpoints.loop`): before, the detection's windows (or the window up to the
+    promotion); after, the snapshots from the settled switch to the verdict."""
+    window = timedelta(seconds=it.endpoint.detect_window_s)
+    before = None
+    if it.promoted_at is not None:
+        before = _requests_between(it.endpoint, it.promoted_at - window, it.promoted_at)
+    if before is None:
+        counts = [_finite((w or {}).get(COUNT)) for w in it.live_windows or []]
+        known = [c for c in counts if c is not None]
+        before = round(sum(known)) if known else None
+    after = None
+    if it.promoted_at is not None and it.after_p95_ms is not None:
+        after = _requests_between(it.endpoint, it.promoted_at + window, it.finished_at)
+    return before, after
+
+
+def _canary_requests(it: LoopIteration) -> tuple[int | None, int | None]:
+    """The requests behind the canary's two p50s: those of the re-tuning job's trials that
+    measured them (`loop._judge` takes the winner's and the running configuration's results)."""
+    from portal.jobs.models import Trial
+    from portal.jobs.selectors import requests_at_target
+
+    if it.job_id is None or (it.candidate_ttft_p50_ms is None and it.incumbent_ttft_p50_ms is None):
+        return None, None
+    results = [
+        r or {}
+        for r in Trial.objects.filter(job_id=it.job_id, status=Trial.Status.DONE)
+        .order_by("number")
+        .values_list("result", flat=True)
+    ]
+
+    def behind(p50: float | None) -> int | None:
+        found = next((r for r in results if p50 is not None and r.get("ttft_p50_ms") == p50), None)
+        return requests_at_target(found) if found is not None else None
+
+    return behind(it.candidate_ttft_p50_ms), behind(it.incumbent_ttft_p50_ms)
+
+
 def loop_iterations(*, endpoint: Endpoint) -> list[dict[str, Any]]:
     """The loop's iterations, newest first, as the page's table shows them."""
     rows = []
-    iterations = LoopIteration.objects.filter(endpoint=endpoint).select_related("job", "revision")
+    iterations = LoopIteration.objects.filter(endpoint=endpoint).select_related("job", "revision", "endpoint")
     for it in iterations.order_by("-number"):
         before, after = _finite(it.before_p95_ms), _finite(it.after_p95_ms)
+        before_requests, after_requests = _iteration_requests(it)
+        candidate_requests, incumbent_requests = _canary_requests(it)
         rows.append(
             {
                 "number": it.number,
@@ -483,9 +605,13 @@ def loop_iterations(*, endpoint: Endpoint) -> list[dict[str, Any]]:
                 "verdict": it.verdict,
                 "error": it.error,
                 "candidate_ttft_p50_ms": _finite(it.candidate_ttft_p50_ms),
+                "candidate_requests": candidate_requests,
                 "incumbent_ttft_p50_ms": _finite(it.incumbent_ttft_p50_ms),
+                "incumbent_requests": incumbent_requests,
                 "before_p95_ms": before,
+                "before_requests": before_requests if before is not None else None,
                 "after_p95_ms": after,
+                "after_requests": after_requests if after is not None else None,
                 "p95_change_pct": _change_pct(before, after),
                 "generation": it.revision.generation if it.revision else None,
                 "detected_at": it.detected_at,
@@ -514,6 +640,10 @@ def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | N
         "iterations": loop_iterations(endpoint=endpoint),
         "config": config_rows(endpoint.config),
         "base_url": endpoint_base_url(endpoint),
+        "model_id": endpoint_model_id(endpoint),
+        "client": client_snippets(
+            base_url=endpoint_base_url(endpoint), model_id=endpoint_model_id(endpoint), endpoint=endpoint
+        ),
         "last_snapshot": MetricSnapshot.objects.filter(endpoint=endpoint)
         .order_by("-taken_at")
         .values("taken_at", "gap", "gap_reason")

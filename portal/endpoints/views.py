@@ -73,7 +73,12 @@ def endpoint_deployed(request: HttpRequest, endpoint_id: str) -> HttpResponse:
     response = render(
         request,
         "endpoints/deployed.html",
-        {"endpoint": endpoint, "api_key": api_key, "base_url": selectors.endpoint_base_url(endpoint)},
+        {
+            "endpoint": endpoint,
+            "api_key": api_key,
+            "base_url": selectors.endpoint_base_url(endpoint),
+            "model_id": selectors.endpoint_model_id(endpoint),
+        },
     )
     response["Cache-Control"] = "no-store"
     return response

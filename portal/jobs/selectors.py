@@ -89,6 +89,11 @@ def _slo_limits(slo_text: str) -> dict[str, float | None]:
     return {name: slo.limit(name) for name in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
 
 
+def requests_at_target(result: dict[str, Any]) -> int | None:
+    """What a trial's percentiles at the target rate rest on (the endpoint page's history)."""
+    return _requests_at_target(result)
+
+
 def _requests_at_target(result: dict[str, Any]) -> int | None:
     """The requests the trial's pooled percentiles and interval rest on: every repeat at the
     target rate (None for results recorded without their load steps)."""

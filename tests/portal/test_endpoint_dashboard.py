@@ -427,18 +427,20 @@ def test_without_sla_terms_each_hour_is_judged_against_the_jobs_p95(alice, alice
     for minute in range(41):
         _snap(endpoint, hour + timedelta(minutes=minute), p95=2000.0 if minute > 30 else 900.0)
     slo = selectors.endpoint_slo(endpoint=endpoint)
-    compliance = selectors.sla_compliance(endpoint=endpoint, slo=slo, range_name="6h", now=NOW)
+    compliance = selectors.sla_compliance(endpoint=endpoint, slo=slo, range_name="24h", now=NOW)
     assert compliance["source"] == "slo" and compliance["target_ms"] == 1500.0
     assert compliance["commitment_pct"] is None
     assert "No SLA terms are set for this endpoint" in compliance["note"]
     by_label = {w["label"]: w for w in compliance["windows"]}
-    assert list(by_label) == [f"11-30 {h:02d}:00" for h in range(6, 12)]
+    assert list(by_label) == [f"11-29 {h:02d}:00" for h in range(12, 24)] + [
+        f"11-30 {h:02d}:00" for h in range(12)
+    ]
     assert by_label["11-30 10:00"]["compliance_pct"] == pytest.approx(75.0)
     assert by_label["11-30 10:00"]["status"] == "breached"
     assert by_label["11-30 09:00"]["compliance_pct"] is None  # nothing measured: not 0 %, not 100 %
     figure = charts.sla_figure(compliance)
-    assert figure["data"][0]["y"][4] == pytest.approx(75.0) and figure["data"][0]["y"][3] is None
-    assert figure["data"][0]["text"][3] == "no data"
+    assert figure["data"][0]["y"][22] == pytest.approx(75.0) and figure["data"][0]["y"][21] is None
+    assert figure["data"][0]["text"][21] == "no data"
     assert not [s for s in figure["layout"].get("shapes", []) if s["type"] == "line"]
     assert (
         figure["layout"]["title"]["text"] == "SLO compliance per hour (p95 TTFT ≤ 1,500 ms; no SLA terms set)"
@@ -563,11 +565,11 @@ def test_alice_sees_health_configuration_charts_history_and_iterations(
 def test_the_htmx_refresh_is_the_live_panel_only(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
     endpoint = _endpoint(alice_org, alice)
     url = reverse("endpoints:detail", args=[endpoint.id])
-    fragment = alice_client.get(url + "?range=6h", HTTP_HX_REQUEST="true")
+    fragment = alice_client.get(url + "?range=15m", HTTP_HX_REQUEST="true")
     html = fragment.content.decode()
     assert fragment.status_code == 200 and "<html" not in html and 'id="policy-form"' not in html
     assert 'id="endpoint-live"' in html
-    assert f'hx-get="{url}?range=6h"' in html and 'id="plotly-figures"' in html
+    assert f'hx-get="{url}?range=15m"' in html and 'id="plotly-figures"' in html
     assert "HX-Refresh" not in fragment
     Endpoint.objects.filter(pk=endpoint.pk).update(status=Endpoint.Status.STOPPED)
     stopped = alice_client.get(url, HTTP_HX_REQUEST="true")
@@ -580,7 +582,7 @@ def test_an_unknown_range_falls_back_to_the_hour_and_says_so(alice, alice_org, a
     endpoint = _endpoint(alice_org, alice)
     response = alice_client.get(reverse("endpoints:detail", args=[endpoint.id]) + "?range=3y")
     assert response.status_code == 200
-    assert "Unknown range “3y”: choose one of 1h, 6h, 24h or 7d." in response.content.decode()
+    assert "Unknown range “3y”: choose one of 15m, 1h, 6h, 24h or 7d." in response.content.decode()
     assert response.context["range"] == "1h"
 
 
@@ -795,4 +797,13 @@ def test_the_dashboard_draws_and_refreshes_in_chromium(  # type: ignore[no-untyp
     assert page.evaluate("document.getElementById('chart-ttft').data[1].y.slice(-1)[0]") == 1000.0
     for chart in charts_ids:
         page.wait_for_selector(f"#{chart}.js-plotly-plot svg.main-svg")
+
+    # The overview's copy buttons put the text on the clipboard (static/js/copy.js, no inline script).
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    page.click("button[data-copy='endpoint-url']")
+    page.wait_for_selector("button[data-copy='endpoint-url']:has-text('Copied')")
+    assert page.evaluate("navigator.clipboard.readText()") == f"http://127.0.0.1:{endpoint.port}/v1"
+    page.click("button[data-copy='snippet-python']")
+    page.wait_for_selector("button[data-copy='snippet-python']:has-text('Copied')")
+    assert "from openai import OpenAI" in page.evaluate("navigator.clipboard.readText()")
     assert errors == []
