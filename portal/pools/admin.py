@@ -71,13 +71,19 @@ class PoolAdmin(admin.ModelAdmin):
         "region",
         "accelerator",
         "devices_per_host",
-        "price_per_device_hour_usd",
+        "price",
         "live_hosts",
         "queue",
         "enabled",
     )
     list_filter = ("enabled", "region", "accelerator")
     inlines = (HostInline,)
+
+    @admin.display(description="Price per device-hour")
+    def price(self, pool: Pool) -> str:
+        # Like the catalog and the job pages: an empty price is "not priced", never "$0".
+        price = pool.price_per_device_hour_usd
+        return "not priced" if price is None else f"{price.normalize():f} USD"
 
     @admin.display(description="Owner")
     def owner(self, pool: Pool) -> str:

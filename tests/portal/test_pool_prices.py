@@ -7,6 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.urls import reverse
@@ -18,7 +19,7 @@ from portal.endpoints.selectors import deploy_summary
 from portal.jobs.models import Trial, TuningJob
 from portal.jobs.selectors import job_is_priced
 from portal.pools import services
-from portal.pools.admin import PoolAdminForm
+from portal.pools.admin import PoolAdmin, PoolAdminForm
 from portal.pools.models import Pool
 from tests.factories import finished_job
 
@@ -140,6 +141,10 @@ def test_the_admin_form_refuses_a_zero_price_and_leaves_it_empty_by_default(db) 
     assert empty.is_valid(), empty.errors
     assert empty.cleaned_data["price_per_device_hour_usd"] is None
     assert PoolAdminForm().initial.get("price_per_device_hour_usd") is None
+    # The admin's list says so, as the catalog does.
+    listing = PoolAdmin(Pool, admin.site)
+    assert listing.price(Pool(name="a", price_per_device_hour_usd=None)) == "not priced"
+    assert listing.price(Pool(name="b", price_per_device_hour_usd=Decimal("2.5000"))) == "2.5 USD"
 
 
 @pytest.mark.django_db
