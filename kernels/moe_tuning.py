@@ -162,13 +162,49 @@ def from_vllm(cfg: Mapping[str, int]) -> dict[str, int]:
     }
 
 
+def preferred_block_m(tokens: int, shape: MoEShape) -> int:
+    """The row tile a bucket's steps fill: about the tokens each expert receives, 16 to 128.
+
+    The kernel groups token-expert pairs by expert and tiles each group in BLOCK_SIZE_M rows; a
+    tile much taller than an expert's share computes padding, a much shorter one re-reads the
+    expert's weights once per tile."""
+    per_expert = math.ceil(tokens * shape.top_k / shape.num_experts)
+    block_m = 16
+    while block_m < per_expert and block_m < 128:
+        block_m *= 2
+    return block_m
+
+
+def bucket_order(
+    candidates: Sequence[Mapping[str, int]], bucket: TuneBucket, shape: MoEShape
+) -> tuple[int, ...]:
+    """The pool's indices in the order `bucket` tries them: row tiles nearest the bucket's
+    preferred one first (`preferred_block_m` at its key), the pool's own order within each."""
+    want = math.log2(preferred_block_m(bucket.key, shape))
+    return tuple(
+        sorted(
+            range(len(candidates)),
+            key=lambda i: (abs(math.log2(max(1, int(candidates[i]["BLOCK_SIZE_M"]))) - want), i),
+        )
+    )
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How many candidates each bucket gets; decided (and bounded) before anything runs."""
+    """How many candidates each bucket gets, and which; decided (and bounded) before anything runs."""
 
     buckets: tuple[TuneBucket, ...]
     candidates: tuple[dict[str, int], ...] = field(repr=False)
-    per_bucket: tuple[int, ...]  # candidates tried in each bucket (a prefix of `candidates`)
+    per_bucket: tuple[int, ...]  # candidates tried in each bucket
+    # Per bucket, the pool indices it tries in order (None: every bucket the pool's prefix).
+    orders: tuple[tuple[int, ...], ...] | None = field(default=None, repr=False)
+
+    def bucket_candidates(self, index: int) -> list[dict[str, int]]:
+        """The candidates bucket `index` tries, in order."""
+        n = self.per_bucket[index]
+        if self.orders is None:
+            return [dict(c) for c in self.candidates[:n]]
+        return [dict(self.candidates[i]) for i in self.orders[index][:n]]
 
     @property
     def num_timings(self) -> int:
@@ -183,8 +219,9 @@ class Plan:
                     "weight": round(b.weight, 6),
                     "points": [list(p) for p in b.points],
                     "candidates": n,
+                    "block_m_tried": sorted({c["BLOCK_SIZE_M"] for c in self.bucket_candidates(i)}),
                 }
-                for b, n in zip(self.buckets, self.per_bucket, strict=True)
+                for i, (b, n) in enumerate(zip(self.buckets, self.per_bucket, strict=True))
             ],
             "pool": len(self.candidates),
             "timings": self.num_timings,
@@ -197,8 +234,13 @@ def plan(
     *,
     budget: int,
     min_per_bucket: int = 4,
+    shape: MoEShape | None = None,
 ) -> Plan:
-    """Share `budget` candidate trials over the buckets by weight (uniform buckets: equally)."""
+    """Share `budget` candidate trials over the buckets by weight (uniform buckets: equally).
+
+    With the layer's `shape`, each bucket tries the candidates whose row tile suits its token
+    count first (`bucket_order`); without it every bucket tries the same prefix of the pool,
+    which at a few candidates per bucket leaves large buckets with small tiles only."""
     if not buckets:
         raise ValueError("nothing to tune: no buckets (the traffic produced no engine steps)")
     if not candidates:
@@ -226,10 +268,12 @@ def plan(
     for i in sorted(range(len(buckets)), key=lambda i: raw[i] - extra[i], reverse=True)[: spare - sum(extra)]:
         extra[i] += 1
     counts = [min(pool, floor + e) for e in extra]
+    orders = None if shape is None else tuple(bucket_order(candidates, b, shape) for b in buckets)
     return Plan(
         tuple(buckets),
         tuple(dict(c) for c in candidates),
         tuple(counts),
+        orders,
     )
 
 
@@ -347,7 +391,7 @@ def tune(
             break
         bucket = the_plan.buckets[i]
         trials = []
-        for cfg in the_plan.candidates[: the_plan.per_bucket[i]]:
+        for cfg in the_plan.bucket_candidates(i):
             try:
                 if check is not None:
                     for tokens, _ in bucket.points:

@@ -151,7 +151,7 @@ def plan_tables(
         buckets = tuple(moe_tables.bucket_steps(sample.step_tokens, max_points=max_points))
         tune_buckets = moe_tuning.traffic_buckets(buckets)
         mode = "traffic"
-    plan = moe_tuning.plan(tune_buckets, pool, budget=budget, min_per_bucket=min_per_bucket)
+    plan = moe_tuning.plan(tune_buckets, pool, budget=budget, min_per_bucket=min_per_bucket, shape=layer)
     estimate = moe_tuning.check_fits(
         plan,
         layer,

@@ -58,6 +58,37 @@ def test_budget_goes_where_the_traffic_spends_its_time() -> None:
         mtu.plan(mtu.uniform_buckets(moe_tables.BATCH_SIZE_KEYS), pool, budget=36)
 
 
+def test_each_bucket_tries_row_tiles_that_suit_its_token_count() -> None:
+    # The H200 run of 2026-12-02 (benchmarks/results/kernels_e2e.json): with ~5 candidates per
+    # bucket, every bucket tried the same first candidates of the pool, all BLOCK_SIZE_M 16, and
+    # the tuned tables ran prefill 15x slower (p95 TTFT) than vLLM's generic default.
+    shape = MoEShape(num_experts=64, shard_intermediate_size=768, hidden_size=2048, top_k=8)
+    assert [mtu.preferred_block_m(t, shape) for t in (1, 64, 256, 512, 4096)] == [16, 16, 32, 64, 128]
+    pool = mtu.candidate_pool(96)
+    buckets = mtu.uniform_buckets(moe_tables.BATCH_SIZE_KEYS)
+    blind = mtu.plan(buckets, pool, budget=96, min_per_bucket=5)
+    assert {c["BLOCK_SIZE_M"] for i in range(len(buckets)) for c in blind.bucket_candidates(i)} == {16}
+    plan = mtu.plan(buckets, pool, budget=96, min_per_bucket=5, shape=shape)
+    by_key = {b.key: plan.bucket_candidates(i) for i, b in enumerate(plan.buckets)}
+    assert {c["BLOCK_SIZE_M"] for c in by_key[4096]} == {128}
+    assert {c["BLOCK_SIZE_M"] for c in by_key[512]} == {64}
+    assert {c["BLOCK_SIZE_M"] for c in by_key[1]} == {16}
+    # Same number of trials as before, distinct configurations within a bucket, and the plan
+    # records what each bucket tried.
+    assert plan.per_bucket == blind.per_bucket
+    assert all(len({tuple(sorted(c.items())) for c in cands}) == len(cands) for cands in by_key.values())
+    assert plan.to_dict()["buckets"][-1]["block_m_tried"] == [128]
+    # The tuner runs exactly the planned candidates of each bucket.
+    seen: dict[int, list[int]] = {}
+
+    def bench(cfg: Mapping[str, int], tokens: int) -> float:
+        seen.setdefault(tokens, []).append(cfg["BLOCK_SIZE_M"])
+        return 1.0
+
+    mtu.tune(plan, bench)
+    assert set(seen[4096]) == {128} and set(seen[1]) == {16}
+
+
 def test_plan_refuses_unbounded_or_empty_work() -> None:
     one = [TuneBucket(1, 1.0, ((1, 1.0),))]
     with pytest.raises(ValueError, match="budget must be in"):
