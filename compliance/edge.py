@@ -10,6 +10,11 @@ records this module judges each measurement interval exactly, with no histogram 
 - **Percentiles** are numpy's default (linear) percentiles of the admitted successful requests'
   TTFTs in the interval: the same number an auditor gets from the request log.
 - **Availability** is the share of admitted requests that succeeded.
+- **The client's own errors are not judged.** A request refused for what the client sent or
+  did (a 4xx status: bad key, body too large, malformed; 499: the client left before its first
+  token) says nothing about the service; it is counted apart and neither admitted nor failed.
+  408 (the service too slow to read the request) and 429 (the service refusing load it
+  promised) are the service's and count as failures.
 - **Coverage.** Time the measuring point did not report on (no batch covers it) is a gap, never
   compliance, exactly as in `compliance.sla`.
 
@@ -36,11 +41,29 @@ MAX_PEAK_RPS = 5000.0
 MAX_ADMITTED_PER_INTERVAL = 2_000_000
 
 
+# 4xx statuses that are the service's doing, not the client's.
+SERVICE_4XX = frozenset({408, 429})
+
+
+def outcome(status_code: int, ttft_ms: float | None) -> str:
+    """How a request at the edge is judged: "ok", "failed" (the service's failure) or "client"
+    (the client's own error: not judged)."""
+    if 400 <= status_code < 500 and status_code not in SERVICE_4XX:
+        return "client"
+    return "ok" if status_code < 400 and ttft_ms is not None else "failed"
+
+
 @dataclass(frozen=True)
 class EdgeRecord:
     arrived_at: datetime  # when the request reached the measuring point (UTC)
     ttft_ms: float | None  # client-side time to first token; None when no token came
     ok: bool  # answered without a server error and produced its first token
+    client_error: bool = False  # the client's own error (see `outcome`): not judged
+
+    @classmethod
+    def of(cls, arrived_at: datetime, ttft_ms: float | None, status_code: int) -> EdgeRecord:
+        judged = outcome(status_code, ttft_ms)
+        return cls(arrived_at=arrived_at, ttft_ms=ttft_ms, ok=judged == "ok", client_error=judged == "client")
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,7 @@ class EdgeInterval:
     failed: int  # admitted requests that did not succeed
     ttft_p50_ms: float | None  # over admitted successful requests; None when there were none
     ttft_p95_ms: float | None
+    client_errors: int = 0  # the client's own errors (not judged, not admitted)
 
     @property
     def availability_pct(self) -> float | None:
@@ -73,6 +97,7 @@ class EdgeReport:
     admitted: int
     excluded: int
     failed: int
+    client_errors: int
     # The lowest compliance of the criteria (None when nothing was measured) and the largest credit.
     compliance_pct: float | None
     credit_pct: float
@@ -140,7 +165,7 @@ def intervals(
     out: list[EdgeInterval] = []
     lo = start
     values: list[float] = []
-    admitted = excluded = failed = 0
+    admitted = excluded = failed = client_errors = 0
     minute_key: int | None = None
     minute_count = 0
     last_arrival: datetime | None = None
@@ -156,6 +181,7 @@ def intervals(
                 failed=failed,
                 ttft_p50_ms=_percentile(values, 50),
                 ttft_p95_ms=_percentile(values, 95),
+                client_errors=client_errors,
             )
         )
 
@@ -171,7 +197,10 @@ def intervals(
             if lo + step <= end:
                 close(lo, lo + step)
             lo += step
-            values, admitted, excluded, failed = [], 0, 0, 0
+            values, admitted, excluded, failed, client_errors = [], 0, 0, 0, 0
+        if record.client_error:
+            client_errors += 1
+            continue
         key = int(record.arrived_at.timestamp() // 60)
         if key != minute_key:
             minute_key, minute_count = key, 0
@@ -187,7 +216,7 @@ def intervals(
     while lo + step <= end:
         close(lo, lo + step)
         lo += step
-        values, admitted, excluded, failed = [], 0, 0, 0
+        values, admitted, excluded, failed, client_errors = [], 0, 0, 0, 0
     return out
 
 
@@ -245,6 +274,7 @@ def evaluate(
         admitted=sum(i.admitted for i in judged),
         excluded=sum(i.excluded for i in judged),
         failed=sum(i.failed for i in judged),
+        client_errors=sum(i.client_errors for i in judged),
         compliance_pct=min(measured) if measured else None,
         credit_pct=max((r.credit_pct for _, r in reports), default=0.0),
         status=status,

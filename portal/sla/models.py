@@ -18,6 +18,8 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from compliance import edge
+
 
 class SLAAgreement(models.Model):
     class Status(models.TextChoices):
@@ -120,7 +122,7 @@ class EdgeRequest(models.Model):
 
     @property
     def ok(self) -> bool:
-        return self.status_code < 500 and self.ttft_ms is not None
+        return edge.outcome(self.status_code, self.ttft_ms) == "ok"
 
 
 class EdgeCoverage(models.Model):
@@ -181,6 +183,7 @@ class EdgeIntervalSummary(models.Model):
     failed = models.PositiveIntegerField()
     ttft_p50_ms = models.FloatField(null=True, blank=True)
     ttft_p95_ms = models.FloatField(null=True, blank=True)
+    client_errors = models.PositiveIntegerField(default=0)  # not judged (compliance.edge.outcome)
 
     class Meta:
         constraints: ClassVar = [

@@ -73,9 +73,7 @@ def _records(endpoint_id: object, start: datetime, end: datetime) -> Iterator[ed
         .iterator(chunk_size=5000)
     )
     for arrived_at, ttft_ms, status_code in rows:
-        yield edge.EdgeRecord(
-            arrived_at=arrived_at, ttft_ms=ttft_ms, ok=status_code < 500 and ttft_ms is not None
-        )
+        yield edge.EdgeRecord.of(arrived_at, ttft_ms, status_code)
 
 
 def raw_intervals(
@@ -105,6 +103,7 @@ def _from_summary(row: EdgeIntervalSummary, step: timedelta) -> edge.EdgeInterva
         failed=row.failed,
         ttft_p50_ms=row.ttft_p50_ms,
         ttft_p95_ms=row.ttft_p95_ms,
+        client_errors=row.client_errors,
     )
 
 
@@ -225,6 +224,7 @@ def sla_window(
             "admitted": report.admitted,
             "excluded_above_peak": report.excluded,
             "failed": report.failed,
+            "client_errors_not_judged": report.client_errors,
             "criteria": {
                 name: {"target": next(c.target for c in terms_criteria if c.name == name), **_report_json(r)}
                 for name, r in report.reports

@@ -576,6 +576,7 @@ def edge_intervals_settle(*, now: datetime | None = None) -> int:
                     failed=i.failed,
                     ttft_p50_ms=i.ttft_p50_ms,
                     ttft_p95_ms=i.ttft_p95_ms,
+                    client_errors=i.client_errors,
                 )
                 for i in judged
                 if i.start in wanted

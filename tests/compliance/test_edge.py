@@ -69,6 +69,44 @@ def test_arrivals_above_the_contracted_peak_rate_are_excluded_per_minute() -> No
     assert interval.ttft_p95_ms < 5000.0
 
 
+def test_the_clients_own_errors_are_counted_apart_and_never_judged() -> None:
+    # What the edge proxy reports: a bad key (401), a body over the limit (413), a client that
+    # left before its first token (499) say nothing about the service; a timeout reading the
+    # request (408), a refusal under load (429) and a 5xx do.
+    assert [edge.outcome(s, None) for s in (401, 413, 422, 499)] == ["client"] * 4
+    assert [edge.outcome(s, None) for s in (408, 429, 500, 502, 504)] == ["failed"] * 5
+    assert edge.outcome(200, 80.0) == "ok" and edge.outcome(200, None) == "failed"
+    statuses = [200, 401, 200, 499, 429, 413, 200, 502]
+    log = [
+        edge.EdgeRecord.of(START + timedelta(seconds=i), 100.0 + i if s == 200 else None, s)
+        for i, s in enumerate(statuses)
+    ]
+    # One request a minute contracted: client errors do not use up the minute's admission.
+    (interval,) = edge.intervals(
+        log,
+        start=START,
+        end=START + timedelta(minutes=1),
+        interval_s=60,
+        peak_rps=5 / 60,
+        coverage=[(START, START + timedelta(minutes=1))],
+    )
+    assert interval.client_errors == 3
+    assert interval.admitted == 5 and interval.excluded == 0
+    assert interval.failed == 2  # the 429 and the 502
+    assert interval.availability_pct == 60.0
+    assert interval.ttft_p50_ms == float(np.percentile([100.0, 102.0, 106.0], 50))
+    report = edge.evaluate(
+        [interval],
+        criteria=[edge.Criterion("availability_pct", 99.0)],
+        window_start=START,
+        window_end=START + timedelta(days=30),
+        now=START + timedelta(minutes=1),
+        tiers=[],
+        min_coverage_pct=0.0,
+    )
+    assert report.client_errors == 3 and report.failed == 2
+
+
 def test_uncovered_time_is_a_gap_and_the_worst_criterion_decides() -> None:
     hour = timedelta(hours=1)
     log = [
