@@ -8,21 +8,22 @@ starts the same configuration `--blocks` times (a fresh engine each) and records
   (compute) and a large array copy (memory bandwidth), in this process alone;
 - the engine's speed without queueing: `--probe-requests` sequential requests, one at a time,
   each decoding `--probe-output-tokens` (TPOT of a batch of one, TTFT of a short prompt);
-- the engine under the trace's traffic: the shared trace replayed at `--rate-rps` for
-  `--duration-s`, capped as `tuning_gain.py` caps it (p50/p95 TTFT, p50 TPOT);
+- the engine under the trace's traffic: the shared trace replayed at each of `--rate-rps` (one
+  after the other on the same engine, the order alternating between blocks) for `--duration-s`,
+  capped as `tuning_gain.py` caps it (p50/p95 TTFT, p50 TPOT);
 - everything else on the machine meanwhile: other processes' CPU and the hypervisor's steal
   (`serving.engine.host.ForeignLoadMeter`).
 
-The summary says how far each figure moves between blocks (max/min and the coefficient of
-variation, each with a 95% bootstrap interval over blocks) and which host-side reading moves
-with the loaded p50 TTFT (Spearman rank correlation with its bootstrap interval). If the
+The summary says, per rate, how far each figure moves between blocks (max/min and the
+coefficient of variation, each with a 95% bootstrap interval over blocks) and which host-side
+reading moves with the loaded p50 TTFT (Spearman rank correlation with its bootstrap interval). If the
 unqueued TPOT and the host probes move as much as the loaded TTFT, the machine itself changes
 speed between blocks (a neighbour on the virtual machine's host: no local knob can fix it, and
 a tuning trial must be re-measured or flagged); if they are steady while the loaded TTFT moves,
 the queueing at the chosen rate amplifies small differences and the rate is too close to the
-knee. Run it alone on a quiet machine:
+knee, which a lower rate beside it shows. Run it alone on a quiet machine:
 
-    python benchmarks/engine_noise.py --blocks 6
+    python benchmarks/engine_noise.py --blocks 6 --rate-rps 3.6,1.2
 """
 
 from __future__ import annotations
@@ -133,12 +134,18 @@ def _cv(values: np.ndarray) -> float:
     )
 
 
-def summarise(blocks: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+def summarise(blocks: list[dict[str, Any]], rate: str, seed: int) -> dict[str, Any]:
+    """One rate's spread between blocks and what moves with its loaded p50 TTFT."""
     rng = np.random.default_rng(seed)
-    ok = [b for b in blocks if b["loaded"]["errors"] == 0 and np.isfinite(b["loaded"]["ttft_p50_ms"])]
+    ok = [
+        b
+        for b in blocks
+        if b["loaded"][rate]["errors"] == 0 and np.isfinite(b["loaded"][rate]["ttft_p50_ms"])
+    ]
     figures = {
-        "loaded_ttft_p50_ms": [b["loaded"]["ttft_p50_ms"] for b in ok],
-        "loaded_tpot_p50_ms": [b["loaded"]["tpot_p50_ms"] for b in ok],
+        "loaded_ttft_p50_ms": [b["loaded"][rate]["ttft_p50_ms"] for b in ok],
+        "loaded_ttft_p95_ms": [b["loaded"][rate]["ttft_p95_ms"] for b in ok],
+        "loaded_tpot_p50_ms": [b["loaded"][rate]["tpot_p50_ms"] for b in ok],
         "unqueued_tpot_ms": [b["unqueued"]["tpot_ms"] for b in ok],
         "unqueued_ttft_ms": [b["unqueued"]["ttft_ms"] for b in ok],
         "host_matmul_gflops": [b["host_before"]["matmul_gflops"] for b in ok],
@@ -187,7 +194,11 @@ def main() -> int:
     parser.add_argument("--size", default="m", help="random-weight llama preset (tuning_gain uses m)")
     parser.add_argument("--dtype", default="bfloat16", help="the competent baseline's dtype on this host")
     parser.add_argument("--trace", default="mooncake", choices=sorted(TRACES))
-    parser.add_argument("--rate-rps", type=float, default=3.6, help="tuning_gain's mooncake target rate")
+    parser.add_argument(
+        "--rate-rps",
+        default="3.6,1.2",
+        help="comma-separated rates, each replayed on every engine (3.6: tuning_gain's mooncake target)",
+    )
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--max-output-tokens", type=int, default=32)
@@ -199,8 +210,12 @@ def main() -> int:
     args = parser.parse_args()
     if not 2 <= args.blocks <= MAX_BLOCKS:
         parser.error(f"--blocks must be in [2, {MAX_BLOCKS}]")
-    if not 0 < args.rate_rps <= 100 or not 1 <= args.duration_s <= 600:
-        parser.error("--rate-rps must be in (0, 100] and --duration-s in [1, 600]")
+    try:
+        rates = [float(r) for r in args.rate_rps.split(",") if r.strip()]
+    except ValueError:
+        parser.error("--rate-rps takes comma-separated numbers")
+    if not 1 <= len(rates) <= 4 or not all(0 < r <= 100 for r in rates) or not 1 <= args.duration_s <= 600:
+        parser.error("--rate-rps takes 1 to 4 rates in (0, 100]; --duration-s must be in [1, 600]")
     if not 1 <= args.probe_requests <= 20 or not 2 <= args.probe_output_tokens <= 512:
         parser.error("--probe-requests must be in [1, 20] and --probe-output-tokens in [2, 512]")
 
@@ -208,7 +223,6 @@ def main() -> int:
     whole = ForeignLoadMeter().start()
     blocks: list[dict[str, Any]] = []
     trace = TRACES_DIR / TRACES[args.trace]
-    max_requests = max(4, int(args.rate_rps * args.duration_s))
     with tempfile.TemporaryDirectory(prefix="tailguard-engine-noise-") as tmp:
         model = Path(tmp) / f"llama-{args.size}"
         build_tiny_model(arch="llama", size=args.size, out_dir=model, seed=0)
@@ -234,40 +248,47 @@ def main() -> int:
                 solo = unqueued(
                     url, requests=args.probe_requests, output_tokens=args.probe_output_tokens, seed=block
                 )
-                # The same requests every block (same seed): only the engine differs.
-                result = replay_trace(
-                    endpoint=url,
-                    trace=trace,
-                    rate_rps=args.rate_rps,
-                    max_requests=max_requests,
-                    max_prompt_tokens=args.max_prompt_tokens,
-                    max_output_tokens=args.max_output_tokens,
-                    seed=args.seed,
-                    progress=False,
-                )
+                # The same requests every block (same seed): only the engine differs. The rates'
+                # order alternates between blocks, so neither always meets a fresher engine.
+                loaded = {}
+                for rate in rates if block % 2 == 0 else rates[::-1]:
+                    s = replay_trace(
+                        endpoint=url,
+                        trace=trace,
+                        rate_rps=rate,
+                        max_requests=max(4, int(rate * args.duration_s)),
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        max_output_tokens=args.max_output_tokens,
+                        seed=args.seed,
+                        progress=False,
+                    ).summary
+                    loaded[f"{rate:g}"] = {
+                        "requests": s.num_requests,
+                        "errors": s.num_errors,
+                        "ttft_p50_ms": s.ttft_ms.p50,
+                        "ttft_p95_ms": s.ttft_ms.p95,
+                        "tpot_p50_ms": s.tpot_ms.p50,
+                    }
             after = host_probe()
             load = meter.stop()
-            s = result.summary
             row = {
                 "block": block,
                 "engine_ready_s": round(ready_s, 1),
                 "host_before": before,
                 "host_after": after,
                 "unqueued": {k: round(v, 3) for k, v in solo.items()},
-                "loaded": {
-                    "requests": s.num_requests,
-                    "errors": s.num_errors,
-                    "ttft_p50_ms": s.ttft_ms.p50,
-                    "ttft_p95_ms": s.ttft_ms.p95,
-                    "tpot_p50_ms": s.tpot_ms.p50,
-                },
+                "loaded": loaded,
                 "load": load.to_dict(),
             }
             blocks.append(row)
             _log(
                 f"block {block}: host {before['matmul_gflops']:.1f} GFLOP/s {before['copy_gbps']:.1f} GB/s; "
-                f"unqueued TPOT {solo['tpot_ms']:.1f} ms; loaded TTFT p50 {s.ttft_ms.p50:.0f} ms "
-                f"TPOT p50 {s.tpot_ms.p50:.1f} ms; steal {load.steal_cores:.2f} foreign {load.foreign_cores:.2f} cores"
+                f"unqueued TPOT {solo['tpot_ms']:.1f} ms; "
+                + "; ".join(
+                    f"{rate} rps: TTFT p50 {v['ttft_p50_ms']:.0f} ms TPOT p50 {v['tpot_p50_ms']:.1f} ms"
+                    for rate, v in loaded.items()
+                )
+                + f"; steal {load.steal_cores:.2f} foreign {load.foreign_cores:.2f} cores"
             )
     overall = whole.stop()
     result_file = {
@@ -282,7 +303,7 @@ def main() -> int:
         "config": config.to_mapping(),
         "foreign_load": overall.to_dict(),
         "wall_s": round(time.monotonic() - started, 1),
-        "summary": summarise(blocks, args.seed),
+        "summary": {f"{rate:g}_rps": summarise(blocks, f"{rate:g}", args.seed) for rate in rates},
         "blocks": blocks,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -281,6 +281,15 @@ def accuracy_phase(
             print(f"  round {k + 1}/{rounds} done", file=sys.stderr, flush=True)
     ours_ttft = [v for v in ours.values() if v is not None]
     theirs_ttft = [v for v in theirs.values() if v is not None]
+    # Intervals resample the pairs of rounds (each request measured once by each client).
+    pair_ids = sorted({key[0] for key in ours} | {key[0] for key in theirs})
+    ours_by_pair = [[v for (p, _), v in ours.items() if p == pair and v is not None] for pair in pair_ids]
+    theirs_by_pair = [[v for (p, _), v in theirs.items() if p == pair and v is not None] for pair in pair_ids]
+    rng = np.random.default_rng(0)
+    ratios = {}
+    if len(pair_ids) >= 2 and all(ours_by_pair) and all(theirs_by_pair):
+        for q in (50, 95):
+            ratios[f"p{q}_ttft_ratio"] = _cluster_bootstrap_ratio(ours_by_pair, theirs_by_pair, q, rng)[0]
     # The same request measured by both clients in the same pair of rounds.
     paired = [
         ours[key] / theirs[key]  # type: ignore[operator]
@@ -313,6 +322,7 @@ def accuracy_phase(
         },
         "paired_ttft_ratio_median": float(np.median(paired)) if paired else None,
         "num_pairs": len(paired),
+        "ratios": ratios,  # ours / vLLM's client, pooled percentiles, with 95% intervals
         "wall_s": time.monotonic() - started,
     }
 
@@ -454,9 +464,9 @@ def raw_round(engine: EngineProcess, bodies: list[bytes]) -> tuple[list[float | 
 
 def _cluster_bootstrap_ratio(
     ours: list[list[float]], raw: list[list[float]], q: float, rng: np.random.Generator, rounds: int = 2000
-) -> dict[str, float]:
+) -> tuple[dict[str, float], np.ndarray]:
     """The ratio of pooled q-percentiles (ours / raw) with a 95% interval from resampling round
-    pairs (the unit that repeats: an ours round and the raw round beside it)."""
+    pairs (the unit that repeats: an ours round and the raw round beside it), and the draws."""
     pairs = len(ours)
 
     def stat(idx: np.ndarray) -> float:
@@ -465,8 +475,17 @@ def _cluster_bootstrap_ratio(
         return float(np.percentile(a, q) / np.percentile(b, q))
 
     point = stat(np.arange(pairs))
-    draws = [stat(rng.integers(0, pairs, size=pairs)) for _ in range(rounds)]
+    draws = np.asarray([stat(rng.integers(0, pairs, size=pairs)) for _ in range(rounds)])
     low, high = np.percentile(draws, [2.5, 97.5])
+    return {"value": point, "ci_low": float(low), "ci_high": float(high)}, draws
+
+
+def _max_dev(ratios: list[dict[str, float]], draws: list[np.ndarray]) -> dict[str, float]:
+    """The largest |ratio - 1| over the stream counts, with a 95% interval from the same
+    bootstrap rounds (each round's largest deviation; the stream counts resampled apart)."""
+    point = max(abs(r["value"] - 1.0) for r in ratios)
+    per_round = np.max(np.abs(np.vstack(draws) - 1.0), axis=0)
+    low, high = np.percentile(per_round, [2.5, 97.5])
     return {"value": point, "ci_low": float(low), "ci_high": float(high)}
 
 
@@ -533,8 +552,8 @@ def streams_phase(
                 engine_ms[who].append(delta.mean * 1000.0)
                 errors += errs
                 (ours_rounds if who == "ours" else raw_rounds).append([v for v in ttft if v is not None])
-            p50 = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 50, rng)
-            p95 = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 95, rng)
+            p50, p50_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 50, rng)
+            p95, p95_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 95, rng)
             ours_all = [v for r in ours_rounds for v in r]
             raw_all = [v for r in raw_rounds for v in r]
             case = {
@@ -558,6 +577,7 @@ def streams_phase(
                 },
                 "p50_ttft_ratio": p50,
                 "p95_ttft_ratio": p95,
+                "_draws": {"p50": p50_draws, "p95": p95_draws},  # for the summary; not written
                 "client_minus_engine_mean_ttft_ms": {
                     "ours": float(np.mean(ours_all)) - float(np.mean(engine_ms["ours"])),
                     "raw": float(np.mean(raw_all)) - float(np.mean(engine_ms["raw"])),
@@ -641,8 +661,12 @@ def main(argv: list[str] | None = None) -> int:
     top = max(sustained, key=lambda c: c["rate_rps"]) if sustained else None
     summary: dict[str, Any] = {}
     if open_streams:
-        summary["p50_ttft_max_dev"] = max(abs(c["p50_ttft_ratio"]["value"] - 1.0) for c in open_streams)
-        summary["p95_ttft_max_dev"] = max(abs(c["p95_ttft_ratio"]["value"] - 1.0) for c in open_streams)
+        draws = [c.pop("_draws") for c in open_streams]
+        for q in ("p50", "p95"):
+            dev = _max_dev([c[f"{q}_ttft_ratio"] for c in open_streams], [d[q] for d in draws])
+            summary[f"{q}_ttft_max_dev"] = dev["value"]
+            summary[f"{q}_ttft_max_dev_ci_low"] = dev["ci_low"]
+            summary[f"{q}_ttft_max_dev_ci_high"] = dev["ci_high"]
         summary["p50_ttft_ratio_by_streams"] = {
             str(c["open_streams"]): c["p50_ttft_ratio"] for c in open_streams
         }
@@ -659,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
         summary |= {
             "p50_ttft_ratio": accuracy["ours"]["p50_ttft_ms"] / accuracy["vllm_bench_serve"]["p50_ttft_ms"],
             "p95_ttft_ratio": accuracy["ours"]["p95_ttft_ms"] / accuracy["vllm_bench_serve"]["p95_ttft_ms"],
+            **{
+                f"{name}_ci_{end}": accuracy["ratios"][name][f"ci_{end}"]
+                for name in accuracy["ratios"]
+                for end in ("low", "high")
+            },
             "ours_p50_ttft_ms": accuracy["ours"]["p50_ttft_ms"],
             "ours_p95_ttft_ms": accuracy["ours"]["p95_ttft_ms"],
             "vllm_p50_ttft_ms": accuracy["vllm_bench_serve"]["p50_ttft_ms"],
