@@ -21,9 +21,15 @@ unqueued TPOT and the host probes move as much as the loaded TTFT, the machine i
 speed between blocks (a neighbour on the virtual machine's host: no local knob can fix it, and
 a tuning trial must be re-measured or flagged); if they are steady while the loaded TTFT moves,
 the queueing at the chosen rate amplifies small differences and the rate is too close to the
-knee, which a lower rate beside it shows. Run it alone on a quiet machine:
+knee, which a lower rate beside it shows.
+
+`--warmup-requests N` alternates blocks without and with a warm-up replay (the trace's first N
+requests at the first rate, other prompts, discarded) before the measured rates, as a tuning
+trial now does (`tuning.search.trial.TrialPlan.warmup_requests`); the summary is then per arm.
+Run it alone on a quiet machine:
 
     python benchmarks/engine_noise.py --blocks 6 --rate-rps 3.6,1.2
+    python benchmarks/engine_noise.py --blocks 8 --rate-rps 3.6 --warmup-requests 32
 """
 
 from __future__ import annotations
@@ -203,6 +209,12 @@ def main() -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=0,
+        help="alternate blocks without and with a warm-up replay of this many requests (0: none)",
+    )
     parser.add_argument("--probe-requests", type=int, default=3)
     parser.add_argument("--probe-output-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
@@ -216,6 +228,8 @@ def main() -> int:
         parser.error("--rate-rps takes comma-separated numbers")
     if not 1 <= len(rates) <= 4 or not all(0 < r <= 100 for r in rates) or not 1 <= args.duration_s <= 600:
         parser.error("--rate-rps takes 1 to 4 rates in (0, 100]; --duration-s must be in [1, 600]")
+    if not 0 <= args.warmup_requests <= 1000:
+        parser.error("--warmup-requests must be in [0, 1000]")
     if not 1 <= args.probe_requests <= 20 or not 2 <= args.probe_output_tokens <= 512:
         parser.error("--probe-requests must be in [1, 20] and --probe-output-tokens in [2, 512]")
 
@@ -250,6 +264,24 @@ def main() -> int:
                 )
                 # The same requests every block (same seed): only the engine differs. The rates'
                 # order alternates between blocks, so neither always meets a fresher engine.
+                arm = "warm" if args.warmup_requests and block % 2 == 1 else "cold"
+                warmup = None
+                if arm == "warm":
+                    w = replay_trace(
+                        endpoint=url,
+                        trace=trace,
+                        rate_rps=rates[0],
+                        max_requests=args.warmup_requests,
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        max_output_tokens=args.max_output_tokens,
+                        seed=args.seed + 1_000_003,
+                        progress=False,
+                    ).summary
+                    warmup = {
+                        "requests": w.num_requests,
+                        "errors": w.num_errors,
+                        "ttft_p50_ms": w.ttft_ms.p50,
+                    }
                 loaded = {}
                 for rate in rates if block % 2 == 0 else rates[::-1]:
                     s = replay_trace(
@@ -273,6 +305,8 @@ def main() -> int:
             load = meter.stop()
             row = {
                 "block": block,
+                "arm": arm,
+                "warmup": warmup,
                 "engine_ready_s": round(ready_s, 1),
                 "host_before": before,
                 "host_after": after,
@@ -282,7 +316,7 @@ def main() -> int:
             }
             blocks.append(row)
             _log(
-                f"block {block}: host {before['matmul_gflops']:.1f} GFLOP/s {before['copy_gbps']:.1f} GB/s; "
+                f"block {block} ({arm}): host {before['matmul_gflops']:.1f} GFLOP/s {before['copy_gbps']:.1f} GB/s; "
                 f"unqueued TPOT {solo['tpot_ms']:.1f} ms; "
                 + "; ".join(
                     f"{rate} rps: TTFT p50 {v['ttft_p50_ms']:.0f} ms TPOT p50 {v['tpot_p50_ms']:.1f} ms"
@@ -303,7 +337,11 @@ def main() -> int:
         "config": config.to_mapping(),
         "foreign_load": overall.to_dict(),
         "wall_s": round(time.monotonic() - started, 1),
-        "summary": {f"{rate:g}_rps": summarise(blocks, f"{rate:g}", args.seed) for rate in rates},
+        "summary": {
+            f"{arm}/{rate:g}_rps": summarise([b for b in blocks if b["arm"] == arm], f"{rate:g}", args.seed)
+            for arm in sorted({b["arm"] for b in blocks})
+            for rate in rates
+        },
         "blocks": blocks,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,9 @@ from serving.metrics import scrape, snapshot_delta
 from tuning.search import gates
 from tuning.search.slo import SLOTarget
 
+MAX_WARMUP_REQUESTS = 10_000
+WARMUP_SEED_OFFSET = 1_000_003  # the warm-up's prompts are never a measured repeat's
+
 
 @dataclass(frozen=True)
 class TrialPlan:
@@ -58,6 +61,19 @@ class TrialPlan:
     # would take cores from the engine; several on a GPU host, where one loop cannot keep up
     # with thousands of streamed tokens a second and would add its own delay to every TTFT.
     client_processes: int = 1
+    # Requests of the workload replayed, at the target rate and discarded, before anything is
+    # measured: a fresh engine pays for every new prompt length and batch shape the first time
+    # (kernel and primitive setup), which a handful of short warm-up requests does not cover.
+    # On the 2-core CPU host a fresh engine's first replay of the Mooncake traffic read a 4x
+    # higher p50 TTFT than the same replay after one other (benchmarks/results/engine_noise.json).
+    # 0 turns it off.
+    warmup_requests: int = 32
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_requests <= MAX_WARMUP_REQUESTS:
+            raise ValueError(
+                f"warmup_requests must be in [0, {MAX_WARMUP_REQUESTS}], got {self.warmup_requests}"
+            )
 
     @property
     def priced(self) -> bool:
@@ -122,6 +138,8 @@ class TrialResult:
     engine_queue_p95_ms: float | None = None
     host_wait_s: float = 0.0  # queued behind another measurement of the same host
     host_waited_for: str = ""
+    # The discarded warm-up replay before the measurement: requests sent and their p50 TTFT.
+    warmup: dict[str, Any] | None = None
 
     @property
     def gates_passed(self) -> bool:
@@ -263,6 +281,8 @@ def _run_held(
         if not measure or reference is None:
             return _captured(config, answers, started)
         verdict = gates.compare(reference, answers, change_type=change_type, thresholds=plan.thresholds)
+        warm = _warm_replay(plan, url)
+        _require_alive(engine)
         meter = ForeignLoadMeter().start()
         gpu_meter = GpuMeter().start()
         meters.append(gpu_meter)
@@ -355,6 +375,7 @@ def _run_held(
             engine_ttft_p50_ms=_finite(engine_view.ttft_p50_ms),
             engine_ttft_p95_ms=_finite(engine_view.ttft_p95_ms),
             engine_queue_p95_ms=_finite(engine_view.queue_p95_ms),
+            warmup=warm,
         )
     except EngineDiedError as exc:
         return _failed(config, str(exc), started, engine.log_tail(20))
@@ -439,6 +460,29 @@ def warm_up(url: str, *, seed: int = 0) -> None:
         seed=seed,
         progress=False,
     )
+
+
+def _warm_replay(plan: TrialPlan, url: str) -> dict[str, Any] | None:
+    """The first `plan.warmup_requests` of the workload at the target rate, with prompts of their
+    own, not measured: the engine meets the traffic's shapes once before the repeats that count."""
+    if not plan.warmup_requests:
+        return None
+    limit = (
+        plan.warmup_requests if plan.max_requests is None else min(plan.warmup_requests, plan.max_requests)
+    )
+    result = replay_trace(
+        endpoint=url,
+        trace=Path(plan.workload_trace),
+        max_requests=limit,
+        max_prompt_tokens=plan.max_prompt_tokens,
+        max_output_tokens=plan.max_output_tokens,
+        seed=plan.seed + WARMUP_SEED_OFFSET,
+        request_timeout_s=plan.request_timeout_s,
+        progress=False,
+        client_processes=plan.client_processes,
+    )
+    s = result.summary
+    return {"requests": s.num_requests, "errors": s.num_errors, "ttft_p50_ms": _finite(s.ttft_ms.p50)}
 
 
 def _served_name(base_url: str) -> str:
