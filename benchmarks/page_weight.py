@@ -355,7 +355,11 @@ def _median_interval(values: list[float | None], rounds: int = 2000) -> dict[str
     rng = np.random.default_rng(0)
     draws = np.median(arr[rng.integers(0, len(arr), (rounds, len(arr)))], axis=1)
     low, high = np.percentile(draws, [2.5, 97.5])
-    return {"value": round(float(np.median(arr)), 3), "ci_low": round(float(low), 3), "ci_high": round(float(high), 3)}
+    return {
+        "value": round(float(np.median(arr)), 3),
+        "ci_low": round(float(low), 3),
+        "ci_high": round(float(high), 3),
+    }
 
 
 def measure(
@@ -430,7 +434,11 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
     timed = {c["page"]: c["first_chart"]["cold_median"]["first_chart_s"] for c in cases if "first_chart" in c}
     slowest = max(timed, key=lambda page: timed[page] or 0.0) if timed else None
     slowest_ci = next(
-        (c["first_chart"]["cold_median_first_chart_ci"] for c in cases if c["page"] == slowest and "first_chart" in c),
+        (
+            c["first_chart"]["cold_median_first_chart_ci"]
+            for c in cases
+            if c["page"] == slowest and "first_chart" in c
+        ),
         {"ci_low": None, "ci_high": None},
     )
     return {
@@ -460,10 +468,6 @@ def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
         # Its 95% bootstrap interval over that page's cold loads.
         "first_chart_s_ci_low": slowest_ci["ci_low"],
         "first_chart_s_ci_high": slowest_ci["ci_high"],
-    }
-            if timed
-            else {}
-        ),
     }
 
 
