@@ -62,11 +62,12 @@ class TrialPlan:
     # with thousands of streamed tokens a second and would add its own delay to every TTFT.
     client_processes: int = 1
     # Requests of the workload replayed, at the target rate and discarded, before anything is
-    # measured: a fresh engine pays for every new prompt length and batch shape the first time
-    # (kernel and primitive setup), which a handful of short warm-up requests does not cover.
-    # On the 2-core CPU host a fresh engine's first replay of the Mooncake traffic read a 4x
-    # higher p50 TTFT than the same replay after one other (benchmarks/results/engine_noise.json).
-    # 0 turns it off.
+    # measured, as benchmark clients do (vLLM's own has --num-warmups): the engine meets the
+    # traffic's prompt lengths and batch shapes once before the repeats that count. On the 2-core
+    # CPU host it made no significant difference (benchmarks/results/engine_noise_warmup.json:
+    # fresh engines with and without it, alternating); it is kept for engines that set up work
+    # per new shape outside their warm-up (compiled or graph-captured GPU engines) and costs the
+    # replay of 32 requests. 0 turns it off.
     warmup_requests: int = 32
 
     def __post_init__(self) -> None:
