@@ -53,6 +53,7 @@ from serving.engine import EngineConfig, start_engine  # noqa: E402
 from serving.engine.host import ForeignLoadMeter  # noqa: E402
 from serving.loadgen.api import replay_generated, replay_trace  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
+from tuning.search.trial import warm_up  # noqa: E402
 
 TRACES_DIR = REPO / "data" / "traces"
 TRACES = {"mooncake": "mooncake_synthetic.jsonl", "azure_conv": "azure2023_conv.csv"}
@@ -250,15 +251,7 @@ def main() -> int:
             with start_engine(model=str(model), config=config, startup_timeout_s=900) as engine:
                 ready_s = time.monotonic() - t0
                 url = engine.base_url
-                replay_generated(
-                    endpoint=url,
-                    num_requests=4,
-                    rate_rps=50.0,
-                    num_prompt_tokens=64,
-                    num_output_tokens=8,
-                    seed=block,
-                    progress=False,
-                )
+                warm_up(url, seed=block)  # what a trial sends first
                 solo = unqueued(
                     url, requests=args.probe_requests, output_tokens=args.probe_output_tokens, seed=block
                 )
