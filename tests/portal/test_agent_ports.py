@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal.accounts.models import User
 from portal.endpoints import selectors, services
 from portal.endpoints.models import Endpoint
+from portal.outbox.models import OutboxMessage
 from portal.pools import services as pool_services
 from portal.pools.models import Host
 from portal.pools.selectors import AGENT_HOST_ENV
@@ -53,7 +54,10 @@ def test_the_web_side_picks_no_port_and_the_hosts_start_picks_and_reports_one(
     )
     with django_capture_on_commit_callbacks(execute=False) as sent:
         endpoint, _key = services.endpoint_deploy(actor=alice, job=job)
-    assert len(sent) == 1  # the start, for the pool's queue
+    # The start is recorded in the task outbox for the pool's queue; it goes out after the commit.
+    (message,) = OutboxMessage.objects.filter(task="portal.endpoints.tasks.endpoint_start")
+    assert message.kwargs == {"endpoint_id": str(endpoint.id), "pool": "cpu-ports"}
+    assert message.status == OutboxMessage.Status.PENDING and sent
     row = Endpoint.objects.get(pk=endpoint.pk)
     # Nothing picked here: the address waits for the host's port.
     assert row.port is None and row.base_url == "" and selectors.endpoint_base_url(row) == ""
