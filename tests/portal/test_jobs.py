@@ -300,8 +300,8 @@ def test_a_job_runs_end_to_end_in_the_portal(
     assert competent.result["status"] == "ok", competent.result.get("error")
     assert competent.result["correctness"]["positions"] > 0
     assert len(competent.result["load"]) >= 2
-    # A warm-up replay of the workload ran, discarded, before the measured repeats.
-    assert competent.result["warmup"]["requests"] > 0 and competent.result["warmup"]["errors"] == 0
+    # No warm-up replay unless the plan asks for one (it made no difference on this host).
+    assert competent.result["warmup"] is None
     # The host was held and watched while it measured.
     assert competent.result["foreign_load"]["window_s"] > 0
     assert competent.result["contended"] in (True, False)

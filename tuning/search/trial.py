@@ -62,13 +62,13 @@ class TrialPlan:
     # with thousands of streamed tokens a second and would add its own delay to every TTFT.
     client_processes: int = 1
     # Requests of the workload replayed, at the target rate and discarded, before anything is
-    # measured, as benchmark clients do (vLLM's own has --num-warmups): the engine meets the
-    # traffic's prompt lengths and batch shapes once before the repeats that count. On the 2-core
-    # CPU host it made no significant difference (benchmarks/results/engine_noise_warmup.json:
-    # fresh engines with and without it, alternating); it is kept for engines that set up work
-    # per new shape outside their warm-up (compiled or graph-captured GPU engines) and costs the
-    # replay of 32 requests. 0 turns it off.
-    warmup_requests: int = 32
+    # measured, as benchmark clients can (vLLM's has --num-warmups): the engine meets the
+    # traffic's prompt lengths and batch shapes once before the repeats that count. Off by
+    # default: on the 2-core CPU host it made no significant difference
+    # (benchmarks/results/engine_noise_warmup.json: fresh engines with and without 32 warm-up
+    # requests, alternating) and it lengthens every trial. For engines that set up work per new
+    # shape outside their warm-up (compiled or graph-captured GPU engines), measure it there.
+    warmup_requests: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.warmup_requests <= MAX_WARMUP_REQUESTS:
