@@ -57,7 +57,32 @@ def router_command() -> list[str]:
     return [str(candidate)] if candidate.exists() else ["vllm-router"]
 
 
-class RouterProcess:
+class _WatchedProcess:
+    """A helper process of the endpoint started under the engine watchdog: alive while its
+    watchdog is; stopped with SIGTERM, then killed after `STOP_WAIT_S`."""
+
+    STOP_WAIT_S = 20.0
+    _watchdog: subprocess.Popen[bytes] | None
+
+    def alive(self) -> bool:
+        return self._watchdog is not None and self._watchdog.poll() is None
+
+    def stop(self) -> None:
+        if self._watchdog is None:
+            return
+        if self._watchdog.poll() is None:
+            self._watchdog.terminate()
+            try:
+                self._watchdog.wait(timeout=self.STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait(timeout=10)
+        if self._watchdog.stdin:
+            with contextlib.suppress(OSError):
+                self._watchdog.stdin.close()
+
+
+class RouterProcess(_WatchedProcess):
     """vllm-router on a fixed port, with workers added and removed at run time."""
 
     def __init__(self, *, port: int, log_path: Path, host: str = "127.0.0.1") -> None:
@@ -147,34 +172,18 @@ class RouterProcess:
         if response.status_code >= 400:
             raise RouterError(f"router refused to remove {url}: {response.status_code} {response.text[:300]}")
 
-    def alive(self) -> bool:
-        return self._watchdog is not None and self._watchdog.poll() is None
-
-    def stop(self) -> None:
-        if self._watchdog is None:
-            return
-        if self._watchdog.poll() is None:
-            self._watchdog.terminate()
-            try:
-                self._watchdog.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-                self._watchdog.wait(timeout=10)
-        if self._watchdog.stdin:
-            with contextlib.suppress(OSError):
-                self._watchdog.stdin.close()
-
 
 class EdgeProxyError(RuntimeError):
     """The measuring proxy did not start; the message has its log."""
 
 
-class EdgeProxyProcess:
+class EdgeProxyProcess(_WatchedProcess):
     """The measuring proxy (serving.edge) at the endpoint's stable address, in front of `upstream`."""
 
     # Its own shutdown (running requests finish, then the last flush) fits inside the watchdog's grace.
     SHUTDOWN_GRACE_S = 10.0
     DRAIN_TIMEOUT_S = 10.0
+    STOP_WAIT_S = SHUTDOWN_GRACE_S + DRAIN_TIMEOUT_S + 15.0
 
     def __init__(self, *, port: int, ingest: IngestTarget, log_path: Path, host: str = "127.0.0.1") -> None:
         self.host, self.port, self.ingest, self.log_path = host, port, ingest, log_path
@@ -250,23 +259,6 @@ class EdgeProxyProcess:
             f"the measuring proxy was not listening after {timeout_s:.0f} s:\n"
             + "\n".join(read_log_tail(self.log_path, 20))
         )
-
-    def alive(self) -> bool:
-        return self._watchdog is not None and self._watchdog.poll() is None
-
-    def stop(self) -> None:
-        if self._watchdog is None:
-            return
-        if self._watchdog.poll() is None:
-            self._watchdog.terminate()
-            try:
-                self._watchdog.wait(timeout=self.SHUTDOWN_GRACE_S + self.DRAIN_TIMEOUT_S + 15.0)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-                self._watchdog.wait(timeout=10)
-        if self._watchdog.stdin:
-            with contextlib.suppress(OSError):
-                self._watchdog.stdin.close()
 
 
 @dataclass
