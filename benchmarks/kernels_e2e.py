@@ -768,7 +768,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             "command": " ".join(["python", *sys.argv]),
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
             "complete": complete,
-            "git": git_state(REPO),
+            **git_state(REPO),  # commit and dirty flag at the top level
             "machine": machine_facts(),
             "versions": versions("vllm", "torch", "triton", "numpy", "transformers"),
             "weights": "random (vLLM --load-format dummy): real shapes and timings",

@@ -441,7 +441,7 @@ def main() -> int:
         # Everything in this file is written here; nothing is added by hand afterwards.
         "written_by": "benchmarks/kernels/bench.py",
         "command": " ".join(["python", *sys.argv]),
-        "git": git_state(ROOT),
+        **git_state(ROOT),  # commit and dirty flag at the top level
         "summary": {},
         "ceilings": {},
         "cases": [],

@@ -10,6 +10,7 @@ there instead of drawing a fall to zero.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import statistics
@@ -669,12 +670,11 @@ def deploy_summary(*, job: Any) -> dict[str, Any]:
         if job.pool.price_per_host_hour_usd is not None:
             price_text = f"${usd_text(job.pool.price_per_device_hour_usd)} per device-hour"
     else:
-        try:
+        # Hardware the catalog no longer knows has no price to show: it stays "not priced".
+        with contextlib.suppress(UnknownHardware):
             price, source = effective_price_per_hour(hardware)
             if source != PRICE_SOURCE_UNPRICED and price > 0:
                 price_text = f"${usd_text(price)} per device-hour"
-        except UnknownHardware:
-            pass
     return {
         "name": f"{job.served_model.name} (tuned)",
         "model": job.served_model.name,
