@@ -41,4 +41,4 @@ echo "== import-linter"; "$BIN/lint-imports"
 echo "== manage.py check"; "$BIN/python" manage.py check --fail-level WARNING
 echo "== migrations";    "$BIN/python" manage.py makemigrations --check --dry-run
 echo "== openapi";       "$BIN/python" manage.py spectacular --validate --fail-on-warn --file /dev/null
-echo "== pytest";        "$BIN/pytest" "$@"
+echo "== pytest";        "$BIN/pytest" --durations=30 "$@"

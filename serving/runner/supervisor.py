@@ -20,6 +20,7 @@ process's command line names this endpoint's own state file; anything else is ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -56,13 +57,30 @@ _STATUS = {
 }
 
 
-def process_alive(pid: int) -> bool:
-    """Whether the process exists and is not a zombie."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (the state is field 0, the start time field 19)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
+        return None
+    return fields if len(fields) > 19 else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def process_start_time(pid: int) -> str | None:
+    """When the process started (clock ticks after boot): with the pid, it names one process."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None else None
+
+
+def _running(pid: int, started: str | None) -> bool:
+    """The same process (pid and start time) still exists and has not exited."""
+    return process_alive(pid) and process_start_time(pid) == started
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -73,6 +91,7 @@ def atomic_write(path: Path, text: str) -> None:
 
 class LocalSupervisorRunner:
     kind = KIND
+    KILL_WAIT_S = 10.0  # after SIGKILL, how long the exit may take before the stop fails
 
     def __init__(self, root: Path, *, python: str | None = None, cwd: Path | None = None) -> None:
         self.root = Path(root)  # one folder per endpoint below it
@@ -227,12 +246,22 @@ class LocalSupervisorRunner:
     def stop(self, handle: RunnerHandle, *, timeout_s: float = 60.0) -> None:
         pid = handle.data.get("pid")
         if isinstance(pid, int) and self.supervisor_alive(handle):
+            # From here the process is followed by pid and start time, not by its command line:
+            # an exiting process has released its memory (its command line reads empty) before
+            # it has exited, and "stopped" means exited.
+            started = process_start_time(pid)
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while self.supervisor_alive(handle) and time.monotonic() < deadline:
+            while _running(pid, started) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if self.supervisor_alive(handle):
-                os.killpg(pid, signal.SIGKILL)  # its own session: the router and engine go with it
+            if _running(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # its own session: the router and engine go with it
+                deadline = time.monotonic() + self.KILL_WAIT_S
+                while _running(pid, started) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if _running(pid, started):
+                    raise RunnerError(f"the endpoint's supervisor (pid {pid}) did not exit after SIGKILL")
         (self._folder(handle) / "api_key").unlink(missing_ok=True)
         (self._folder(handle) / "edge_token").unlink(missing_ok=True)
 

@@ -123,3 +123,44 @@ def test_kubernetes_runner_refuses_before_sending_anything(tmp_path: Path, monke
     with pytest.raises(RunnerError, match="no Kubernetes cluster is configured"):
         KubernetesRunner(target).start(_launch())
     assert object_name(_launch().endpoint_id) == "tg-6f1c2d9e11114222"
+
+
+@pytest.mark.parametrize(
+    ("on_sigterm", "timeout_s"),
+    [
+        # Exits on SIGTERM, after a clean-up that takes a while (the router and engine stopping).
+        ("signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))", 30.0),
+        # Ignores SIGTERM: killed, with its session, once the stop's time is up.
+        ("signal.signal(signal.SIGTERM, signal.SIG_IGN)", 1.0),
+    ],
+    ids=["exits-on-sigterm", "ignores-sigterm"],
+)
+def test_local_runner_stop_returns_only_once_the_supervisor_has_exited(
+    tmp_path: Path, on_sigterm: str, timeout_s: float
+) -> None:
+    """'Stopped' means the supervisor process has exited, not merely that its command line no
+    longer reads as the endpoint's (it reads empty while an exiting process tears down)."""
+    from serving.runner.supervisor import process_alive
+
+    runner = LocalSupervisorRunner(tmp_path)
+    handle = runner.prepare(_launch())
+    state_file = Path(str(handle.data["dir"])) / "state.json"
+    code = f"import signal, sys, time\n{on_sigterm}\nprint('ready', flush=True)\ntime.sleep(120)"
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", "--state-file", str(state_file)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert stand_in.stdout is not None and stand_in.stdout.readline().strip() == "ready"
+        live = runner.handle_for(_launch().endpoint_id, stand_in.pid)
+        assert runner.supervisor_alive(live)
+        runner.stop(live, timeout_s=timeout_s)
+        # Exited (a zombie until this process reaps it): nothing of it runs any more.
+        assert not process_alive(stand_in.pid)
+        assert stand_in.wait(timeout=10) is not None
+    finally:
+        if stand_in.poll() is None:
+            stand_in.kill()
+            stand_in.wait(timeout=10)
