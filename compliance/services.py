@@ -14,12 +14,10 @@ import io
 import json
 import logging
 import secrets
-import shutil
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
@@ -27,7 +25,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from compliance import chain, context, selectors
+from compliance import chain, context, holders, selectors
 from compliance.models import (
     AuditChainHead,
     AuditEvent,
@@ -712,39 +710,31 @@ def retention_policy_set(
     return policy
 
 
-def _delete_sample_files(sample: Any) -> None:
-    from portal.traffic.services import workload_path
-
-    if sample.staging_name:
-        (Path(settings.TRAFFIC_STAGING_DIR) / sample.staging_name).unlink(missing_ok=True)
-    workload_path(sample).unlink(missing_ok=True)
-
-
 def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
-    """Deletes what is past each organization's retention: traffic samples (their stored
-    objects in every region, their workload files and, unless a tuning job still refers to
-    them, their rows) and endpoint metric snapshots. Idempotent; the scheduled task calls it.
+    """Deletes what is past each organization's retention: expired sensitive objects here, and
+    whatever each registered data holder keeps (traffic samples with their objects and files,
+    endpoint metric snapshots: `compliance.holders`). Idempotent; the scheduled task calls it.
     Returns counts."""
     from portal.accounts.models import Organization
-    from portal.endpoints.models import MetricSnapshot
-    from portal.traffic.models import TrafficSample
 
     moment = now or timezone.now()
-    counts = {"samples": 0, "objects": 0, "metric_snapshots": 0}
+    registered = holders.holders()
+    counts = {"objects": 0}
+    for holder in registered:
+        counts.update({name: 0 for name in holder.counts})
     store = get_store()
     # Closed SLA windows are frozen before any of their snapshots can go.
     sla_windows_close(now=moment)
     for organization in Organization.objects.all().iterator():
         retention = selectors.retention_settings(organization=organization)
-        days = retention["sample_retention_days"]
-        metric_cutoff = moment - timedelta(days=retention["metric_retention_days"])
-        deleted, _ = MetricSnapshot.objects.filter(
-            organization=organization, taken_at__lt=metric_cutoff
-        ).delete()
-        counts["metric_snapshots"] += deleted
-        cutoff = moment - timedelta(days=days)
+        cutoffs = holders.RetentionCutoffs(
+            samples=moment - timedelta(days=retention["sample_retention_days"]),
+            sample_days=retention["sample_retention_days"],
+            metrics=moment - timedelta(days=retention["metric_retention_days"]),
+            metric_days=retention["metric_retention_days"],
+        )
         expired_objects = StoredObject.objects.filter(
-            organization=organization, kind=StoredObject.Kind.SAMPLE_UPLOAD, created_at__lt=cutoff
+            organization=organization, kind=StoredObject.Kind.SAMPLE_UPLOAD, created_at__lt=cutoffs.samples
         )
         for obj in expired_objects:
             store.delete(region=obj.region, key=obj.key)
@@ -754,70 +744,53 @@ def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
                     organization=organization,
                     action="retention.object_delete",
                     target=obj,
-                    data={"region": obj.region, "retention_days": days},
+                    data={"region": obj.region, "retention_days": cutoffs.sample_days},
                 )
                 obj.delete()
             counts["objects"] += 1
-        for sample in TrafficSample.objects.filter(organization=organization, created_at__lt=cutoff):
-            for obj in StoredObject.objects.filter(organization=organization, owner_id=str(sample.pk)):
-                sensitive_object_delete(actor=None, obj=obj, reason=f"retention ({days} days)")
-                counts["objects"] += 1
-            _delete_sample_files(sample)
-            with transaction.atomic():
-                in_use = sample.tuning_jobs.exists()
-                audit_record(
-                    actor=None,
-                    organization=organization,
-                    action="retention.sample_delete",
-                    target=sample,
-                    data={"retention_days": days, "row_kept_for_jobs": in_use},
-                )
-                if not in_use:
-                    sample.delete()
-            counts["samples"] += 1
+        for holder in registered:
+            if holder.expire is not None:
+                for name, value in holder.expire(organization, cutoffs).items():
+                    counts[name] = counts.get(name, 0) + value
     return counts
 
 
 def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> dict[str, int]:
     """Deletes everything an organization has: its objects in every region of the deployment
-    (not only the allowed ones: a past policy may have allowed others), its files and its rows.
-    What remains is the audit trail, which never held its data, ending with this deletion."""
+    (not only the allowed ones: a past policy may have allowed others), its files and its rows
+    (each registered data holder's share, `compliance.holders`). What remains is the audit trail,
+    which never held its data, ending with this deletion."""
     _require(actor, organization, "owner", "delete the organization's data")
     if confirm != organization.slug:
         raise ValidationError({"confirm": f"Type the organization's slug ({organization.slug}) to confirm."})
-    from portal.endpoints.models import Endpoint
-    from portal.jobs.models import TuningJob
-    from portal.traffic.models import TrafficSample
-
-    active = Endpoint.objects.filter(organization=organization, status__in=Endpoint.ACTIVE).count()
-    if active:
-        raise ValidationError({"confirm": f"Stop the organization's {active} running endpoint(s) first."})
+    registered = holders.holders()
+    for holder in registered:
+        reason = holder.refuse_deletion(organization) if holder.refuse_deletion is not None else ""
+        if reason:
+            raise ValidationError({"confirm": reason})
     store = get_store()
     prefix = f"org/{organization.pk}/"
     per_region: dict[str, int] = {}
     for region in settings.COMPLIANCE_REGIONS:
         per_region[region] = store.delete_prefix(region=region, prefix=prefix)
-    for sample in TrafficSample.objects.filter(organization=organization):
-        _delete_sample_files(sample)
-    for job in TuningJob.objects.filter(organization=organization):
-        shutil.rmtree(Path(settings.TUNING_WORK_DIR) / str(job.id), ignore_errors=True)
-    for endpoint_id in Endpoint.objects.filter(organization=organization).values_list("id", flat=True):
-        shutil.rmtree(Path(settings.ENDPOINTS_DIR) / str(endpoint_id), ignore_errors=True)
+    for holder in registered:
+        if holder.remove_files is not None:
+            holder.remove_files(organization)
     organization_id, name = organization.pk, organization.name
     with transaction.atomic():
-        counts = {
-            "objects": sum(per_region.values()),
-            "samples": TrafficSample.objects.filter(organization=organization).count(),
-            "jobs": TuningJob.objects.filter(organization=organization).count(),
-        }
+        counts = {"objects": sum(per_region.values())}
+        for holder in registered:
+            if holder.count is not None:
+                counts.update(holder.count(organization))
         audit_record(
             actor=actor,
             organization=organization_id,
             action="organization.data_delete",
             data={"name": name, "objects_by_region": per_region, **counts},
         )
-        Endpoint.objects.filter(organization=organization).delete()
-        TuningJob.objects.filter(organization=organization).delete()
+        for holder in registered:
+            if holder.delete_rows is not None:
+                holder.delete_rows(organization)
         organization.delete()
     return counts
 

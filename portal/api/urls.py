@@ -26,7 +26,7 @@ urlpatterns = [
 ]
 
 # Compliance (issue 8): residency, retention, BAAs, the audit trail and its export, deletion.
-from compliance import api as compliance_api  # noqa: E402
+from portal.api import compliance as compliance_api  # noqa: E402
 
 urlpatterns += [
     path("compliance/residency/", compliance_api.ResidencyView.as_view(), name="compliance_residency"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import shutil
 import socket
 import uuid
 from datetime import UTC, datetime
@@ -31,11 +32,12 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from compliance.holders import DataHolder, RetentionCutoffs
 from compliance.selectors import allowed_regions
 from compliance.services import audit_record, residency_require_hardware
 from compliance.storage import seal, unseal
 from portal.accounts import tokens
-from portal.accounts.models import Role, User
+from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.endpoints.models import Endpoint, EndpointRevision, MetricSnapshot
 from portal.jobs.models import TuningJob
@@ -750,3 +752,41 @@ def endpoint_deploy_keyed(
         if existing is None:
             raise
         return existing, None
+
+
+# --- Retention and organization deletion (registered with compliance.holders) ------------------
+
+
+def endpoints_retention_expire(organization: Organization, cutoffs: RetentionCutoffs) -> dict[str, int]:
+    """Metric snapshots past the organization's metric retention (SLA windows that need them
+    were frozen first: compliance closes them before any holder expires)."""
+    deleted, _ = MetricSnapshot.objects.filter(
+        organization=organization, taken_at__lt=cutoffs.metrics
+    ).delete()
+    return {"metric_snapshots": deleted}
+
+
+def endpoints_refuse_deletion(organization: Organization) -> str:
+    active = Endpoint.objects.filter(organization=organization, status__in=Endpoint.ACTIVE).count()
+    return f"Stop the organization's {active} running endpoint(s) first." if active else ""
+
+
+def endpoints_files_remove(organization: Organization) -> None:
+    for endpoint_id in Endpoint.objects.filter(organization=organization).values_list("id", flat=True):
+        shutil.rmtree(Path(settings.ENDPOINTS_DIR) / str(endpoint_id), ignore_errors=True)
+
+
+def endpoints_rows_delete(organization: Organization) -> None:
+    # Before the jobs: an endpoint's job is protected from deletion while the endpoint exists.
+    Endpoint.objects.filter(organization=organization).delete()
+
+
+ENDPOINTS_HOLDER = DataHolder(
+    name="endpoints",
+    order=10,
+    counts=("metric_snapshots",),
+    expire=endpoints_retention_expire,
+    refuse_deletion=endpoints_refuse_deletion,
+    remove_files=endpoints_files_remove,
+    delete_rows=endpoints_rows_delete,
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -31,6 +32,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
+from compliance.holders import DataHolder
 from compliance.selectors import allowed_regions
 from compliance.services import audit_record
 from portal.accounts import rls
@@ -800,3 +802,29 @@ def _step(job_id: str, owner: str) -> str:
         )
         transaction.on_commit(lambda: _step_send(job_id))
     return f"trial {number}"
+
+
+# --- Organization deletion (registered with compliance.holders) ---------------------------------
+
+
+def jobs_files_remove(organization: Organization) -> None:
+    for job_id in TuningJob.objects.filter(organization=organization).values_list("id", flat=True):
+        shutil.rmtree(Path(settings.TUNING_WORK_DIR) / str(job_id), ignore_errors=True)
+
+
+def jobs_count(organization: Organization) -> dict[str, int]:
+    return {"jobs": TuningJob.objects.filter(organization=organization).count()}
+
+
+def jobs_rows_delete(organization: Organization) -> None:
+    # Before the organization's cascade: a job's sample and served models are protected from it.
+    TuningJob.objects.filter(organization=organization).delete()
+
+
+JOBS_HOLDER = DataHolder(
+    name="jobs",
+    order=20,
+    remove_files=jobs_files_remove,
+    count=jobs_count,
+    delete_rows=jobs_rows_delete,
+)

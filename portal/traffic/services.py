@@ -26,6 +26,8 @@ from kombu.exceptions import ChannelError
 from kombu.exceptions import OperationalError as BrokerError
 
 from compliance import services as compliance
+from compliance.holders import DataHolder, RetentionCutoffs
+from compliance.models import StoredObject
 from compliance.services import audit_record
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
@@ -483,3 +485,56 @@ def traffic_sample_from_workload(*, organization: Organization, name: str, path:
             actor=None, organization=organization, action="traffic_sample.synthesized", target=sample
         )
     return sample
+
+
+# --- Retention and organization deletion (registered with compliance.holders) ------------------
+
+
+def _sample_files_remove(sample: TrafficSample) -> None:
+    if sample.staging_name:
+        (Path(settings.TRAFFIC_STAGING_DIR) / sample.staging_name).unlink(missing_ok=True)
+    workload_path(sample).unlink(missing_ok=True)
+
+
+def traffic_retention_expire(organization: Organization, cutoffs: RetentionCutoffs) -> dict[str, int]:
+    """Samples past retention: their stored objects in every region and their files go; their
+    rows go too unless a tuning job still refers to them (the job's record keeps its sample)."""
+    counts = {"samples": 0, "objects": 0}
+    days = cutoffs.sample_days
+    for sample in TrafficSample.objects.filter(organization=organization, created_at__lt=cutoffs.samples):
+        for obj in StoredObject.objects.filter(organization=organization, owner_id=str(sample.pk)):
+            compliance.sensitive_object_delete(actor=None, obj=obj, reason=f"retention ({days} days)")
+            counts["objects"] += 1
+        _sample_files_remove(sample)
+        with transaction.atomic():
+            in_use = sample.tuning_jobs.exists()
+            audit_record(
+                actor=None,
+                organization=organization,
+                action="retention.sample_delete",
+                target=sample,
+                data={"retention_days": days, "row_kept_for_jobs": in_use},
+            )
+            if not in_use:
+                sample.delete()
+        counts["samples"] += 1
+    return counts
+
+
+def traffic_files_remove(organization: Organization) -> None:
+    for sample in TrafficSample.objects.filter(organization=organization):
+        _sample_files_remove(sample)
+
+
+def traffic_count(organization: Organization) -> dict[str, int]:
+    return {"samples": TrafficSample.objects.filter(organization=organization).count()}
+
+
+TRAFFIC_HOLDER = DataHolder(
+    name="traffic",
+    order=30,
+    counts=("samples",),
+    expire=traffic_retention_expire,
+    remove_files=traffic_files_remove,
+    count=traffic_count,
+)

@@ -147,3 +147,42 @@ def test_metric_retention_freezes_sla_windows_before_deleting_snapshots(alice, a
     # October and November were frozen first (the one-hour close runs at each enforcement).
     october = SLAWindowReport.objects.get(window_start=datetime(2026, 10, 1, tzinfo=UTC))
     assert october.result["compliant_s"] == 30 * 60
+
+
+def test_deleting_an_organization_takes_each_apps_share(
+    alice, alice_org, regions, settings, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Endpoints, jobs and traffic register what they hold (compliance.holders): a serving
+    endpoint refuses the deletion; once stopped, their rows and files all go, counted in the
+    audit event."""
+    from compliance import holders
+    from portal.endpoints.models import Endpoint, MetricSnapshot
+    from portal.jobs.models import TuningJob
+
+    assert [holder.name for holder in holders.holders()] == ["endpoints", "jobs", "traffic"]
+    settings.TUNING_WORK_DIR = tmp_path / "jobs"
+    settings.ENDPOINTS_DIR = tmp_path / "endpoints"
+    endpoint = deployed_endpoint(alice_org, alice)
+    metric_series(endpoint, timezone.now() - timedelta(hours=1), [500.0] * 3)
+    job_dir = tmp_path / "jobs" / str(endpoint.job_id)
+    endpoint_dir = tmp_path / "endpoints" / str(endpoint.id)
+    for folder in (job_dir, endpoint_dir):
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text("{}")
+    with pytest.raises(ValidationError, match="Stop the organization's 1 running endpoint"):
+        services.organization_data_delete(actor=alice, organization=alice_org, confirm=alice_org.slug)
+    assert job_dir.exists() and endpoint_dir.exists()  # refused before anything was touched
+    Endpoint.objects.filter(id=endpoint.id).update(status=Endpoint.Status.STOPPED)
+
+    counts = services.organization_data_delete(actor=alice, organization=alice_org, confirm=alice_org.slug)
+    assert counts == {"objects": 0, "samples": 1, "jobs": 1}
+    assert not job_dir.exists() and not endpoint_dir.exists()
+    assert (
+        not Endpoint.objects.exists()
+        and not TuningJob.objects.exists()
+        and not MetricSnapshot.objects.exists()
+    )
+    assert not TrafficSample.objects.exists()
+    event = AuditEvent.objects.filter(action="organization.data_delete").get()
+    assert (event.data["samples"], event.data["jobs"]) == (1, 1)
+    assert services.audit_verify() == []

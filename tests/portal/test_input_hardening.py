@@ -298,7 +298,7 @@ def test_hostile_baa_document_name_and_version_download_safely(alice, alice_org,
 # fails here by name until it neutralises formulas and is added.
 CSV_WRITERS = {
     "compliance/services.py": "audit_export (the audit trail, API and page): this module",
-    "compliance/api.py": "serves audit_export's CSV",
+    "portal/api/compliance.py": "serves audit_export's CSV",
     "compliance/views.py": "serves audit_export's CSV",
     "compliance/verify_export.py": "reads the CSV back (the offline verifier)",
 }

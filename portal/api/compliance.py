@@ -1,4 +1,5 @@
-"""REST API of the compliance app (routed from portal/api/urls.py). Thin: serializers check
+"""REST API of the compliance app (routed from portal/api/urls.py). It lives in the portal, above
+compliance, which depends on no portal app but accounts (issue 22). Thin: serializers check
 shape, services decide and write; every view is tenant-scoped through TenantScopedMixin."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from portal.accounts.models import Organization, Role
 from portal.api import fields as api_fields
 from portal.api.base import TenantScopedMixin
 from portal.api.parsers import LimitedMultiPartParser, StrictJSONParser
+from portal.endpoints.models import Endpoint
 
 
 class ResidencySerializer(serializers.Serializer):
@@ -263,8 +265,6 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
     parser_classes = [StrictJSONParser]
 
     def tenant_queryset(self) -> QuerySet[Any]:
-        from portal.endpoints.models import Endpoint
-
         return Endpoint.objects.all()
 
     def _body(self, endpoint: Any) -> dict[str, Any]:
