@@ -91,7 +91,8 @@ def endpoint_base_url(endpoint: Endpoint) -> str:
 
 def endpoint_model_id(endpoint: Endpoint) -> str:
     """The model name clients send (`model` in every request; `GET /v1/models` lists it): the
-    name the engine serves, which is the model's folder unless the launch gives it a shorter one."""
+    name the engine serves, the model's short name (set at deploy); an endpoint deployed before
+    short names were given serves its folder path."""
     served = (endpoint.config or {}).get("served_model_name")
     return str(served) if served else endpoint.served_model.path
 

@@ -135,7 +135,9 @@ def endpoint_deploy(
             doing="this endpoint",
         )
     number, result = _winner(job)
-    config = dict(result["config"])  # type: ignore[call-overload]
+    # Clients name the model by its short name (the one registered in the portal), not by the
+    # folder it was loaded from: the engine serves it under that name.
+    config = {**dict(result["config"]), "served_model_name": job.served_model.name}  # type: ignore[call-overload]
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
     api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
     # No port here: the host that starts it picks one of its own free ports and reports it
@@ -227,6 +229,10 @@ def endpoint_switch(
     """
     with transaction.atomic():
         locked = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        # A new configuration keeps the name clients call the model by (a job's or the loop's
+        # winner names none); an endpoint deployed before short names keeps its folder path.
+        served_name = (locked.config or {}).get("served_model_name")
+        config = {**config, "served_model_name": served_name} if served_name else dict(config)
         generation = (
             locked.revisions.order_by("-generation").values_list("generation", flat=True).first() or 0
         ) + 1

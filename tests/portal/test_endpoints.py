@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from compliance.models import AuditEvent
-from portal.endpoints import services
+from portal.endpoints import selectors, services
 from portal.endpoints.models import Endpoint, MetricSnapshot
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
@@ -252,7 +252,9 @@ def test_deploy_call_with_openai_watch_and_stop(
             assert services.read_state(endpoint).get("status") != "failed", services.read_state(endpoint)
             time.sleep(1)
         base_url = f"http://127.0.0.1:{endpoint.port}/v1"
-        model = str(model_root / "llama-xs")
+        # Clients name the model by its short name; the engine serves it under that name.
+        model = "llama-xs"
+        assert selectors.endpoint_model_id(endpoint) == model
         answer = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=60).completions.create(
             model=model, prompt="hello there", max_tokens=5
         )

@@ -365,7 +365,7 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
         endpoint, api_key = services.endpoint_deploy(actor=alice, job=job)
     endpoint.refresh_from_db()  # the port its start picked on the serving host
     terms = sla_terms_set(actor=alice, endpoint=endpoint, target_ms=60_000.0, metric="ttft_p50_ms")
-    model = str(model_root / "llama-xs")
+    model = "llama-xs"  # the short name the endpoint serves it under
     eid = str(endpoint.id)
     try:
         first = _state_until(endpoint, lambda s: s.get("status") == "healthy", "the endpoint's start")

@@ -331,7 +331,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=120)
             for prompt in ("Patient asks about", "Reschedule my", "Is the clinic open"):
                 answer = client.completions.create(
-                    model=endpoint.served_model.path, prompt=prompt, max_tokens=4
+                    model=endpoint.served_model.name, prompt=prompt, max_tokens=4
                 )
                 assert answer.usage is not None and answer.usage.completion_tokens == 4
             page.wait_for_function(
