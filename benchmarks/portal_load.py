@@ -51,7 +51,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._machine import machine  # noqa: E402
+from benchmarks._machine import git_state, machine_facts  # noqa: E402
 from benchmarks._machine import versions as common_versions  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "portal_load.json"
@@ -745,7 +745,8 @@ def main() -> int:
         )
         sign_ins = [r for r in records if r["kind"] == "login"]
         out = {
-            "machine": machine(),
+            "machine": machine_facts(),
+            **git_state(REPO),
             "date": datetime.now(UTC).date().isoformat(),
             "versions": versions(),
             "command": "python " + " ".join(["benchmarks/portal_load.py", *sys.argv[1:]]),

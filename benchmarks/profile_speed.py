@@ -31,6 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._machine import git_state, machine_facts  # noqa: E402
 from tuning import __version__  # noqa: E402
 from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
 
@@ -67,19 +68,6 @@ elapsed, used = time.perf_counter() - start, cpu_s() - start_cpu
 print(json.dumps({"ingest_s": elapsed, "cpu_s": used, "peak_mb": peak_mb(), "baseline_mb": baseline,
                   "num_requests": result.profile.num_requests, "load_avg_1m": os.getloadavg()[0]}))
 """
-
-
-def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {memory_gb:.0f} GiB, {platform.system()} {platform.release()}"
 
 
 def _make_mooncake(traces: Path, path: Path, requests: int, rng: np.random.Generator) -> None:
@@ -176,7 +164,8 @@ def main() -> None:
             size_mib = path.stat().st_size / 2**20
             print(f"{name}: {wall_s:.2f} s, {peak_mb:.0f} MB peak RSS ({size_mib:.0f} MiB file)")
     result = {
-        "machine": _machine(),
+        "machine": machine_facts(),
+        **git_state(REPO),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "tailguard": __version__},
         "command": "python benchmarks/profile_speed.py"

