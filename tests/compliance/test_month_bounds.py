@@ -11,7 +11,7 @@ from django.urls import reverse
 from compliance import sla
 from portal.billing.usage import parse_month
 from tests.factories import SLA_TERMS, api_client, deployed_endpoint
-from tests.portal.test_billing import enable_billing
+from tests.portal.billing import enable_billing
 
 EDGE_MONTHS = ["0001-01", "9999-12", "0000-06", "1999-12", "3000-01"]
 

@@ -16,6 +16,7 @@ from tests.factories import build_model_dir
 
 # The benchmark reports' fixtures (local OpenAI-compatible servers, the sales engineer, a sample).
 from tests.portal.benchmarks import bench_settings, bench_tokenizer, sam, sam_client, sample, serve  # noqa: F401
+from tests.portal.billing import billing, stripe_fake  # noqa: F401 (the Stripe stand-in's fixtures)
 from tests.workers import require_postgres
 
 

@@ -41,7 +41,6 @@ from schemathesis.checks import CHECKS
 from schemathesis.core.failures import FailureGroup
 
 from portal.accounts import services as account_services
-from tests.portal.test_billing import billing, stripe_fake  # noqa: F401 (fixtures of the world)
 from tests.portal.test_isolation_sweep import World, world  # noqa: F401 (the world fixture)
 
 pytestmark = pytest.mark.django_db

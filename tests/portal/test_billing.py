@@ -3,16 +3,9 @@ idempotent usage reports, the past-due gate, billing off without keys, and tenan
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl
 
 import pytest
 from django.core import mail
@@ -42,240 +35,30 @@ from portal.billing.usage import (
 from portal.jobs import services as job_services
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
+from tests.portal.billing import (
+    WEBHOOK_SECRET,
+    FakeStripe,
+    post_webhook,
+    reported_usage,
+    sign,
+    subscribe,
+    subscription_event,
+    utc,
+)
 
-WEBHOOK_SECRET = "whsec_tailguard_test_only"
-
-
-def _utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
-
-
-# --- A Stripe API on loopback -------------------------------------------------------------------
-
-
-class FakeStripe:
-    """Answers the few Stripe API calls billing makes and records what was sent.
-
-    Like Stripe, it replays the stored answer for an Idempotency-Key it has seen, and bills a
-    meter event once per identifier. `inject` queues faults: "error" answers 500 without doing
-    anything; "lost" does the work, then answers 500 (a response lost on the way back).
-    """
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.replies: dict[str, tuple[int, bytes]] = {}
-        self.billed: dict[str, dict[str, str]] = {}
-        self.faults: dict[str, list[str]] = {}
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                params = dict(parse_qsl(self.rfile.read(length).decode(), keep_blank_values=True))
-                status, body, headers = fake.handle(
-                    self.path, {k.lower(): v for k, v in self.headers.items()}, params
-                )
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def inject(self, path: str, *faults: str) -> None:
-        self.faults.setdefault(path, []).extend(faults)
-
-    def calls(self, path: str) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["path"] == path]
-
-    def handle(
-        self, path: str, headers: dict[str, str], params: dict[str, str]
-    ) -> tuple[int, bytes, dict[str, str]]:
-        with self.lock:
-            self.requests.append({"path": path, "headers": headers, "params": params})
-            fault = self.faults.get(path, []).pop(0) if self.faults.get(path) else None
-            if fault == "error":
-                return 500, json.dumps({"error": {"type": "api_error", "message": "boom"}}).encode(), {}
-            key = headers.get("idempotency-key")
-            if key and key in self.replies:
-                status, body = self.replies[key]
-                return status, body, {"Idempotent-Replayed": "true"}
-            status, reply = self._answer(path, params)
-            body = json.dumps(reply).encode()
-            if key:
-                self.replies[key] = (status, body)
-            if fault == "lost":
-                return 500, json.dumps({"error": {"type": "api_error", "message": "lost"}}).encode(), {}
-            return status, body, {}
-
-    def _answer(self, path: str, params: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        n = len(self.requests)
-        if path == "/v1/customers":
-            return 200, {"id": "cus_test_acme", "object": "customer", "name": params.get("name")}
-        if path == "/v1/checkout/sessions":
-            return 200, {
-                "id": f"cs_test_{n}",
-                "object": "checkout.session",
-                "mode": "subscription",
-                "url": f"https://checkout.stripe.test/c/pay/cs_test_{n}",
-            }
-        if path == "/v1/billing_portal/sessions":
-            return 200, {
-                "id": f"bps_test_{n}",
-                "object": "billing_portal.session",
-                "url": f"https://billing.stripe.test/p/session/{n}",
-            }
-        if path == "/v1/billing/meter_events":
-            timestamp = int(params["timestamp"])
-            if timestamp < time.time() - 35 * 86400:
-                return 400, {
-                    "error": {
-                        "type": "invalid_request_error",
-                        "message": "Timestamp must be within the past 35 calendar days.",
-                    }
-                }
-            identifier = params["identifier"]
-            # A repeated identifier is not billed again (Stripe deduplicates for at least 24 h).
-            self.billed.setdefault(
-                identifier,
-                {
-                    "event_name": params["event_name"],
-                    **{k: v for k, v in params.items() if k.startswith("payload")},
-                },
-            )
-            return 200, {
-                "object": "billing.meter_event",
-                "event_name": params["event_name"],
-                "identifier": identifier,
-                "timestamp": timestamp,
-                "created": int(time.time()),
-                "livemode": False,
-                "payload": {"stripe_customer_id": params.get("payload[stripe_customer_id]")},
-            }
-        if path == "/v1/invoiceitems":
-            # A pending invoice item (negative for a credit) on the customer's next invoice.
-            return 200, {
-                "id": f"ii_test_{n}",
-                "object": "invoiceitem",
-                "customer": params.get("customer"),
-                "amount": int(params["amount"]),
-                "currency": params.get("currency"),
-                "description": params.get("description"),
-            }
-        return 404, {"error": {"type": "invalid_request_error", "message": f"no route {path}"}}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def stripe_fake() -> Iterator[FakeStripe]:
-    fake = FakeStripe()
-    yield fake
-    fake.close()
-
-
-def enable_billing(settings: Any, api_base: str = "http://127.0.0.1:9") -> None:
-    settings.STRIPE_SECRET_KEY = "sk_test_tailguard_fake"
-    settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
-    settings.STRIPE_PRICE_PLANS = {"starter": "price_starter", "scale": "price_scale"}
-    settings.STRIPE_PRICE_METERED = ["price_tuning_minutes", "price_endpoint_h200"]
-    settings.STRIPE_API_BASE = api_base
-    settings.STRIPE_MAX_NETWORK_RETRIES = 0
-    settings.STRIPE_TIMEOUT_S = 5
-    settings.BILLING_USAGE_SETTLE_S = 900
-    settings.SITE_URL = "https://portal.test"
-
-
-@pytest.fixture
-def billing(settings: Any, stripe_fake: FakeStripe) -> FakeStripe:
-    enable_billing(settings, stripe_fake.url)
-    return stripe_fake
-
-
-def sign(payload: str, *, secret: str = WEBHOOK_SECRET, timestamp: int | None = None) -> str:
-    """The Stripe-Signature header, computed the way Stripe does (t=..., v1=HMAC-SHA256)."""
-    t = int(time.time()) if timestamp is None else timestamp
-    mac = hmac.new(secret.encode(), f"{t}.{payload}".encode(), hashlib.sha256).hexdigest()
-    return f"t={t},v1={mac}"
-
-
-def subscription_event(
-    event_id: str,
-    status: str,
-    *,
-    customer: str = "cus_test_acme",
-    created: int | None = None,
-    event_type: str = "customer.subscription.updated",
-    subscription: str = "sub_test_1",
-    start_date: int | None = None,
-) -> str:
-    now = int(time.time())
-    return json.dumps(
-        {
-            "id": event_id,
-            "object": "event",
-            "type": event_type,
-            "created": now if created is None else created,
-            "data": {
-                "object": {
-                    "id": subscription,
-                    "object": "subscription",
-                    "customer": customer,
-                    "status": status,
-                    "start_date": start_date if start_date is not None else now - 7200,
-                    "items": {
-                        "object": "list",
-                        "data": [
-                            {"price": {"id": "price_starter"}, "current_period_end": now + 30 * 86400},
-                            {"price": {"id": "price_tuning_minutes"}, "current_period_end": now + 30 * 86400},
-                        ],
-                    },
-                }
-            },
-        }
-    )
-
-
-def post_webhook(payload: str, header: str | None) -> Any:
-    extra = {"HTTP_STRIPE_SIGNATURE": header} if header is not None else {}
-    return Client().post(reverse("billing:webhook"), payload, content_type="application/json", **extra)
-
-
-def subscribe(
-    org: Organization, *, status: str = "active", billed_from: datetime | None = None
-) -> BillingAccount:
-    """An organization whose checkout finished and whose subscription Stripe reported."""
-    account, _ = BillingAccount.objects.get_or_create(organization=org)
-    account.stripe_customer_id = account.stripe_customer_id or f"cus_test_{org.slug}"
-    account.stripe_subscription_id = "sub_test_1"
-    account.status = status
-    account.usage_billed_from = billed_from or _utc(2020, 1, 1)
-    account.save()
-    return account
+# The Stripe stand-in and helpers live in tests/portal/billing.py (shared by other modules).
 
 
 # --- Pure usage arithmetic -----------------------------------------------------------------------
 
 
 def test_split_by_hour_cuts_at_hour_day_and_month_boundaries() -> None:
-    slices = split_by_hour(_utc(2026, 1, 31, 22, 30), _utc(2026, 2, 1, 1, 15))
+    slices = split_by_hour(utc(2026, 1, 31, 22, 30), utc(2026, 2, 1, 1, 15))
     assert [(s.hour, s.duration_ms // 60_000) for s in slices] == [
-        (_utc(2026, 1, 31, 22), 30),
-        (_utc(2026, 1, 31, 23), 60),
-        (_utc(2026, 2, 1, 0), 60),
-        (_utc(2026, 2, 1, 1), 15),
+        (utc(2026, 1, 31, 22), 30),
+        (utc(2026, 1, 31, 23), 60),
+        (utc(2026, 2, 1, 0), 60),
+        (utc(2026, 2, 1, 1), 15),
     ]
     # Other time zones are converted, never misread: 10:50 at +02:00 is 08:50 UTC.
     from datetime import timezone as tz
@@ -285,16 +68,16 @@ def test_split_by_hour_cuts_at_hour_day_and_month_boundaries() -> None:
         datetime(2026, 3, 1, 10, 50, tzinfo=plus2), datetime(2026, 3, 1, 11, 5, tzinfo=plus2)
     )
     assert (first.hour, first.duration_ms, second.hour, second.duration_ms) == (
-        _utc(2026, 3, 1, 8),
+        utc(2026, 3, 1, 8),
         600_000,
-        _utc(2026, 3, 1, 9),
+        utc(2026, 3, 1, 9),
         300_000,
     )
-    assert split_by_hour(_utc(2026, 1, 1, 5), _utc(2026, 1, 1, 5)) == []
+    assert split_by_hour(utc(2026, 1, 1, 5), utc(2026, 1, 1, 5)) == []
     with pytest.raises(ValueError, match="naive"):
         split_by_hour(datetime(2026, 1, 1, 5), datetime(2026, 1, 1, 6))  # noqa: DTZ001
     with pytest.raises(ValueError, match="ends before"):
-        split_by_hour(_utc(2026, 1, 1, 6), _utc(2026, 1, 1, 5))
+        split_by_hour(utc(2026, 1, 1, 6), utc(2026, 1, 1, 5))
 
 
 def test_billable_minutes_round_per_bucket_halves_up() -> None:
@@ -314,22 +97,22 @@ def test_idempotency_key_is_derived_from_the_business_event() -> None:
         organization_id=org,
         meter="endpoint_hours",
         dimension="h200",
-        hour=_utc(2026, 2, 1, 0, 42),
+        hour=utc(2026, 2, 1, 0, 42),
         sequence=0,
     )
     assert key == "tg:3f2b0c1e9a8d4c7bb6a50123456789ab:endpoint_hours:h200:20260201T00"
     assert key == idempotency_key(
-        organization_id=org, meter="endpoint_hours", dimension="h200", hour=_utc(2026, 2, 1), sequence=0
+        organization_id=org, meter="endpoint_hours", dimension="h200", hour=utc(2026, 2, 1), sequence=0
     )
     late = idempotency_key(
-        organization_id=org, meter="endpoint_hours", dimension="h200", hour=_utc(2026, 2, 1), sequence=1
+        organization_id=org, meter="endpoint_hours", dimension="h200", hour=utc(2026, 2, 1), sequence=1
     )
     assert late == key + ":1"
     longest = idempotency_key(
-        organization_id=org, meter="endpoint_hours", dimension="x" * 32, hour=_utc(2026, 2, 1), sequence=999
+        organization_id=org, meter="endpoint_hours", dimension="x" * 32, hour=utc(2026, 2, 1), sequence=999
     )
     assert len(longest) <= 100
-    assert parse_month("2026-02") == _utc(2026, 2, 1)
+    assert parse_month("2026-02") == utc(2026, 2, 1)
     for bad in ("2026-13", "26-02", "feb"):
         with pytest.raises(ValueError):
             parse_month(bad)
@@ -342,14 +125,14 @@ def test_idempotency_key_is_derived_from_the_business_event() -> None:
 def test_usage_aggregates_across_hour_and_month_boundaries_with_known_answers(
     alice_org: Organization,
 ) -> None:
-    subscribe(alice_org, billed_from=_utc(2026, 1, 1))
+    subscribe(alice_org, billed_from=utc(2026, 1, 1))
     # An H200 endpoint running 22:30 on 31 January to 01:15 on 1 February (UTC).
     stored = services.usage_record(
         organization=alice_org,
         meter=Meter.ENDPOINT_HOURS,
         dimension="H200",
-        started_at=_utc(2026, 1, 31, 22, 30),
-        ended_at=_utc(2026, 2, 1, 1, 15),
+        started_at=utc(2026, 1, 31, 22, 30),
+        ended_at=utc(2026, 2, 1, 1, 15),
         source="endpoint:e1:20260131T2230",
     )
     assert stored == 4
@@ -359,8 +142,8 @@ def test_usage_aggregates_across_hour_and_month_boundaries_with_known_answers(
             organization=alice_org,
             meter=Meter.ENDPOINT_HOURS,
             dimension="h200",
-            started_at=_utc(2026, 1, 31, 22, 30),
-            ended_at=_utc(2026, 2, 1, 1, 15),
+            started_at=utc(2026, 1, 31, 22, 30),
+            ended_at=utc(2026, 2, 1, 1, 15),
             source="endpoint:e1:20260131T2230",
         )
         == 0
@@ -370,25 +153,25 @@ def test_usage_aggregates_across_hour_and_month_boundaries_with_known_answers(
         services.usage_record(
             organization=alice_org,
             meter=Meter.TUNING_MINUTES,
-            started_at=_utc(2026, 1, 31, 23, minute),
-            ended_at=_utc(2026, 1, 31, 23, minute, 40),
+            started_at=utc(2026, 1, 31, 23, minute),
+            ended_at=utc(2026, 1, 31, 23, minute, 40),
             source=f"trial:t{n}",
         )
     # A trial across midnight at the month's end: 15 minutes in each month.
     services.usage_record(
         organization=alice_org,
         meter=Meter.TUNING_MINUTES,
-        started_at=_utc(2026, 1, 31, 23, 45),
-        ended_at=_utc(2026, 2, 1, 0, 15),
+        started_at=utc(2026, 1, 31, 23, 45),
+        ended_at=utc(2026, 2, 1, 0, 15),
         source="trial:t2",
     )
     january = {
         (line.meter, line.dimension): line
-        for line in selectors.usage_month(organization=alice_org, month=_utc(2026, 1, 15))
+        for line in selectors.usage_month(organization=alice_org, month=utc(2026, 1, 15))
     }
     february = {
         (line.meter, line.dimension): line
-        for line in selectors.usage_month(organization=alice_org, month=_utc(2026, 2, 1))
+        for line in selectors.usage_month(organization=alice_org, month=utc(2026, 2, 1))
     }
     assert january["endpoint_hours", "h200"].billable_minutes == 90
     assert january["endpoint_hours", "h200"].display == "1.50 endpoint-hours"
@@ -398,22 +181,22 @@ def test_usage_aggregates_across_hour_and_month_boundaries_with_known_answers(
     assert january["tuning_minutes", ""].billable_minutes == 16
     assert january["tuning_minutes", ""].duration_ms == 80_000 + 15 * 60_000
     assert february["tuning_minutes", ""].billable_minutes == 15
-    assert selectors.usage_month(organization=alice_org, month=_utc(2026, 3, 1)) == []
+    assert selectors.usage_month(organization=alice_org, month=utc(2026, 3, 1)) == []
     with pytest.raises(ValidationError):
         services.usage_record(
             organization=alice_org,
             meter=Meter.ENDPOINT_HOURS,
             dimension="bad hardware!",
-            started_at=_utc(2026, 1, 1),
-            ended_at=_utc(2026, 1, 1, 1),
+            started_at=utc(2026, 1, 1),
+            ended_at=utc(2026, 1, 1, 1),
             source="endpoint:x",
         )
     with pytest.raises(ValidationError):
         services.usage_record(
             organization=alice_org,
             meter="gpu_seconds",
-            started_at=_utc(2026, 1, 1),
-            ended_at=_utc(2026, 1, 1, 1),
+            started_at=utc(2026, 1, 1),
+            ended_at=utc(2026, 1, 1, 1),
             source="x",
         )
 
@@ -438,15 +221,15 @@ def _trial(job: TuningJob, number: int, start: datetime, end: datetime | None) -
 @pytest.mark.django_db
 def test_trial_minutes_are_recorded_from_finished_trials_once(alice: User, alice_org: Organization) -> None:
     job = _job(alice_org, alice)
-    now = _utc(2026, 3, 2, 12)
-    done = _trial(job, 0, _utc(2026, 3, 2, 10, 50), _utc(2026, 3, 2, 11, 10))
-    _trial(job, 1, _utc(2026, 3, 2, 11, 20), None)  # still running: not billed yet
+    now = utc(2026, 3, 2, 12)
+    done = _trial(job, 0, utc(2026, 3, 2, 10, 50), utc(2026, 3, 2, 11, 10))
+    _trial(job, 1, utc(2026, 3, 2, 11, 20), None)  # still running: not billed yet
     assert services.usage_collect_trials(now=now) == 1
     assert services.usage_collect_trials(now=now) == 0
     rows = list(UsageRecord.objects.filter(source=f"trial:{done.pk}").order_by("hour"))
     assert [(r.hour, r.duration_ms) for r in rows] == [
-        (_utc(2026, 3, 2, 10), 600_000),
-        (_utc(2026, 3, 2, 11), 600_000),
+        (utc(2026, 3, 2, 10), 600_000),
+        (utc(2026, 3, 2, 11), 600_000),
     ]
     assert all(r.organization_id == alice_org.id and r.meter == Meter.TUNING_MINUTES for r in rows)
 
@@ -475,10 +258,10 @@ def test_endpoint_hours_are_recorded_per_finished_hour_by_hardware(
         Endpoint.objects.filter(pk=row.pk).update(created_at=created, stopped_at=stopped)
         return row
 
-    running = endpoint(41001, Endpoint.Status.HEALTHY, _utc(2026, 4, 30, 22, 40), None)
-    stopped = endpoint(41002, Endpoint.Status.STOPPED, _utc(2026, 4, 30, 23, 0), _utc(2026, 5, 1, 0, 30))
-    endpoint(41003, Endpoint.Status.FAILED, _utc(2026, 4, 30, 23, 0), None)
-    now = _utc(2026, 5, 1, 1, 20)
+    running = endpoint(41001, Endpoint.Status.HEALTHY, utc(2026, 4, 30, 22, 40), None)
+    stopped = endpoint(41002, Endpoint.Status.STOPPED, utc(2026, 4, 30, 23, 0), utc(2026, 5, 1, 0, 30))
+    endpoint(41003, Endpoint.Status.FAILED, utc(2026, 4, 30, 23, 0), None)
+    now = utc(2026, 5, 1, 1, 20)
     # Running: 22:40-23:00, 23:00-00:00, 00:00-01:00 (the hour in progress waits); stopped: 23:00-00:30.
     assert services.usage_collect_endpoints(now=now) == 5
     assert services.usage_collect_endpoints(now=now + timedelta(minutes=30)) == 0
@@ -489,11 +272,11 @@ def test_endpoint_hours_are_recorded_per_finished_hour_by_hardware(
         )
         for source, e in (("running", running), ("stopped", stopped))
     }
-    assert by_source["stopped"] == [(_utc(2026, 4, 30, 23), 3_600_000), (_utc(2026, 5, 1, 0), 1_800_000)]
+    assert by_source["stopped"] == [(utc(2026, 4, 30, 23), 3_600_000), (utc(2026, 5, 1, 0), 1_800_000)]
     assert [ms for _, ms in by_source["running"]] == [1_200_000, 3_600_000, 3_600_000, 3_600_000]
     assert set(UsageRecord.objects.values_list("dimension", flat=True)) == {"h200"}
-    april = selectors.usage_month(organization=alice_org, month=_utc(2026, 4, 1))
-    may = selectors.usage_month(organization=alice_org, month=_utc(2026, 5, 1))
+    april = selectors.usage_month(organization=alice_org, month=utc(2026, 4, 1))
+    may = selectors.usage_month(organization=alice_org, month=utc(2026, 5, 1))
     assert [(line.dimension, line.unbilled_minutes) for line in april] == [("h200", 20 + 60 + 60)]
     assert [(line.dimension, line.unbilled_minutes) for line in may] == [("h200", 60 + 60 + 30)]
 
@@ -911,25 +694,11 @@ def test_half_configured_billing_refuses_to_start() -> None:
 # --- Pages and API: roles and tenants -------------------------------------------------------------
 
 
-def _alice_report(org: Organization) -> UsageReport:
-    subscribe(org)
-    hour = _utc(2026, 3, 1, 9)
-    services.usage_record(
-        organization=org,
-        meter=Meter.TUNING_MINUTES,
-        started_at=hour,
-        ended_at=hour + timedelta(minutes=4),
-        source="trial:r",
-    )
-    services.usage_reports_prepare(now=hour + timedelta(hours=2))
-    return UsageReport.objects.get(organization=org)
-
-
 @pytest.mark.django_db
 def test_usage_page_shows_what_will_be_billed(
     alice_client: Client, alice_org: Organization, billing: FakeStripe
 ) -> None:
-    report = _alice_report(alice_org)
+    report = reported_usage(alice_org)
     page = alice_client.get(reverse("billing:usage"), {"month": "2026-03"})
     assert page.status_code == 200
     assert b"March 2026" in page.content and b"4 trial-minutes" in page.content
@@ -972,7 +741,7 @@ def _snapshot() -> tuple[Any, ...]:
 def test_bob_viewer_gets_403_on_every_billing_page_and_route(
     bob: User, bob_client: Client, alice_org: Organization, billing: FakeStripe
 ) -> None:
-    report = _alice_report(alice_org)
+    report = reported_usage(alice_org)
     before = _snapshot()
     for method, url in [
         ("get", reverse("billing:overview")),
@@ -1009,7 +778,7 @@ def test_bob_viewer_gets_403_on_every_billing_page_and_route(
 def test_charlie_gets_404_for_alices_billing_and_sees_only_his_own(
     charlie: User, charlie_client: Client, alice_org: Organization, billing: FakeStripe
 ) -> None:
-    report = _alice_report(alice_org)
+    report = reported_usage(alice_org)
     before = _snapshot()
     assert charlie_client.get(reverse("billing:report_detail", args=[report.id])).status_code == 404
     api = APIClient()

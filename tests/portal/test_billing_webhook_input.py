@@ -15,7 +15,7 @@ import pytest
 
 from portal.accounts.models import Organization
 from portal.billing.models import BillingAccount, WebhookEvent
-from tests.portal.test_billing import WEBHOOK_SECRET, enable_billing, post_webhook, sign, subscription_event
+from tests.portal.billing import WEBHOOK_SECRET, enable_billing, post_webhook, sign, subscription_event
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from django.urls import reverse
 from compliance.models import AuditEvent
 from portal.accounts.models import Organization
 from portal.billing.models import BillingAccount, SubscriptionStatus, WebhookEvent
-from tests.portal.test_billing import enable_billing, post_webhook, sign, subscription_event
+from tests.portal.billing import enable_billing, post_webhook, sign, subscription_event
 
 pytestmark = pytest.mark.django_db
 

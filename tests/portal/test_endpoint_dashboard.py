@@ -23,7 +23,6 @@ from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, M
 from portal.jobs.models import ServedModel, TuningJob
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
 
 SLO = "ttft_p50_ms<=600,ttft_p95_ms<=1500"
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
@@ -751,7 +750,7 @@ def test_alice_changes_the_policy_and_it_is_audited(alice, alice_org, alice_clie
 @pytest.mark.django_db(transaction=True)
 def test_the_dashboard_draws_and_refreshes_in_chromium(  # type: ignore[no-untyped-def]
     live_server,
-    page_factory,  # noqa: F811 (the fixture imported above)
+    page_factory,
     alice,
     alice_org,
 ) -> None:

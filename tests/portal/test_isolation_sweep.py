@@ -68,8 +68,8 @@ from portal.sla.models import EdgeIntervalSummary, SLAAgreement
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.db_roles import application_role
+from tests.portal.billing import reported_usage
 from tests.portal.test_benchmark_reports import _finished_report
-from tests.portal.test_billing import _alice_report, billing, stripe_fake  # noqa: F401 (fixtures)
 from tests.portal.test_job_report import TRIALS
 from tests.portal.test_job_report import _job as report_job
 
@@ -131,7 +131,7 @@ def world(  # type: ignore[no-untyped-def]
     alice_org,
     bob,
     charlie,
-    billing,  # noqa: F811 (the fixture imported above)
+    billing,
     django_capture_on_commit_callbacks,
 ) -> World:
     settings.COMPLIANCE_REGIONS = ["us", "eu"]
@@ -285,7 +285,7 @@ def world(  # type: ignore[no-untyped-def]
         effective_on=today - timedelta(days=5),
         document=SimpleUploadedFile("baa.pdf", PDF),
     )
-    o["usage_report"] = _alice_report(alice_org)
+    o["usage_report"] = reported_usage(alice_org)
     o["bench_report"] = _finished_report(sam, o["sample"])
     # The benchmark API is tenant-scoped: the sales engineer works on Alice's organization's
     # reports as a member of it (the staff pages reach every organization without).

@@ -41,7 +41,7 @@ from portal.pools.routing import host_queue, pool_queue
 from portal.traffic.models import TrafficSample
 from tests.factories import ENDPOINT_CONFIG, deployed_endpoint
 from tests.portal.benchmarks import FakeOpenAI, target_spec
-from tests.portal.test_billing import FakeStripe, enable_billing, subscription_event
+from tests.portal.billing import FakeStripe, enable_billing, subscription_event
 from tests.workers import (
     queued_messages,
     redis_or_skip,

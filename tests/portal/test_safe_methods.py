@@ -22,7 +22,6 @@ from compliance.middleware import TWO_FACTOR_KEY
 from compliance.models import AuditEvent
 from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 from portal.accounts.tenancy import SESSION_KEY
-from tests.portal.test_billing import billing, stripe_fake  # noqa: F401 (fixtures)
 from tests.portal.test_isolation_sweep import (  # noqa: F401 (the world fixture)
     API_PREFIX,
     PUBLIC_ROUTES,

@@ -25,7 +25,7 @@ from portal.sla import selectors, services
 from portal.sla.models import EdgeCoverage, EdgeRequest, SLAAgreement, SLAPeriod
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
-from tests.portal.test_billing import FakeStripe, subscribe
+from tests.portal.billing import FakeStripe, subscribe
 
 pytestmark = pytest.mark.django_db
 
@@ -280,7 +280,7 @@ def test_a_closed_month_is_judged_exactly_at_the_edge_and_credited_once_on_the_i
 ) -> None:
     stripe = FakeStripe()
     try:
-        from tests.portal.test_billing import enable_billing
+        from tests.portal.billing import enable_billing
 
         enable_billing(settings, stripe.url)
         subscribe(alice_org)

@@ -16,7 +16,6 @@ from portal.alerts.models import AlertChannel
 from portal.sla.models import SLAAgreement
 from tests.conftest import PASSWORD
 from tests.portal.test_benchmark_reports import _watched
-from tests.portal.test_browser import browser, page_factory  # noqa: F401 (fixtures)
 from tests.portal.test_journeys import _sign_in
 from tests.portal.test_sla_agreements import make_endpoint
 
@@ -25,7 +24,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def test_provider_proposes_and_the_customer_signs_sla_terms_in_the_browser(
     live_server: Any,
-    page_factory: Any,  # noqa: F811
+    page_factory: Any,
 ) -> None:
     owner = account_services.user_signup(email="nora@northwind.test", password=PASSWORD)
     org = account_services.organization_create(actor=owner, name="Northwind Health")
