@@ -25,6 +25,7 @@ from compliance.forms import (
 )
 from compliance.models import BAARecord
 from portal.accounts import rls
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 
 
@@ -274,7 +275,7 @@ def _two_factor_target(request: HttpRequest) -> str:
 
 
 @login_required
-def two_factor(request: HttpRequest) -> HttpResponse:
+def two_factor(request: AuthenticatedRequest) -> HttpResponse:
     """Verify a code (or, the first time, set up the authenticator and confirm it).
 
     A GET changes nothing: it shows the key awaiting confirmation if there is one, else a

@@ -3,11 +3,13 @@
 import django.db.models.deletion
 import django.utils.timezone
 import uuid
+from typing import Any
+
 from django.conf import settings
 from django.db import migrations, models
 
 
-def backfill_chains(apps, schema_editor):
+def backfill_chains(apps: Any, schema_editor: Any) -> None:
     """Links the events recorded before the chain existed, in their original order."""
     from compliance import chain
 

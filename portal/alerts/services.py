@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -326,7 +327,7 @@ def _backoff(attempts: int) -> timedelta:
     return timedelta(seconds=settings.ALERT_RETRY_BASE_S * 2 ** max(attempts - 1, 0))
 
 
-def alert_delivery_send(*, delivery_id: object, now: datetime | None = None) -> str:
+def alert_delivery_send(*, delivery_id: uuid.UUID | str, now: datetime | None = None) -> str:
     """One attempt at one delivery. Returns "delivered", "retry", "abandoned" or "busy-or-done"."""
     now = now or timezone.now()
     claimed = (

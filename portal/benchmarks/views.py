@@ -42,7 +42,7 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
     return wrapper
 
 
-def _get_report(report_id: object) -> BenchmarkReport:
+def _get_report(report_id: uuid.UUID | str) -> BenchmarkReport:
     try:
         uuid.UUID(str(report_id))
     except ValueError:

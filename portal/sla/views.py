@@ -32,13 +32,14 @@ from compliance import sla
 from compliance.services import staff_access_record
 from portal.accounts import rls
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 from portal.endpoints.models import Endpoint
 from portal.sla import evidence, selectors, services
 from portal.sla.models import SLAAgreement
 
 
-def _endpoint_for(request: HttpRequest, endpoint_id: object) -> Endpoint:
+def _endpoint_for(request: HttpRequest, endpoint_id: uuid.UUID | str) -> Endpoint:
     """The endpoint if the person is a member of its organization, or the provider; else 404."""
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)
@@ -57,7 +58,7 @@ def _endpoint_for(request: HttpRequest, endpoint_id: object) -> Endpoint:
     return get_object_for_member(request, Endpoint.objects.select_related("job", "organization"), endpoint_id)
 
 
-def _agreement_for(request: HttpRequest, agreement_id: object) -> SLAAgreement:
+def _agreement_for(request: HttpRequest, agreement_id: uuid.UUID | str) -> SLAAgreement:
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)
         agreement = SLAAgreement.objects.select_related("endpoint").filter(pk=agreement_id).first()
@@ -157,7 +158,7 @@ def _terms_from_post(request: HttpRequest) -> dict[str, Any]:
 
 @login_required
 @require_POST
-def propose(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def propose(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint_for(request, endpoint_id)
     try:
         agreement = services.sla_agreement_propose(
