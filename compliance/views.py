@@ -130,7 +130,7 @@ def baa_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def baa_document(request: HttpRequest, baa_id: str) -> HttpResponse:
+def baa_document(request: HttpRequest, baa_id: str) -> FileResponse:
     baa = get_object_for_member(request, BAARecord.objects.select_related("document"), baa_id)
     if baa.document is None:
         raise Http404
@@ -208,7 +208,7 @@ def baa_countersign(request: HttpRequest) -> HttpResponse:
     else gets 404, as for a BAA that does not exist."""
     form = BAACountersignForm(request.POST)
     if not form.is_valid():
-        return HttpResponse(" ".join(m for ms in form.errors.values() for m in ms), status=400)
+        return HttpResponse(" ".join(str(m) for ms in form.errors.values() for m in ms), status=400)
     baa_id = form.cleaned_data["baa"]
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)  # the provider countersigns for every tenant

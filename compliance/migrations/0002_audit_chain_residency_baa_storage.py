@@ -15,7 +15,7 @@ def backfill_chains(apps: Any, schema_editor: Any) -> None:
 
     AuditEvent = apps.get_model("compliance", "AuditEvent")
     AuditChainHead = apps.get_model("compliance", "AuditChainHead")
-    heads = {}
+    heads: dict[str, tuple[int, str]] = {}
     for event in AuditEvent.objects.order_by("created_at", "id").iterator():
         key = chain.chain_key(event.organization_id)
         seq, prev = heads.get(key, (0, chain.GENESIS_HASH))

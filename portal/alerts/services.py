@@ -197,13 +197,18 @@ def alert_channel_delete(*, actor: User, channel: AlertChannel) -> None:
 
 
 def alert_raise(
-    *, organization: Organization | Any, kind: str, subject: str, summary: str, data: dict[str, Any]
+    *,
+    organization: Organization | uuid.UUID | str,
+    kind: str,
+    subject: str,
+    summary: str,
+    data: dict[str, Any],
 ) -> Alert | None:
     """Records the alert and its deliveries, once per `subject`; None when it was raised before.
     Call inside the transaction that observed the condition."""
     if kind not in AlertKind.values:
         raise ValueError(f"unknown alert kind {kind!r}")
-    organization_id = getattr(organization, "pk", organization)
+    organization_id = organization.pk if isinstance(organization, Organization) else organization
     with transaction.atomic():
         try:
             with transaction.atomic():

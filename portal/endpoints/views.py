@@ -99,7 +99,9 @@ def _detail_context(
         served_model=endpoint.served_model,
         status=TuningJob.Status.SUCCEEDED,
         winner_trial__isnull=False,
-    ).exclude(id=endpoint.job_id)
+    )
+    if endpoint.job_id is not None:  # excluding id=None would exclude nothing
+        candidates = candidates.exclude(id=endpoint.job_id)
     return {
         "endpoint": endpoint,
         "data": data,

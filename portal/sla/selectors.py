@@ -243,7 +243,7 @@ def console_rows(*, limit: int = 500) -> list[dict[str, Any]]:
         .select_related("endpoint", "organization")
         .order_by("organization__name", "endpoint__name", "-version")[: max(1, min(limit, 2000))]
     )
-    rows: dict[object, dict[str, Any]] = {}
+    rows: dict[uuid.UUID, dict[str, Any]] = {}
     for agreement in agreements:
         row = rows.setdefault(
             agreement.endpoint_id,

@@ -163,7 +163,7 @@ def propose(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     try:
         agreement = services.sla_agreement_propose(
             actor=request.user, endpoint=endpoint, terms=_terms_from_post(request)
-        )  # type: ignore[arg-type]
+        )
     except ValidationError as exc:
         request.session["sla_errors"] = exc.messages
         return redirect("sla:endpoint", endpoint_id=endpoint.pk)
