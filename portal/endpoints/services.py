@@ -494,7 +494,7 @@ def _revision(
         job=job,
         trial_number=number,
         reason=reason,
-        measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]
+        measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]  # JSON values typed object
         measured_ttft_p95_ms=result.get("ttft_p95_ms"),
         measured_tokens_per_s=_tokens_per_s(result),
     )

@@ -175,10 +175,10 @@ def propose(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def sign(request: HttpRequest, agreement_id: str) -> HttpResponse:
+def sign(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
     agreement = _agreement_for(request, agreement_id)
     try:
-        services.sla_agreement_sign(actor=request.user, agreement=agreement)  # type: ignore[arg-type]
+        services.sla_agreement_sign(actor=request.user, agreement=agreement)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -188,10 +188,10 @@ def sign(request: HttpRequest, agreement_id: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def decline(request: HttpRequest, agreement_id: str) -> HttpResponse:
+def decline(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
     agreement = _agreement_for(request, agreement_id)
     try:
-        services.sla_agreement_decline(actor=request.user, agreement=agreement)  # type: ignore[arg-type]
+        services.sla_agreement_decline(actor=request.user, agreement=agreement)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -234,7 +234,7 @@ def edge_ingest(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def evidence_pack(request: HttpRequest) -> HttpResponse:
+def evidence_pack(request: AuthenticatedRequest) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     raw = request.GET.get("month", "")
     try:
@@ -242,7 +242,7 @@ def evidence_pack(request: HttpRequest) -> HttpResponse:
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc))
     try:
-        name, body = evidence.evidence_pack_build(actor=request.user, organization=organization, month=month)  # type: ignore[arg-type]
+        name, body = evidence.evidence_pack_build(actor=request.user, organization=organization, month=month)
     except ValidationError as exc:
         return HttpResponseBadRequest(" ".join(exc.messages))
     response = HttpResponse(body, content_type="application/zip")
