@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -11,7 +11,8 @@ class ResidencyForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["allowed_regions"].choices = [(r, r) for r in settings.COMPLIANCE_REGIONS]
+        field = cast(forms.MultipleChoiceField, self.fields["allowed_regions"])
+        field.choices = [(r, r) for r in settings.COMPLIANCE_REGIONS]
 
 
 class RetentionForm(forms.Form):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import OrderedDict
 from datetime import date
 from typing import Any
@@ -66,7 +67,7 @@ def baa_awaiting_countersignature(*, limit: int = 200) -> list[BAARecord]:
     )
 
 
-def baa_get(*, organization: Any, baa_id: object) -> BAARecord | None:
+def baa_get(*, organization: Any, baa_id: uuid.UUID | str) -> BAARecord | None:
     return baa_list(organization=organization).filter(id=baa_id).first()
 
 

@@ -221,7 +221,7 @@ def _export_row(event: AuditEvent) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for name in _EXPORT_FIELDS:
         # An export names each event by its public id (see AuditEvent), under the name "id".
-        value = str(event.public_id) if name == "id" else getattr(event, name)
+        value: Any = str(event.public_id) if name == "id" else getattr(event, name)
         if name == "created_at":
             value = chain.timestamp(value)
         elif name in {"actor_id", "organization_id"} and value is not None:

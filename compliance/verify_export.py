@@ -29,7 +29,7 @@ import io
 import json
 import sys
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ def read_anchors(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return anchors
 
 
-def export_chain(rows: list[Mapping[str, Any]], declared: str | None = None) -> str | None:
+def export_chain(rows: Sequence[Mapping[str, Any]], declared: str | None = None) -> str | None:
     """The chain an export holds: the one it declares, else its events' (None when empty)."""
     if declared:
         return declared
@@ -103,7 +103,7 @@ def export_chain(rows: list[Mapping[str, Any]], declared: str | None = None) -> 
 
 
 def anchor_problem(
-    rows: list[Mapping[str, Any]], anchors: list[dict[str, Any]], chain_key: str | None
+    rows: Sequence[Mapping[str, Any]], anchors: list[dict[str, Any]], chain_key: str | None
 ) -> str | None:
     """The export's chain against the newest of `anchors` for its chain: None when it holds the
     anchored event with the anchored hash. A cut-short chain and a re-hashed one are named."""

@@ -25,6 +25,7 @@ from compliance.forms import (
 )
 from compliance.models import BAARecord
 from portal.accounts import rls
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 
 
@@ -129,7 +130,7 @@ def baa_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def baa_document(request: HttpRequest, baa_id: str) -> HttpResponse:
+def baa_document(request: HttpRequest, baa_id: str) -> FileResponse:
     baa = get_object_for_member(request, BAARecord.objects.select_related("document"), baa_id)
     if baa.document is None:
         raise Http404
@@ -207,7 +208,7 @@ def baa_countersign(request: HttpRequest) -> HttpResponse:
     else gets 404, as for a BAA that does not exist."""
     form = BAACountersignForm(request.POST)
     if not form.is_valid():
-        return HttpResponse(" ".join(m for ms in form.errors.values() for m in ms), status=400)
+        return HttpResponse(" ".join(str(m) for ms in form.errors.values() for m in ms), status=400)
     baa_id = form.cleaned_data["baa"]
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)  # the provider countersigns for every tenant
@@ -274,7 +275,7 @@ def _two_factor_target(request: HttpRequest) -> str:
 
 
 @login_required
-def two_factor(request: HttpRequest) -> HttpResponse:
+def two_factor(request: AuthenticatedRequest) -> HttpResponse:
     """Verify a code (or, the first time, set up the authenticator and confirm it).
 
     A GET changes nothing: it shows the key awaiting confirmation if there is one, else a

@@ -6,9 +6,11 @@ deployment never becomes a silently different configuration.
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import os
 from collections.abc import Mapping
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -29,17 +31,21 @@ class Env:
     def is_set(self, name: str) -> bool:
         return self._raw(name) is not None
 
-    def str(self, name: str, default: str | None = None) -> str | None:
+    @overload
+    def str(self, name: builtins.str, default: builtins.str) -> builtins.str: ...
+    @overload
+    def str(self, name: builtins.str, default: None = None) -> builtins.str | None: ...
+    def str(self, name: builtins.str, default: builtins.str | None = None) -> builtins.str | None:
         value = self._raw(name)
         return default if value is None else value
 
-    def required_str(self, name: str) -> str:
+    def required_str(self, name: builtins.str) -> builtins.str:
         value = self._raw(name)
         if value is None:
             raise ImproperlyConfigured(f"environment variable {name} is required")
         return value
 
-    def bool(self, name: str, default: bool) -> bool:
+    def bool(self, name: builtins.str, default: bool) -> bool:
         value = self._raw(name)
         if value is None:
             return default
@@ -52,7 +58,7 @@ class Env:
             f"environment variable {name}={value!r} is not a boolean (use true or false)"
         )
 
-    def int(self, name: str, default: int, *, minimum: int | None = None) -> int:
+    def int(self, name: builtins.str, default: int, *, minimum: int | None = None) -> int:
         value = self._raw(name)
         if value is None:
             return default
@@ -64,7 +70,7 @@ class Env:
             raise ImproperlyConfigured(f"environment variable {name}={parsed} must be at least {minimum}")
         return parsed
 
-    def list(self, name: str, default: list[str]) -> list[str]:
+    def list(self, name: builtins.str, default: builtins.list[builtins.str]) -> builtins.list[builtins.str]:
         value = self._raw(name)
         if value is None:
             return list(default)
@@ -73,7 +79,9 @@ class Env:
             raise ImproperlyConfigured(f"environment variable {name}={value!r} has an empty item")
         return items
 
-    def networks(self, name: str, default: list[str]) -> list[str]:
+    def networks(
+        self, name: builtins.str, default: builtins.list[builtins.str]
+    ) -> builtins.list[builtins.str]:
         """A comma-separated list of IP networks (CIDRs, or single addresses), normalised."""
         parsed = []
         for item in self.list(name, default):
@@ -85,7 +93,9 @@ class Env:
                 ) from None
         return parsed
 
-    def choice(self, name: str, default: str, choices: list[str]) -> str:
+    def choice(
+        self, name: builtins.str, default: builtins.str, choices: builtins.list[builtins.str]
+    ) -> builtins.str:
         value = self._raw(name)
         if value is None:
             return default

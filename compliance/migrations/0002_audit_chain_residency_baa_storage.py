@@ -3,17 +3,19 @@
 import django.db.models.deletion
 import django.utils.timezone
 import uuid
+from typing import Any
+
 from django.conf import settings
 from django.db import migrations, models
 
 
-def backfill_chains(apps, schema_editor):
+def backfill_chains(apps: Any, schema_editor: Any) -> None:
     """Links the events recorded before the chain existed, in their original order."""
     from compliance import chain
 
     AuditEvent = apps.get_model("compliance", "AuditEvent")
     AuditChainHead = apps.get_model("compliance", "AuditChainHead")
-    heads = {}
+    heads: dict[str, tuple[int, str]] = {}
     for event in AuditEvent.objects.order_by("created_at", "id").iterator():
         key = chain.chain_key(event.organization_id)
         seq, prev = heads.get(key, (0, chain.GENESIS_HASH))

@@ -52,7 +52,7 @@ class User(AbstractUser):
     USERNAME_FIELD = "email"
     REQUIRED_FIELDS: ClassVar[list[str]] = []
 
-    objects = UserManager()  # type: ignore[misc]
+    objects: ClassVar[UserManager] = UserManager()  # type: ignore[assignment]  # email-based manager, not auth's UserManager
 
     class Meta:
         constraints: ClassVar = [models.UniqueConstraint(Lower("email"), name="user_email_ci_unique")]

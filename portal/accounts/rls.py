@@ -152,7 +152,7 @@ def _own_memberships(
     column_type = field.db_type(connection)
     if column_type is None:
         raise ImproperlyConfigured(f"{OWN_MEMBERSHIPS_MODEL}.user has no database column type")
-    return model._meta.db_table, field.column, column_type  # type: ignore[union-attr]
+    return model._meta.db_table, field.column, column_type
 
 
 def rls_enable(*, registry: Apps, connection: BaseDatabaseWrapper, only_missing: bool = False) -> list[str]:
@@ -181,11 +181,11 @@ def rls_enable(*, registry: Apps, connection: BaseDatabaseWrapper, only_missing:
             )
         own = _own_memberships(connection, registry)
         if own is not None and own[0] in {t.table for t in tables}:
-            table, column, column_type = own
-            cursor.execute(f"DROP POLICY IF EXISTS {OWN_MEMBERSHIPS_POLICY} ON {_quote(table)}")
+            own_table, column, column_type = own
+            cursor.execute(f"DROP POLICY IF EXISTS {OWN_MEMBERSHIPS_POLICY} ON {_quote(own_table)}")
             # SELECT only: what a user may see of their own memberships, never write.
             cursor.execute(
-                f"CREATE POLICY {OWN_MEMBERSHIPS_POLICY} ON {_quote(table)} AS PERMISSIVE FOR SELECT TO PUBLIC"
+                f"CREATE POLICY {OWN_MEMBERSHIPS_POLICY} ON {_quote(own_table)} AS PERMISSIVE FOR SELECT TO PUBLIC"
                 f" USING ({_quote(column)} ="
                 f" (SELECT NULLIF(current_setting('{USER_SETTING}', true), '')::{column_type}))"
             )

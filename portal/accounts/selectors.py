@@ -13,7 +13,7 @@ def organization_list_for_user(*, user: User) -> QuerySet[Organization]:
     return Organization.objects.filter(memberships__user=user).order_by("name")
 
 
-def membership_get(*, user: User, organization_id: object) -> Membership | None:
+def membership_get(*, user: User, organization_id: uuid.UUID | str) -> Membership | None:
     try:
         uuid.UUID(str(organization_id))
     except ValueError:
@@ -48,7 +48,7 @@ def invitation_list_pending(*, organization: Organization) -> QuerySet[Invitatio
     ).order_by("-created_at")
 
 
-def invitation_get(*, organization: Organization, invitation_id: object) -> Invitation | None:
+def invitation_get(*, organization: Organization, invitation_id: uuid.UUID | str) -> Invitation | None:
     return Invitation.objects.filter(organization=organization, id=invitation_id).first()
 
 
@@ -60,7 +60,7 @@ def api_token_list(*, organization: Organization) -> QuerySet[ApiToken]:
     )
 
 
-def api_token_get(*, organization: Organization, token_id: object) -> ApiToken | None:
+def api_token_get(*, organization: Organization, token_id: uuid.UUID | str) -> ApiToken | None:
     return (
         ApiToken.objects.filter(organization=organization, id=token_id).select_related("organization").first()
     )

@@ -14,13 +14,15 @@ from typing import Any, TypeVar
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import Model, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 
 from portal.accounts.models import Membership, Organization
 
 SESSION_KEY = "organization_id"
 M = TypeVar("M", bound=Model)
+R = TypeVar("R", bound=HttpResponseBase)
 
 
 def current_membership(request: HttpRequest) -> Membership | None:
@@ -47,12 +49,12 @@ def set_current_organization(request: HttpRequest, organization: Organization) -
     request._tailguard_membership = False  # type: ignore[attr-defined]
 
 
-def member_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+def member_required(view: Callable[..., R]) -> Callable[..., R | HttpResponseRedirect]:
     """Login plus a membership; people without an organization are sent to create one."""
 
     @login_required
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> R | HttpResponseRedirect:
         membership = current_membership(request)
         if membership is None:
             return redirect("accounts:organization_create")

@@ -28,6 +28,7 @@ from portal.accounts.forms import (
     SignupForm,
 )
 from portal.accounts.models import ApiToken, Invitation, Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required, set_current_organization
 
 
@@ -95,7 +96,7 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def reauthenticate(request: HttpRequest) -> HttpResponse:
+def reauthenticate(request: AuthenticatedRequest) -> HttpResponse:
     """Password (and two-factor code) again, before a sensitive action (portal.accounts.reauth)."""
     from compliance.selectors import totp_confirmed
 
@@ -137,7 +138,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def organization_create(request: HttpRequest) -> HttpResponse:
+def organization_create(request: AuthenticatedRequest) -> HttpResponse:
     form = OrganizationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -154,7 +155,7 @@ def organization_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def organization_switch(request: HttpRequest) -> HttpResponse:
+def organization_switch(request: AuthenticatedRequest) -> HttpResponse:
     form = OrganizationSwitchForm(request.POST)
     if not form.is_valid():
         raise Http404
@@ -180,7 +181,7 @@ def _members_page(request: HttpRequest, form: InvitationForm, status: int = 200)
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def members(request: HttpRequest) -> HttpResponse:
+def members(request: AuthenticatedRequest) -> HttpResponse:
     if request.method == "GET":
         return _members_page(request, InvitationForm())
     form = InvitationForm(request.POST)
@@ -202,7 +203,7 @@ def members(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
+def member_remove(request: AuthenticatedRequest, membership_id: int) -> HttpResponse:
     membership = selectors.member_get(
         organization=request.membership.organization,  # type: ignore[attr-defined]
         membership_id=membership_id,
@@ -224,7 +225,7 @@ def member_remove(request: HttpRequest, membership_id: int) -> HttpResponse:
 
 @member_required
 @require_POST
-def invitation_revoke(request: HttpRequest, invitation_id: str) -> HttpResponse:
+def invitation_revoke(request: AuthenticatedRequest, invitation_id: str) -> HttpResponse:
     invitation = get_object_for_member(request, Invitation.objects.all(), invitation_id)
     try:
         services.invitation_revoke(actor=request.user, invitation=invitation)
@@ -266,7 +267,7 @@ def _tokens_page(
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def api_tokens(request: HttpRequest) -> HttpResponse:
+def api_tokens(request: AuthenticatedRequest) -> HttpResponse:
     if request.method == "GET":
         return _tokens_page(request, ApiTokenForm())
     form = ApiTokenForm(request.POST)
@@ -287,7 +288,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def api_token_revoke(request: HttpRequest, token_id: str) -> HttpResponse:
+def api_token_revoke(request: AuthenticatedRequest, token_id: str) -> HttpResponse:
     token = get_object_for_member(request, ApiToken.objects.select_related("organization"), token_id)
     try:
         services.api_token_revoke(actor=request.user, token=token)

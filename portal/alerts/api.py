@@ -69,7 +69,7 @@ class ChannelListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
         serializer.is_valid(raise_exception=True)
         assert self.tenant is not None
         channel = services.alert_channel_create(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             organization=self.tenant.organization,
             **serializer.validated_data,
         )
@@ -84,7 +84,7 @@ class ChannelDetailView(TenantScopedMixin, generics.RetrieveDestroyAPIView):
         return AlertChannel.objects.all()
 
     def perform_destroy(self, instance: AlertChannel) -> None:
-        services.alert_channel_delete(actor=self.request.user, channel=instance)  # type: ignore[arg-type]
+        services.alert_channel_delete(actor=self.request.user, channel=instance)
 
 
 class AlertListView(TenantScopedMixin, generics.ListAPIView):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -196,13 +197,18 @@ def alert_channel_delete(*, actor: User, channel: AlertChannel) -> None:
 
 
 def alert_raise(
-    *, organization: Organization | Any, kind: str, subject: str, summary: str, data: dict[str, Any]
+    *,
+    organization: Organization | uuid.UUID | str,
+    kind: str,
+    subject: str,
+    summary: str,
+    data: dict[str, Any],
 ) -> Alert | None:
     """Records the alert and its deliveries, once per `subject`; None when it was raised before.
     Call inside the transaction that observed the condition."""
     if kind not in AlertKind.values:
         raise ValueError(f"unknown alert kind {kind!r}")
-    organization_id = getattr(organization, "pk", organization)
+    organization_id = organization.pk if isinstance(organization, Organization) else organization
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -326,7 +332,7 @@ def _backoff(attempts: int) -> timedelta:
     return timedelta(seconds=settings.ALERT_RETRY_BASE_S * 2 ** max(attempts - 1, 0))
 
 
-def alert_delivery_send(*, delivery_id: object, now: datetime | None = None) -> str:
+def alert_delivery_send(*, delivery_id: uuid.UUID | str, now: datetime | None = None) -> str:
     """One attempt at one delivery. Returns "delivered", "retry", "abandoned" or "busy-or-done"."""
     now = now or timezone.now()
     claimed = (

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.alerts import selectors, services
 from portal.alerts.models import AlertChannel, AlertDelivery, AlertKind
 
 
 def _page(
-    request: HttpRequest, *, status: int = 200, errors: dict[str, list[str]] | None = None
+    request: AuthenticatedRequest, *, status: int = 200, errors: dict[str, list[str]] | None = None
 ) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     context = {
@@ -24,7 +25,7 @@ def _page(
         "alerts": selectors.alert_recent(organization=organization),
         "kinds": AlertKind.choices,
         "can_manage": request.membership.has_role(Role.ADMIN),  # type: ignore[attr-defined]
-        "own_email": request.user.email,  # type: ignore[union-attr]
+        "own_email": request.user.email,
         "errors": errors or {},
         "posted": request.POST if request.method == "POST" else {},
         "new_secret": request.session.pop("alerts_new_secret", None),
@@ -34,16 +35,16 @@ def _page(
 
 @member_required
 @require_GET
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: AuthenticatedRequest) -> HttpResponse:
     return _page(request)
 
 
 @member_required
 @require_POST
-def channel_create(request: HttpRequest) -> HttpResponse:
+def channel_create(request: AuthenticatedRequest) -> HttpResponse:
     try:
         channel = services.alert_channel_create(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             organization=request.membership.organization,  # type: ignore[attr-defined]
             kind=request.POST.get("kind", ""),
             name=request.POST.get("name", ""),
@@ -65,11 +66,11 @@ def channel_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def channel_update(request: HttpRequest, channel_id: str) -> HttpResponse:
+def channel_update(request: AuthenticatedRequest, channel_id: str) -> HttpResponse:
     channel = get_object_for_member(request, AlertChannel.objects.all(), channel_id)
     try:
         services.alert_channel_update(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             channel=channel,
             kinds=request.POST.getlist("kinds"),
             enabled=request.POST.get("enabled") == "on",
@@ -83,20 +84,20 @@ def channel_update(request: HttpRequest, channel_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def channel_delete(request: HttpRequest, channel_id: str) -> HttpResponse:
+def channel_delete(request: AuthenticatedRequest, channel_id: str) -> HttpResponse:
     channel = get_object_for_member(request, AlertChannel.objects.all(), channel_id)
     name = channel.name
-    services.alert_channel_delete(actor=request.user, channel=channel)  # type: ignore[arg-type]
+    services.alert_channel_delete(actor=request.user, channel=channel)
     messages.success(request, f"Alert channel {name} removed.")
     return redirect("alerts:overview")
 
 
 @member_required
 @require_POST
-def delivery_retry(request: HttpRequest, delivery_id: str) -> HttpResponse:
+def delivery_retry(request: AuthenticatedRequest, delivery_id: str) -> HttpResponse:
     delivery = get_object_for_member(request, AlertDelivery.objects.all(), delivery_id)
     try:
-        services.alert_delivery_retry(actor=request.user, delivery=delivery)  # type: ignore[arg-type]
+        services.alert_delivery_retry(actor=request.user, delivery=delivery)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:

@@ -23,7 +23,7 @@ from portal.endpoints.models import Endpoint, LoopIteration
 from portal.jobs.models import TuningJob
 
 # Endpoint statuses that alert, and the alert each raises.
-_ENDPOINT_ALERTS = {
+_ENDPOINT_ALERTS: dict[str, AlertKind] = {
     Endpoint.Status.DEGRADED: AlertKind.ENDPOINT_DEGRADED,
     Endpoint.Status.FAILED: AlertKind.ENDPOINT_DOWN,
 }
@@ -133,11 +133,14 @@ def _billing(since: datetime) -> int:
         status=SubscriptionStatus.PAST_DUE, status_changed_at__gte=since
     ).values("id", "organization_id", "status_changed_at")[:_SCAN_LIMIT]
     for account in past_due:
+        changed_at = account["status_changed_at"]
+        if changed_at is None:
+            continue  # never: the query filters on it
         raised += (
             alert_raise(
                 organization=account["organization_id"],
                 kind=AlertKind.PAYMENT_FAILED,
-                subject=f"billing:{account['id']}:past_due:{account['status_changed_at'].isoformat()}",
+                subject=f"billing:{account['id']}:past_due:{changed_at.isoformat()}",
                 summary="Payment failed: the subscription is past due",
                 data={"link": f"{settings.SITE_URL}/billing/"},
             )

@@ -40,7 +40,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
-class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+class ApiTokenScheme(OpenApiAuthenticationExtension):
     target_class = "portal.api.authentication.ApiTokenAuthentication"
     name = "apiToken"
 

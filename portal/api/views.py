@@ -75,7 +75,7 @@ class ReauthenticateView(APIView):
         serializer = s.ReauthenticateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         services.user_reauthenticate(
-            user=request.user,  # type: ignore[arg-type]
+            user=request.user,
             password=serializer.validated_data["password"],
             code=serializer.validated_data["code"],
             request=request._request,
@@ -333,7 +333,7 @@ class TuningJobListCreateView(TenantScopedMixin, generics.ListCreateAPIView):
             errors["traffic_sample"] = ["No such traffic sample."]
         if model is None:
             errors["served_model"] = ["No such model."]
-        if errors:
+        if sample is None or model is None:  # exactly when errors is not empty
             raise ValidationError(errors)
         job = job_services.tuning_job_create(
             actor=request.user, organization=organization, traffic_sample=sample, served_model=model, **data

@@ -256,7 +256,7 @@ class ReportListCreateView(_BenchmarkView, generics.ListCreateAPIView):
         if sample is None:
             raise ValidationError({"traffic_sample": ["No such traffic sample."]})
         report = services.benchmark_report_create(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             traffic_sample=sample,
             targets=[_spec(target) for target in data["targets"]],
             load_multipliers=data["load_multipliers"],
@@ -343,7 +343,7 @@ class ShareLinkListCreateView(_BenchmarkView, generics.GenericAPIView):
         serializer = ShareLinkCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         link, secret = services.benchmark_share_create(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             report=report,
             days=serializer.validated_data["days"],
         )
@@ -367,7 +367,7 @@ class ShareLinkDetailView(_BenchmarkView, generics.GenericAPIView):
         )
         if link is None:
             raise NotFound()
-        services.benchmark_share_revoke(actor=request.user, link=link)  # type: ignore[arg-type]
+        services.benchmark_share_revoke(actor=request.user, link=link)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

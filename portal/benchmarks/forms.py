@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -11,14 +11,14 @@ from portal.traffic.models import TrafficSample
 
 
 class _SampleChoice(forms.ModelChoiceField):
-    def label_from_instance(self, obj: TrafficSample) -> str:  # type: ignore[override]
+    def label_from_instance(self, obj: TrafficSample) -> str:
         peak = ((obj.profile or {}).get("arrival") or {}).get("peak_rps_60s") or 0
         return f"{obj.organization.name}: {obj.name} (peak {peak:.2f} req/s)"
 
 
 class BenchmarkReportForm(forms.Form):
     name = forms.CharField(max_length=120, required=False, help_text="Defaults to the sample and targets.")
-    traffic_sample = _SampleChoice(queryset=None, to_field_name="id", label="Prospect's traffic sample")  # type: ignore[arg-type]
+    traffic_sample = _SampleChoice(queryset=None, to_field_name="id", label="Prospect's traffic sample")
     traffic_source = forms.ChoiceField(
         choices=BenchmarkReport.TrafficSource.choices,
         initial=BenchmarkReport.TrafficSource.PROSPECT,
@@ -126,7 +126,7 @@ class BenchmarkTargetForm(forms.Form):
         )
 
 
-class _TargetFormSet(forms.BaseFormSet):  # type: ignore[type-arg]
+class _TargetFormSet(forms.BaseFormSet):
     default_error_messages = {
         **forms.BaseFormSet.default_error_messages,
         "too_few_forms": "Add at least one target.",
@@ -144,14 +144,18 @@ class _TargetFormSet(forms.BaseFormSet):  # type: ignore[type-arg]
         return [f.spec() for f in self.forms if f.has_changed() and f.cleaned_data]
 
 
-BenchmarkTargetFormSet = forms.formset_factory(
-    BenchmarkTargetForm,
-    formset=_TargetFormSet,
-    extra=services.MAX_TARGETS - 1,
-    min_num=1,
-    max_num=services.MAX_TARGETS,
-    validate_min=True,
-    validate_max=True,
+# formset_factory builds a subclass of `formset`; the stubs give only the base class.
+BenchmarkTargetFormSet = cast(
+    "type[_TargetFormSet]",
+    forms.formset_factory(
+        BenchmarkTargetForm,
+        formset=_TargetFormSet,
+        extra=services.MAX_TARGETS - 1,
+        min_num=1,
+        max_num=services.MAX_TARGETS,
+        validate_min=True,
+        validate_max=True,
+    ),
 )
 
 

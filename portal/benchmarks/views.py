@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from compliance.services import staff_access_record
 from portal.accounts import rls
+from portal.accounts.requests import AuthenticatedRequest
 from portal.benchmarks import selectors, services
 from portal.benchmarks.charts import report_figures
 from portal.benchmarks.forms import BenchmarkReportForm, BenchmarkTargetFormSet, ShareLinkForm
@@ -42,7 +43,7 @@ def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
     return wrapper
 
 
-def _get_report(report_id: object) -> BenchmarkReport:
+def _get_report(report_id: uuid.UUID | str) -> BenchmarkReport:
     try:
         uuid.UUID(str(report_id))
     except ValueError:
@@ -61,7 +62,7 @@ def report_list(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 @require_http_methods(["GET", "POST"])
-def report_create(request: HttpRequest) -> HttpResponse:
+def report_create(request: AuthenticatedRequest) -> HttpResponse:
     if request.method == "GET":
         form, targets = BenchmarkReportForm(), BenchmarkTargetFormSet(prefix="targets")
         return render(request, "benchmarks/create.html", {"form": form, "targets": targets})
@@ -71,7 +72,7 @@ def report_create(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             report = services.benchmark_report_create(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 traffic_sample=data["traffic_sample"],
                 targets=targets.specs(),
                 load_multipliers=data["load_multipliers"],
@@ -137,13 +138,13 @@ def report_status(request: HttpRequest, report_id: str) -> HttpResponse:
 
 @staff_required
 @require_POST
-def share_create(request: HttpRequest, report_id: str) -> HttpResponse:
+def share_create(request: AuthenticatedRequest, report_id: str) -> HttpResponse:
     report = _get_report(report_id)
     form = ShareLinkForm(request.POST)
     if form.is_valid():
         try:
             _link, secret = services.benchmark_share_create(
-                actor=request.user,  # type: ignore[arg-type]
+                actor=request.user,
                 report=report,
                 days=form.cleaned_data["days"],
             )
@@ -158,12 +159,12 @@ def share_create(request: HttpRequest, report_id: str) -> HttpResponse:
 
 @staff_required
 @require_POST
-def share_revoke(request: HttpRequest, report_id: str, link_id: str) -> HttpResponse:
+def share_revoke(request: AuthenticatedRequest, report_id: str, link_id: str) -> HttpResponse:
     report = _get_report(report_id)
     link = BenchmarkShareLink.objects.filter(report=report, pk=link_id).first()
     if link is None:
         raise Http404
-    services.benchmark_share_revoke(actor=request.user, link=link)  # type: ignore[arg-type]
+    services.benchmark_share_revoke(actor=request.user, link=link)
     messages.success(request, "The share link was revoked; it now answers 404.")
     return redirect("benchmarks:detail", report_id=report.id)
 

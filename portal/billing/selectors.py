@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -101,7 +102,7 @@ def usage_report_list(*, organization: Organization) -> QuerySet[UsageReport]:
     )
 
 
-def usage_report_get(*, organization: Organization, report_id: object) -> UsageReport | None:
+def usage_report_get(*, organization: Organization, report_id: uuid.UUID | str) -> UsageReport | None:
     return UsageReport.objects.filter(organization=organization, id=report_id).first()
 
 

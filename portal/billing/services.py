@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -280,8 +281,9 @@ def usage_collect_trials(*, now: datetime | None = None, lookback: timedelta | N
     )
     recorded = 0
     for source, trial in sources.items():
-        if source in seen or trial["finished_at"] < trial["started_at"]:
-            continue
+        finished_at = trial["finished_at"]
+        if source in seen or finished_at is None or finished_at < trial["started_at"]:
+            continue  # (finished_at is never None here: the query excludes it)
         rows = [
             UsageRecord(
                 organization_id=trial["organization_id"],
@@ -293,7 +295,7 @@ def usage_collect_trials(*, now: datetime | None = None, lookback: timedelta | N
                 ended_at=s.ended_at,
                 duration_ms=s.duration_ms,
             )
-            for s in split_by_hour(trial["started_at"], trial["finished_at"])
+            for s in split_by_hour(trial["started_at"], finished_at)
             if s.duration_ms > 0
         ]
         UsageRecord.objects.bulk_create(rows, ignore_conflicts=True)
@@ -433,7 +435,7 @@ def usage_reports_prepare(*, now: datetime | None = None) -> int:
     return created
 
 
-def usage_report_send(*, report_id: object, now: datetime | None = None) -> str:
+def usage_report_send(*, report_id: uuid.UUID | str, now: datetime | None = None) -> str:
     """Sends one pending report to Stripe. Returns "sent", "retry", "failed" or "busy-or-done".
 
     The report is claimed with a conditional update first, so a duplicated task sends nothing;
@@ -585,7 +587,7 @@ def invoice_credit_add(
     return credit
 
 
-def invoice_credit_send(*, credit_id: object, now: datetime | None = None) -> str:
+def invoice_credit_send(*, credit_id: uuid.UUID | str, now: datetime | None = None) -> str:
     """Sends one pending credit to Stripe as a negative invoice item. Returns "sent", "held",
     "retry", "failed" or "busy-or-done"; claimed first, so a duplicated task sends nothing."""
     now = now or timezone.now()

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal.accounts import rls
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.billing import selectors, services
 from portal.billing.config import billing_config
@@ -65,7 +66,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_POST
-def checkout(request: HttpRequest) -> HttpResponse:
+def checkout(request: AuthenticatedRequest) -> HttpResponse:
     try:
         url = services.billing_checkout_start(
             actor=request.user,
@@ -80,7 +81,7 @@ def checkout(request: HttpRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_POST
-def portal(request: HttpRequest) -> HttpResponse:
+def portal(request: AuthenticatedRequest) -> HttpResponse:
     try:
         url = services.billing_portal_start(
             actor=request.user,

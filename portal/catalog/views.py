@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from portal.accounts.requests import AuthenticatedRequest
 from portal.catalog import measured, selectors, services
 from portal.catalog.forms import PriceOverrideForm
 from serving.catalog import UnknownHardware
@@ -93,7 +94,7 @@ def _error_page(request: HttpRequest, form: PriceOverrideForm, exc: ValidationEr
 
 @login_required
 @require_POST
-def price_set(request: HttpRequest) -> HttpResponse:
+def price_set(request: AuthenticatedRequest) -> HttpResponse:
     if not selectors.user_is_platform_admin(request.user):
         raise Http404
     form = PriceOverrideForm(request.POST)
@@ -101,7 +102,7 @@ def price_set(request: HttpRequest) -> HttpResponse:
         return _error_page(request, form, None)
     try:
         override = services.hardware_price_override_set(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             hardware_name=form.cleaned_data["hardware_name"],
             price_per_hour_usd=form.cleaned_data["price_per_hour_usd"],
             note=form.cleaned_data["note"],
@@ -117,12 +118,12 @@ def price_set(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def price_clear(request: HttpRequest) -> HttpResponse:
+def price_clear(request: AuthenticatedRequest) -> HttpResponse:
     if not selectors.user_is_platform_admin(request.user):
         raise Http404
     name = request.POST.get("hardware_name", "")
     try:
-        services.hardware_price_override_clear(actor=request.user, hardware_name=name)  # type: ignore[arg-type]
+        services.hardware_price_override_clear(actor=request.user, hardware_name=name)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return _list_page(request, status=400)

@@ -212,7 +212,7 @@ class JobDeployView(_EndpointAction):
             )
         data = _write(request, DeploySerializer)
         endpoint, api_key = services.endpoint_deploy_keyed(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             job=job,
             idempotency_key=key,
             name=data["name"],
@@ -235,7 +235,7 @@ class EndpointPromoteView(_EndpointAction):
         job = TuningJob.objects.filter(organization=self.tenant.organization, id=data["job"]).first()
         if job is None:
             raise ValidationError({"job": ["No such tuning job."]})
-        revision = services.endpoint_promote(actor=request.user, endpoint=endpoint, job=job)  # type: ignore[arg-type]
+        revision = services.endpoint_promote(actor=request.user, endpoint=endpoint, job=job)
         return Response(RevisionSerializer(revision).data, status=status.HTTP_201_CREATED)
 
 
@@ -246,7 +246,7 @@ class EndpointStopView(_EndpointAction):
     @extend_schema(request=None, responses={202: EndpointSerializer})
     def post(self, request: Request, pk: str) -> Response:
         endpoint: Any = self.get_object()
-        services.endpoint_stop(actor=request.user, endpoint=endpoint)  # type: ignore[arg-type]
+        services.endpoint_stop(actor=request.user, endpoint=endpoint)
         endpoint.refresh_from_db()
         return Response(EndpointSerializer(endpoint).data, status=status.HTTP_202_ACCEPTED)
 
@@ -260,7 +260,7 @@ class EndpointStartView(_EndpointAction):
     @extend_schema(request=None, responses={202: EndpointKeySerializer})
     def post(self, request: Request, pk: str) -> Response:
         endpoint, api_key = services.endpoint_start_again(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             endpoint=self.get_object(),  # type: ignore[arg-type]
         )
         body = {**EndpointSerializer(endpoint).data, "api_key": api_key}
@@ -324,7 +324,7 @@ class EndpointPolicyView(TenantScopedMixin, generics.GenericAPIView):
     def put(self, request: Request, pk: str) -> Response:
         endpoint: Any = self.get_object()
         data = _write(request, PolicySerializer)
-        endpoint = policy.endpoint_policy_set(actor=request.user, endpoint=endpoint, **data)  # type: ignore[arg-type]
+        endpoint = policy.endpoint_policy_set(actor=request.user, endpoint=endpoint, **data)
         return Response(PolicySerializer(policy.policy_values(endpoint)).data)
 
 

@@ -108,7 +108,7 @@ def _tuned_for(endpoint: Endpoint, windows: list[LiveWindow]) -> Any:
     revision = endpoint.revisions.order_by("-generation").first()
     trial = (
         Trial.objects.filter(job=revision.job, number=revision.trial_number).first()
-        if revision and revision.job_id
+        if revision and revision.job_id and revision.trial_number is not None
         else None
     )
     hit = (trial.result or {}).get("prefix_cache_hit_rate") if trial else None
@@ -267,6 +267,7 @@ def _start_retune(it: LoopIteration) -> str:
             name=f"live traffic of {endpoint.name} (iteration {it.number})",
             path=path,
         )
+    assert sample.profile is not None  # traffic_sample_from_workload always stores the profile
     live_rps = float(sample.profile["arrival"]["mean_rps"])
     spec = JobSpec.from_dict(base.spec)
     incumbent, _ = _running_assignment(endpoint)
@@ -322,7 +323,7 @@ def _judge(it: LoopIteration) -> str:
         "candidate_ttft_p50_ms": c50,
         "incumbent_ttft_p50_ms": i50,
     }
-    if not promote or winner is None:
+    if not promote or winner is None or winner.result is None:  # canary never promotes a None result
         LoopIteration.objects.filter(pk=it.pk).update(
             status=LoopIteration.Status.KEPT, finished_at=timezone.now(), **fields
         )

@@ -14,6 +14,8 @@ import contextlib
 import json
 import math
 import statistics
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -160,8 +162,8 @@ def _bucket(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """One bucket's point: the median p50, the worst p95 (a bucket must not hide a bad interval),
     mean rates and hit rate; `None` where no snapshot in it measured the value."""
     points = [_point(r) for r in rows]
-    values = {name: [p[name] for p in points if p[name] is not None] for name in SERIES}
-    counts = [p[COUNT] for p in points if p[COUNT] is not None]
+    values = {name: [v for p in points if (v := p[name]) is not None] for name in SERIES}
+    counts = [c for p in points if (c := p[COUNT]) is not None]
     out: dict[str, float | None] = {COUNT: sum(counts) if counts else None}
     for name, found in values.items():
         if not found:
@@ -263,7 +265,7 @@ def _bucket_points(
     return points, [{**g, "start": g["start"].isoformat(), "end": g["end"].isoformat()} for g in gaps]
 
 
-def _total_requests(rows: list[dict[str, Any]]) -> int | None:
+def _total_requests(rows: Sequence[Mapping[str, Any]]) -> int | None:
     """Requests finished over the range's snapshots; None when no snapshot counted them."""
     counts = [_finite(r.get(COUNT)) for r in rows if not r["gap"]]
     known = [c for c in counts if c is not None]
@@ -493,7 +495,7 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
 
     revisions = list(EndpointRevision.objects.filter(endpoint=endpoint).select_related("job"))
     # The requests each generation's percentiles rest on: its trial's repeats at the target rate.
-    results = {
+    results: dict[tuple[uuid.UUID | None, int | None], dict[str, Any]] = {
         (t["job_id"], t["number"]): t["result"] or {}
         for t in Trial.objects.filter(job_id__in={r.job_id for r in revisions if r.job_id}).values(
             "job_id", "number", "result"

@@ -22,8 +22,10 @@ import secrets
 import shutil
 import socket
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -117,7 +119,7 @@ def endpoint_deploy(
     Pages deploy through `endpoint_deploy_once`, which passes the form's token. It serves on
     `pool` (default: the pool the job was tuned on), which the organization's residency must allow."""
     require_role(actor=actor, organization=job.organization, minimum=Role.MEMBER, doing="deploy endpoints")
-    pool_name = pool or (job.pool.name if job.pool_id else None)
+    pool_name = pool or (job.pool.name if job.pool is not None else None)
     chosen: Pool | None = None
     if pool_name:
         chosen = pool_require_usable(organization=job.organization, name=pool_name, doing="this endpoint")
@@ -366,9 +368,11 @@ def endpoint_start(*, endpoint_id: str) -> str:
         api_key=unseal(bytes(endpoint.api_key_sealed), purpose=_KEY_PURPOSE).decode(),
         # Not the address of another endpoint that ran here: its clients may still call it.
         avoid_ports=tuple(
-            Endpoint.objects.filter(host=here, port__isnull=False)
+            port
+            for port in Endpoint.objects.filter(host=here, port__isnull=False)
             .exclude(id=endpoint.id)
             .values_list("port", flat=True)
+            if port is not None  # always: the query excludes null ports
         ),
         # Where the SLA ingest is on, a measuring proxy in front of the engine posts every
         # request's TTFT and status to it (issue 23).
@@ -490,15 +494,15 @@ def _revision(
         job=job,
         trial_number=number,
         reason=reason,
-        measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]
+        measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]  # JSON values typed object
         measured_ttft_p95_ms=result.get("ttft_p95_ms"),
-        measured_tokens_per_s=_tokens_per_s(result),  # type: ignore[misc]
+        measured_tokens_per_s=_tokens_per_s(result),
     )
 
 
 def _tokens_per_s(result: dict[str, object]) -> float | None:
-    load = result.get("load") or []
-    at_target = [p["tokens_per_s"] for p in load if isinstance(p, dict) and p.get("rate_multiple") == 1.0]  # type: ignore[union-attr]
+    load = cast("Iterable[object]", result.get("load") or [])  # the engine's JSON list of load points
+    at_target = [p["tokens_per_s"] for p in load if isinstance(p, dict) and p.get("rate_multiple") == 1.0]
     return float(sum(at_target) / len(at_target)) if at_target else None
 
 
@@ -685,10 +689,10 @@ def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, 
     restartable = {Endpoint.Status.STOPPED, Endpoint.Status.FAILED}
     if endpoint.status not in restartable:
         raise ValidationError("Only a stopped or failed endpoint can be started again.")
-    if endpoint.pool_id is not None:
+    if endpoint.pool is not None:
         pool_require_usable(
             organization=endpoint.organization, name=endpoint.pool.name, doing="this endpoint"
-        )  # type: ignore[union-attr]
+        )
     else:
         hardware = str(((endpoint.job.spec or {}) if endpoint.job else {}).get("hardware", "local-cpu"))
         residency_require_hardware(

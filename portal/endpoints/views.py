@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.endpoints import charts, policy, selectors, services
 from portal.endpoints.forms import EndpointPolicyForm
@@ -33,7 +34,7 @@ def _key_session_name(endpoint: Endpoint) -> str:
 
 @member_required
 @require_POST
-def endpoint_deploy(request: HttpRequest, job_id: str) -> HttpResponse:
+def endpoint_deploy(request: AuthenticatedRequest, job_id: str) -> HttpResponse:
     """The job page's Deploy button lands on a confirmation (what will run, where, at what
     price) carrying a one-time token; only the confirmation, with its token, deploys, and the
     same token never deploys twice."""
@@ -98,7 +99,9 @@ def _detail_context(
         served_model=endpoint.served_model,
         status=TuningJob.Status.SUCCEEDED,
         winner_trial__isnull=False,
-    ).exclude(id=endpoint.job_id)
+    )
+    if endpoint.job_id is not None:  # excluding id=None would exclude nothing
+        candidates = candidates.exclude(id=endpoint.job_id)
     return {
         "endpoint": endpoint,
         "data": data,
@@ -138,7 +141,7 @@ def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def endpoint_policy(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def endpoint_policy(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
     if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
         raise PermissionDenied("Only a member or above can change the re-tuning policy.")
@@ -158,7 +161,7 @@ def endpoint_policy(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def endpoint_promote(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def endpoint_promote(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     endpoint = get_object_for_member(request, Endpoint.objects.select_related("organization"), endpoint_id)
     job = get_object_for_member(
         request, TuningJob.objects.select_related("organization"), request.POST.get("job", "")
@@ -177,7 +180,7 @@ def endpoint_promote(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def endpoint_stop(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def endpoint_stop(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     endpoint = get_object_for_member(request, Endpoint.objects.select_related("organization"), endpoint_id)
     try:
         services.endpoint_stop(actor=request.user, endpoint=endpoint)

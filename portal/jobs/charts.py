@@ -127,8 +127,8 @@ def ttft_cdf_figure(trials: list[dict[str, Any]], slo: dict[str, float | None]) 
             )
     if not fig.data:
         return None
-    for share in (0.5, 0.95):
-        fig.add_hline(y=share, line_dash="dot", line_color=_GUIDE_COLOR, line_width=1)
+    for guide in (0.5, 0.95):
+        fig.add_hline(y=guide, line_dash="dot", line_color=_GUIDE_COLOR, line_width=1)
     _slo_vlines(fig, slo)
     fig.update_layout(
         title="TTFT distribution at the target load, per candidate",

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 
@@ -19,6 +19,10 @@ from tuning.search.job import (
 )
 from tuning.workload.synth import MIN_LENGTH_SCALE
 
+if TYPE_CHECKING:
+    from portal.jobs.models import ServedModel
+    from portal.traffic.models import TrafficSample
+
 
 class ServedModelForm(forms.Form):
     name = forms.CharField(max_length=120)
@@ -27,8 +31,12 @@ class ServedModelForm(forms.Form):
 
 class TuningJobForm(forms.Form):
     name = forms.CharField(max_length=120, required=False)
-    traffic_sample = forms.ModelChoiceField(queryset=None, to_field_name="id")  # type: ignore[arg-type]
-    served_model = forms.ModelChoiceField(queryset=None, to_field_name="id", label="Model")  # type: ignore[arg-type]
+    traffic_sample: forms.ModelChoiceField[TrafficSample] = forms.ModelChoiceField(
+        queryset=None, to_field_name="id"
+    )
+    served_model: forms.ModelChoiceField[ServedModel] = forms.ModelChoiceField(
+        queryset=None, to_field_name="id", label="Model"
+    )
     ttft_p50_ms = forms.FloatField(min_value=1, label="p50 TTFT ≤ (ms)", initial=600)
     ttft_p95_ms = forms.FloatField(min_value=1, label="p95 TTFT ≤ (ms)", initial=1500)
     tpot_p50_ms = forms.FloatField(min_value=1, required=False, label="p50 TPOT ≤ (ms, optional)")

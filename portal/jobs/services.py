@@ -224,7 +224,7 @@ def tuning_job_create_for_loop(
         confirm_repeats=spec.confirm_repeats,
         finalists=spec.finalists,
         incumbent=incumbent,
-        pool=base.pool.name if base.pool_id else None,
+        pool=base.pool.name if base.pool is not None else None,
         length_scale=spec.length_scale,
     )
 

@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.jobs import reports, selectors, services
 from portal.jobs.forms import ServedModelForm, TuningJobForm
@@ -36,7 +37,7 @@ def _list_page(
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def job_list(request: HttpRequest) -> HttpResponse:
+def job_list(request: AuthenticatedRequest) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     if request.method == "GET":
         initial = selectors.job_form_initial(organization=organization, sample_id=request.GET.get("sample"))
@@ -73,7 +74,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def model_register(request: HttpRequest) -> HttpResponse:
+def model_register(request: AuthenticatedRequest) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     form = ServedModelForm(request.POST)
     if form.is_valid():
@@ -128,7 +129,7 @@ def job_trials(request: HttpRequest, job_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def job_cancel(request: HttpRequest, job_id: str) -> HttpResponse:
+def job_cancel(request: AuthenticatedRequest, job_id: str) -> HttpResponse:
     job = get_object_for_member(request, TuningJob.objects.select_related("organization"), job_id)
     try:
         services.tuning_job_cancel(actor=request.user, job=job)

@@ -175,7 +175,7 @@ class HostAdmin(admin.ModelAdmin):
 
     @admin.display(description="Endpoints on this host")
     def endpoints_here(self, host: Host) -> str:
-        rows = host.endpoints.filter(status__in=["starting", "healthy", "restarting", "degraded"])  # type: ignore[attr-defined]
+        rows = host.endpoints.filter(status__in=["starting", "healthy", "restarting", "degraded"])
         return format_html_join(", ", "{} ({})", ((e.name, e.status) for e in rows)) or "none"
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -139,7 +139,7 @@ class PoolListCreateView(_PoolView):
         serializer = PoolWriteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         pool = services.pool_create(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             owned_by=self.tenant.organization,
             **serializer.validated_data,
         )
@@ -156,7 +156,7 @@ class PoolDetailView(_PoolView):
         pool = self._pool(name)
         serializer = PoolUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        pool = services.pool_update(actor=request.user, pool=pool, **serializer.validated_data)  # type: ignore[arg-type]
+        pool = services.pool_update(actor=request.user, pool=pool, **serializer.validated_data)
         return Response(PoolSerializer(pool).data)
 
 

@@ -110,7 +110,7 @@ def _claim(path: Path, here: Host | None, name: str) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         claim = _read(path) or {}
-        other = Host.objects.filter(id=claim.get("host_id")).first() if claim.get("host_id") else None
+        other = Host.objects.filter(id=claim["host_id"]).first() if claim.get("host_id") else None
         if other is not None and (here is None or other.id != here.id) and selectors.host_is_live(other):
             return other.name
         _write(path, mine)
@@ -176,7 +176,9 @@ class PoolExecutor:
                 if claim and number not in said and self.log:
                     said.add(number)
                     self.log(f"  trial {number}: measuring on host {claim.get('host')}")
-                host = Host.objects.filter(id=claim.get("host_id")).first() if claim else None
+                # No host id: no host (filtering on id=None matched nothing either).
+                host_id = claim.get("host_id") if claim else None
+                host = Host.objects.filter(id=host_id).first() if host_id is not None else None
                 if host is not None and not selectors.host_is_live(host):
                     # Its agent died (or was stopped) with the trial: failed, the host named.
                     results[number] = {

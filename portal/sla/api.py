@@ -118,7 +118,7 @@ class EndpointProposalView(TenantScopedMixin, generics.GenericAPIView):
         serializer = ProposalSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         agreement = services.sla_agreement_propose(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             endpoint=endpoint,  # type: ignore[arg-type]
             terms=dict(serializer.validated_data),
         )
@@ -174,7 +174,7 @@ class EvidencePackView(TenantScopedMixin, generics.GenericAPIView):
         except ValueError as exc:
             raise ValidationError({"month": [str(exc)]}) from None
         name, body = evidence.evidence_pack_build(
-            actor=request.user,  # type: ignore[arg-type]
+            actor=request.user,
             organization=self.tenant.organization,
             month=month,
         )

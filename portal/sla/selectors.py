@@ -3,6 +3,7 @@ and, beside it, the engine's own figure (from the scraped histogram snapshots)."
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,7 +66,7 @@ def interval_breaches(interval: edge.EdgeInterval, criteria: list[edge.Criterion
     return False
 
 
-def _records(endpoint_id: object, start: datetime, end: datetime) -> Iterator[edge.EdgeRecord]:
+def _records(endpoint_id: uuid.UUID | str, start: datetime, end: datetime) -> Iterator[edge.EdgeRecord]:
     rows = (
         EdgeRequest.objects.filter(endpoint_id=endpoint_id, arrived_at__gte=start, arrived_at__lt=end)
         .order_by("arrived_at", "id")
@@ -77,7 +78,7 @@ def _records(endpoint_id: object, start: datetime, end: datetime) -> Iterator[ed
 
 
 def raw_intervals(
-    *, endpoint_id: object, interval_s: int, peak_rps: float, start: datetime, end: datetime
+    *, endpoint_id: uuid.UUID | str, interval_s: int, peak_rps: float, start: datetime, end: datetime
 ) -> list[edge.EdgeInterval]:
     """[start, end) judged from the request records themselves (start on an interval boundary)."""
     coverage = EdgeCoverage.objects.filter(
@@ -242,7 +243,7 @@ def console_rows(*, limit: int = 500) -> list[dict[str, Any]]:
         .select_related("endpoint", "organization")
         .order_by("organization__name", "endpoint__name", "-version")[: max(1, min(limit, 2000))]
     )
-    rows: dict[object, dict[str, Any]] = {}
+    rows: dict[uuid.UUID, dict[str, Any]] = {}
     for agreement in agreements:
         row = rows.setdefault(
             agreement.endpoint_id,
@@ -254,7 +255,7 @@ def console_rows(*, limit: int = 500) -> list[dict[str, Any]]:
             },
         )
         row["in_force" if agreement.status == SLAAgreement.Status.IN_FORCE else "proposed"] = agreement
-    last = {}
+    last: dict[uuid.UUID, SLAPeriod] = {}
     for period in SLAPeriod.objects.filter(endpoint_id__in=list(rows)).order_by(
         "endpoint_id", "-window_start"
     ):

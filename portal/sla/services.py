@@ -13,6 +13,7 @@ Every proposal is a new version; it is in force once both sides have signed it.
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -464,7 +465,9 @@ def edge_batch_record(*, endpoint: Endpoint, payload: Any, now: datetime | None 
 # --- Periods, credits and alerts -----------------------------------------------------------------------
 
 
-def _agreement_for_window(endpoint_id: object, start: datetime, end: datetime) -> SLAAgreement | None:
+def _agreement_for_window(
+    endpoint_id: uuid.UUID | str, start: datetime, end: datetime
+) -> SLAAgreement | None:
     """The version in force at the window's end (or the last one in force during it)."""
     return (
         SLAAgreement.objects.filter(
@@ -610,7 +613,7 @@ def edge_records_purge(*, now: datetime | None = None) -> int:
     return deleted
 
 
-def _period_close(endpoint_id: object, start: datetime, end: datetime, now: datetime) -> int:
+def _period_close(endpoint_id: uuid.UUID | str, start: datetime, end: datetime, now: datetime) -> int:
     agreement = _agreement_for_window(endpoint_id, start, end)
     if agreement is None:
         return 0

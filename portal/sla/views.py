@@ -32,13 +32,14 @@ from compliance import sla
 from compliance.services import staff_access_record
 from portal.accounts import rls
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 from portal.endpoints.models import Endpoint
 from portal.sla import evidence, selectors, services
 from portal.sla.models import SLAAgreement
 
 
-def _endpoint_for(request: HttpRequest, endpoint_id: object) -> Endpoint:
+def _endpoint_for(request: HttpRequest, endpoint_id: uuid.UUID | str) -> Endpoint:
     """The endpoint if the person is a member of its organization, or the provider; else 404."""
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)
@@ -57,7 +58,7 @@ def _endpoint_for(request: HttpRequest, endpoint_id: object) -> Endpoint:
     return get_object_for_member(request, Endpoint.objects.select_related("job", "organization"), endpoint_id)
 
 
-def _agreement_for(request: HttpRequest, agreement_id: object) -> SLAAgreement:
+def _agreement_for(request: HttpRequest, agreement_id: uuid.UUID | str) -> SLAAgreement:
     if services.is_provider(request.user):
         rls.scope_transaction(platform=True)
         agreement = SLAAgreement.objects.select_related("endpoint").filter(pk=agreement_id).first()
@@ -157,12 +158,12 @@ def _terms_from_post(request: HttpRequest) -> dict[str, Any]:
 
 @login_required
 @require_POST
-def propose(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def propose(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint_for(request, endpoint_id)
     try:
         agreement = services.sla_agreement_propose(
             actor=request.user, endpoint=endpoint, terms=_terms_from_post(request)
-        )  # type: ignore[arg-type]
+        )
     except ValidationError as exc:
         request.session["sla_errors"] = exc.messages
         return redirect("sla:endpoint", endpoint_id=endpoint.pk)
@@ -174,10 +175,10 @@ def propose(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def sign(request: HttpRequest, agreement_id: str) -> HttpResponse:
+def sign(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
     agreement = _agreement_for(request, agreement_id)
     try:
-        services.sla_agreement_sign(actor=request.user, agreement=agreement)  # type: ignore[arg-type]
+        services.sla_agreement_sign(actor=request.user, agreement=agreement)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -187,10 +188,10 @@ def sign(request: HttpRequest, agreement_id: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def decline(request: HttpRequest, agreement_id: str) -> HttpResponse:
+def decline(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
     agreement = _agreement_for(request, agreement_id)
     try:
-        services.sla_agreement_decline(actor=request.user, agreement=agreement)  # type: ignore[arg-type]
+        services.sla_agreement_decline(actor=request.user, agreement=agreement)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
@@ -233,7 +234,7 @@ def edge_ingest(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def evidence_pack(request: HttpRequest) -> HttpResponse:
+def evidence_pack(request: AuthenticatedRequest) -> HttpResponse:
     organization = request.membership.organization  # type: ignore[attr-defined]
     raw = request.GET.get("month", "")
     try:
@@ -241,7 +242,7 @@ def evidence_pack(request: HttpRequest) -> HttpResponse:
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc))
     try:
-        name, body = evidence.evidence_pack_build(actor=request.user, organization=organization, month=month)  # type: ignore[arg-type]
+        name, body = evidence.evidence_pack_build(actor=request.user, organization=organization, month=month)
     except ValidationError as exc:
         return HttpResponseBadRequest(" ".join(exc.messages))
     response = HttpResponse(body, content_type="application/zip")

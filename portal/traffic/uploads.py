@@ -24,8 +24,9 @@ class LimitedTemporaryFileUploadHandler(TemporaryFileUploadHandler):
         self.received += len(raw_data)
         if self.received > settings.TRAFFIC_UPLOAD_MAX_BYTES:
             if self.request is not None:
-                self.request.upload_too_large = True
-                self.request.upload_too_large_field = self.field_name
+                # Ad-hoc flags on the request, read back with getattr by the view and the parser.
+                self.request.upload_too_large = True  # type: ignore[attr-defined]
+                self.request.upload_too_large_field = self.field_name  # type: ignore[attr-defined]
             self.file.close()
             raise StopUpload(connection_reset=False)
         return super().receive_data_chunk(raw_data, start)

@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.accounts.models import Role
+from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.traffic import selectors, services
 from portal.traffic.charts import profile_figures
@@ -28,7 +29,7 @@ def _list_page(request: HttpRequest, form: TrafficSampleForm, status: int = 200)
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def sample_list(request: HttpRequest) -> HttpResponse:
+def sample_list(request: AuthenticatedRequest) -> HttpResponse:
     if request.method == "GET":
         return _list_page(request, TrafficSampleForm())
     if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
@@ -78,7 +79,7 @@ def sample_status(request: HttpRequest, sample_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def sample_delete(request: HttpRequest, sample_id: str) -> HttpResponse:
+def sample_delete(request: AuthenticatedRequest, sample_id: str) -> HttpResponse:
     sample = get_object_for_member(request, TrafficSample.objects.select_related("organization"), sample_id)
     try:
         services.traffic_sample_delete(actor=request.user, sample=sample)

@@ -1,0 +1,20 @@
+"""Request types for views behind `login_required` / `member_required`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.http import HttpRequest
+
+if TYPE_CHECKING:
+    from portal.accounts.models import User
+
+
+class AuthenticatedRequest(HttpRequest):
+    """An `HttpRequest` whose user is signed in (the view is behind `login_required`).
+
+    For type checking only: Django still passes a plain `HttpRequest`; the login check is what
+    guarantees `user` is a `User` and never an `AnonymousUser`.
+    """
+
+    user: User
