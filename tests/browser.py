@@ -8,6 +8,7 @@ failed test's pages in test-artifacts/. tests/conftest.py offers both to every t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +105,12 @@ def watched(page: Any, problems: list[str]) -> Any:
     page.on("console", on_console)
     page.on("pageerror", lambda exc: problems.append(str(exc)))
     return page
+
+
+def sign_in(page: Any, base: str, email: str, password: str) -> None:
+    """Signs in through the sign-in page, as a person does."""
+    page.goto(base + "/login/")
+    page.fill("#id_username", email)
+    page.fill("#id_password", password)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(re.compile(r"/(dashboard|organizations/new)/$"))

@@ -409,7 +409,7 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
     from portal.endpoints.models import Endpoint
     from serving.models.tiny import build_tiny_model
     from serving.runner.supervisor import process_alive
-    from tests.portal.test_endpoints import _finished_job
+    from tests.factories import finished_job
 
     build_tiny_model(arch="llama", size="xs", out_dir=tmp_path / "models" / "llama-xs", seed=0)
     settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
@@ -432,7 +432,7 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
             bind_address="0.0.0.0",  # noqa: S104 (the router listens where clients reach it)
             endpoint_url_template=f"http://{public}:{{port}}",
         )
-        job = _finished_job(alice_org, alice, tmp_path / "models")
+        job = finished_job(alice_org, alice, tmp_path / "models", winner=True)
         TuningJob.objects.filter(pk=job.pk).update(pool=pool, spec={"hardware": "local-cpu"})
         job.refresh_from_db()
         _send_through(broker, settings)

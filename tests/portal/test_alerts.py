@@ -29,7 +29,7 @@ from portal.endpoints.models import Endpoint, LoopIteration
 from portal.jobs.models import TuningJob
 from portal.sla import services as sla_services
 from portal.sla.models import SLAAgreement
-from tests.portal.test_sla_agreements import TIERS, make_endpoint
+from tests.portal.sla import TIERS, make_endpoint
 
 pytestmark = pytest.mark.django_db
 

@@ -39,8 +39,8 @@ from portal.endpoints.tasks import endpoints_watch
 from portal.jobs.models import Trial, TuningJob
 from portal.traffic.models import TrafficSample
 from serving.engine.watchdog import start_ticks
+from tests.factories import finished_job
 from tests.portal.test_continual_loop import _scrapes, _trial, deployed, model_root  # noqa: F401
-from tests.portal.test_endpoints import _finished_job
 from tests.portal.test_faults import (  # noqa: F401
     _broker,
     _fresh_connections_after,
@@ -360,7 +360,7 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
     model_root: Path,  # noqa: F811
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    job = _finished_job(alice_org, alice, model_root)
+    job = finished_job(alice_org, alice, model_root, winner=True)
     with django_capture_on_commit_callbacks(execute=True):
         endpoint, api_key = services.endpoint_deploy(actor=alice, job=job)
     endpoint.refresh_from_db()  # the port its start picked on the serving host

@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
-from tests.browser import watched
+from tests.browser import sign_in, watched
 from tests.conftest import PASSWORD
 from tests.db_roles import application_role, database_url
 from tests.portal.benchmarks import FakeOpenAI
@@ -50,14 +50,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ENGINE_WAIT_MS = 600_000
 # The whole tuning job: three engines one after the other (reference, baseline, candidate).
 JOB_WAIT_MS = 900_000
-
-
-def _sign_in(page: Any, base: str, email: str) -> None:
-    page.goto(base + "/login/")
-    page.fill("#id_username", email)
-    page.fill("#id_password", PASSWORD)
-    page.click("button:has-text('Sign in')")
-    page.wait_for_url(re.compile(r"/(dashboard|organizations/new)/$"))
 
 
 @contextmanager
@@ -395,7 +387,7 @@ def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: i
         BENCHMARK_TOKENIZER_DIR=str(settings.BENCHMARK_TOKENIZER_DIR),
         BENCHMARK_ALLOWED_NETWORKS="127.0.0.0/8",
     ) as log:
-        _sign_in(page, live_server.url, sam.email)
+        sign_in(page, live_server.url, sam.email, PASSWORD)
         page.click("nav >> text=Benchmarks")
         page.click("#new-report")
         page.fill("#id_name", "Acme Voice: provider vs tuned")
@@ -544,7 +536,7 @@ def test_platform_admin_finds_the_tenant_in_breach_and_reads_its_audit_trail(  #
         page = page_factory()
         problems: list[str] = []
         watched(page, problems)
-        _sign_in(page, live_server.url, admin.email)
+        sign_in(page, live_server.url, admin.email, PASSWORD)
         page.goto(live_server.url + reverse("compliance:console"))
         # Northwind recorded its BAA; the admin countersigns it from the console first.
         awaiting = page.locator("#baa-awaiting tbody tr")

@@ -14,10 +14,9 @@ from portal.accounts import services as account_services
 from portal.accounts.models import User
 from portal.alerts.models import AlertChannel
 from portal.sla.models import SLAAgreement
+from tests.browser import sign_in, watched
 from tests.conftest import PASSWORD
-from tests.portal.test_benchmark_reports import _watched
-from tests.portal.test_journeys import _sign_in
-from tests.portal.test_sla_agreements import make_endpoint
+from tests.portal.sla import make_endpoint
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -34,8 +33,8 @@ def test_provider_proposes_and_the_customer_signs_sla_terms_in_the_browser(
     )
     problems: list[str] = []
 
-    provider = _watched(page_factory(), problems)
-    _sign_in(provider, live_server.url, "pat@tailguard.test")
+    provider = watched(page_factory(), problems)
+    sign_in(provider, live_server.url, "pat@tailguard.test", PASSWORD)
     provider.goto(live_server.url + reverse("sla:endpoint", args=[endpoint.pk]))
     # The provider's form starts from the job: p50 600 ms, p95 1500 ms, 4 req/s.
     assert provider.input_value("input[name=ttft_p50_ms]") == "600.0"
@@ -45,8 +44,8 @@ def test_provider_proposes_and_the_customer_signs_sla_terms_in_the_browser(
     provider.wait_for_selector("text=Version 1 proposed")
     assert "awaited" in (provider.text_content("#proposal") or "")
 
-    customer = _watched(page_factory(), problems)
-    _sign_in(customer, live_server.url, "nora@northwind.test")
+    customer = watched(page_factory(), problems)
+    sign_in(customer, live_server.url, "nora@northwind.test", PASSWORD)
     customer.goto(live_server.url + reverse("sla:overview"))
     customer.click(f"a[href='{reverse('sla:endpoint', args=[endpoint.pk])}']")
     proposal = customer.text_content("#proposal") or ""
