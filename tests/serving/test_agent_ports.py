@@ -43,10 +43,17 @@ def _served_port(root: Path) -> int:
 
 
 def _wait_exit(runner: LocalSupervisorRunner, handle: RunnerHandle) -> None:
-    # `echo` ends at once; the handle's pid is then no live supervisor (a restart starts anew).
+    # `echo` writes its one line and ends; then the handle's pid is no live supervisor (a restart
+    # starts anew). Between fork and exec the child still carries pytest's command line, so
+    # "not a supervisor" alone does not mean the line is written: wait for the line too.
+    log = Path(handle.data["dir"]) / "supervisor.log"
     deadline = time.monotonic() + 30
-    while runner.supervisor_alive(handle) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        written = log.exists() and log.read_text().endswith("\n")
+        if written and not runner.supervisor_alive(handle):
+            return
         time.sleep(0.05)
+    raise AssertionError(f"the echoed supervisor did not write its command line into {log}")
 
 
 def test_the_runner_picks_a_free_port_on_its_host_reports_it_and_keeps_it_on_a_restart(
