@@ -209,9 +209,7 @@ def seed(rng: np.random.Generator) -> dict[str, str]:
         measured_ttft_p95_ms=900.0,
         measured_tokens_per_s=315.0,
     )
-    compliance_services.sla_terms_set(
-        actor=owner, endpoint=endpoint, target_ms=800, credit_tiers=[{"below_pct": 99, "credit_pct": 10}]
-    )
+    compliance_services.sla_terms_set(actor=owner, endpoint=endpoint, target_ms=800)
     rows = _snapshots(org, endpoint, timedelta(days=1), timezone.now(), rng)
     MetricSnapshot.objects.bulk_create(rows, batch_size=2000)
     return {"sample": str(sample.id), "job": str(job.id), "endpoint": str(endpoint.id)}

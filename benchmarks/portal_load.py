@@ -346,7 +346,6 @@ def seed(rng: np.random.Generator) -> dict[str, Any]:
                 actor=owner,
                 endpoint=endpoint,
                 target_ms=800,
-                credit_tiers=[{"below_pct": 99, "credit_pct": 10}],
             )
             for k in range(3):
                 LoopIteration.objects.create(

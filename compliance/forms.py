@@ -44,25 +44,6 @@ class SLATermsForm(forms.Form):
     endpoint = forms.UUIDField(widget=forms.HiddenInput)
     metric = forms.ChoiceField(choices=[("ttft_p50_ms", "TTFT p50"), ("ttft_p95_ms", "TTFT p95")])
     target_ms = forms.FloatField(min_value=1, label="Target (ms)")
-    credit_tiers = forms.CharField(
-        required=False,
-        label="Credit tiers (below %:credit %, ...)",
-        help_text="e.g. 99:10, 95:25",
-    )
-
-    def clean_credit_tiers(self) -> list[dict[str, float]]:
-        tiers = []
-        for item in (self.cleaned_data.get("credit_tiers") or "").split(","):
-            if not item.strip():
-                continue
-            below, sep, credit = item.partition(":")
-            try:
-                tiers.append({"below_pct": float(below), "credit_pct": float(credit)})
-            except ValueError:
-                raise forms.ValidationError(f"{item.strip()!r} is not below:credit") from None
-            if not sep:
-                raise forms.ValidationError(f"{item.strip()!r} is not below:credit")
-        return tiers
 
 
 class ConsoleFilterForm(forms.Form):

@@ -212,8 +212,10 @@ class LoginFailure(models.Model):
 
 
 class SLATerms(models.Model):
-    """What an endpoint's SLA promises: a TTFT percentile under a target over each window, the
-    source of the measurements, and the credits owed below given compliance levels."""
+    """An organization's own monitoring target for an endpoint: a TTFT percentile under a target
+    over each window and the source of the measurements. The contract (credits included) is the
+    two-party agreement in portal.sla; `credit_tiers` holds only tiers stored before it existed,
+    which customers cannot change (compliance.services.sla_terms_set)."""
 
     class Metric(models.TextChoices):
         TTFT_P50 = "ttft_p50_ms", "TTFT p50"

@@ -873,11 +873,31 @@ def sla_terms_set(
     credit_tiers: list[dict[str, float]] | None = None,
     min_coverage_pct: float = 90.0,
 ) -> Any:
-    """Records (or replaces) an endpoint's SLA terms."""
+    """Records (or replaces) an endpoint's monitoring targets: the organization's own objective,
+    judged on the engine's metrics. Credits are not the customer's to set: they are the provider's
+    terms in the two-party SLA agreement (portal.sla), so a customer sending credit tiers other
+    than the ones already stored is refused (403) and the attempt is audited. Tiers stored before
+    the agreement existed stay as they were."""
     from compliance.models import SLATerms
 
     organization = endpoint.organization
     _require(actor, organization, "admin", "set SLA terms")
+    existing = SLATerms.objects.filter(endpoint=endpoint).first()
+    stored_tiers = list(existing.credit_tiers) if existing is not None else []
+    if credit_tiers and _tiers_key(credit_tiers) != _tiers_key(stored_tiers):
+        reason = (
+            "Credit tiers are the provider's terms: they come with the SLA agreement the provider "
+            "proposes and your organization signs (SLA page), not with your own monitoring targets."
+        )
+        with transaction.atomic():
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="sla.refused.credit_tiers",
+                target=endpoint,
+                data={"endpoint": str(endpoint.pk), "reason": reason},
+            )
+        raise PermissionDenied(reason)
     errors: dict[str, str] = {}
     if metric not in SLATerms.Metric.values:
         errors["metric"] = f"Choose one of: {', '.join(SLATerms.Metric.values)}."
@@ -887,25 +907,12 @@ def sla_terms_set(
         errors["target_ms"] = "The target must be between 0 and 600000 ms."
     if not 0 <= min_coverage_pct <= 100:
         errors["min_coverage_pct"] = "Use 0 to 100."
-    tiers = []
-    for tier in credit_tiers or []:
-        try:
-            below, credit = float(tier["below_pct"]), float(tier["credit_pct"])
-        except (KeyError, TypeError, ValueError):
-            errors["credit_tiers"] = 'Each tier needs numbers "below_pct" and "credit_pct".'
-            break
-        if not (0 < below <= 100 and 0 <= credit <= 100):
-            errors["credit_tiers"] = "Tier percentages must be between 0 and 100."
-            break
-        tiers.append({"below_pct": below, "credit_pct": credit})
     if errors:
         raise ValidationError(errors)
-    tiers.sort(key=lambda t: -t["below_pct"])
     values = {
         "metric": metric,
         "target_ms": float(target_ms),
         "source": source,
-        "credit_tiers": tiers,
         "min_coverage_pct": float(min_coverage_pct),
     }
     with transaction.atomic():
@@ -929,6 +936,14 @@ def sla_terms_set(
             after=values,
         )
     return terms
+
+
+def _tiers_key(tiers: list[dict[str, float]]) -> list[tuple[float, float]] | None:
+    """Tiers in a comparable form (None when they are not numbers: never equal to stored ones)."""
+    try:
+        return sorted((float(t["below_pct"]), float(t["credit_pct"])) for t in tiers)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def sla_windows_close(*, now: datetime | None = None) -> int:

@@ -242,7 +242,14 @@ class SLATermsSerializer(serializers.Serializer):
     metric = serializers.ChoiceField(choices=SLATerms.Metric.choices, default=SLATerms.Metric.TTFT_P50)
     target_ms = serializers.FloatField(min_value=0)
     source = serializers.ChoiceField(choices=SLATerms.Source.choices, default=SLATerms.Source.ENGINE)
-    credit_tiers = CreditTierSerializer(many=True, required=False, default=list)
+    credit_tiers = CreditTierSerializer(
+        many=True,
+        required=False,
+        default=list,
+        help_text="Tiers stored before SLA agreements existed. Customers do not set credits here: "
+        "tiers other than the stored ones are refused (403, audited); credits come with the SLA "
+        "agreement the provider proposes and the organization signs.",
+    )
     min_coverage_pct = serializers.FloatField(min_value=0, max_value=100, default=90.0)
 
 

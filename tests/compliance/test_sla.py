@@ -203,11 +203,8 @@ def _api(user):  # type: ignore[no-untyped-def]
     return client
 
 
-TERMS = {
-    "metric": "ttft_p50_ms",
-    "target_ms": 800,
-    "credit_tiers": [{"below_pct": 95, "credit_pct": 25}, {"below_pct": 99, "credit_pct": 10}],
-}
+TERMS = {"metric": "ttft_p50_ms", "target_ms": 800}
+TIER_BODY = [{"below_pct": 95, "credit_pct": 25}, {"below_pct": 99, "credit_pct": 10}]
 
 
 @pytest.mark.django_db
@@ -227,12 +224,17 @@ def test_terms_and_report_through_the_api(alice, alice_org, bob, charlie) -> Non
     assert _api(charlie).put(url, TERMS, format="json").status_code == 404
     assert not SLATerms.objects.exists()
 
+    # Credits are the provider's terms (the signed agreement): the customer's admin cannot set them
+    # on its own monitoring targets; the attempt is refused and audited, and nothing is stored.
+    response = _api(alice).put(url, TERMS | {"credit_tiers": TIER_BODY}, format="json")
+    assert response.status_code == 403 and "provider's terms" in response.json()["detail"]
+    refused = AuditEvent.objects.get(action="sla.refused.credit_tiers", organization=alice_org)
+    assert refused.actor_id == alice.id and refused.data["endpoint"] == str(endpoint.id)
+    assert not SLATerms.objects.exists()
+
     response = _api(alice).put(url, TERMS, format="json")
     assert response.status_code == 200, response.content
-    assert response.json()["terms"]["credit_tiers"] == [
-        {"below_pct": 99.0, "credit_pct": 10.0},
-        {"below_pct": 95.0, "credit_pct": 25.0},
-    ]
+    assert response.json()["terms"]["credit_tiers"] == []
     assert AuditEvent.objects.filter(action="sla.terms_set", organization=alice_org).count() == 1
     report = _api(alice).get(url, {"month": "2026-10"}).json()["report"]
     assert report["window_start"] == "2026-10-01T00:00:00+00:00"

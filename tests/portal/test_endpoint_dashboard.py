@@ -456,7 +456,6 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
         endpoint=endpoint,
         metric="ttft_p95_ms",
         target_ms=1000.0,
-        credit_tiers=[{"below_pct": 99.0, "credit_pct": 10.0}, {"below_pct": 95.0, "credit_pct": 25.0}],
     )
     for minute in range(0, 60, 1):
         _snap(endpoint, datetime(2026, 10, 15, 8, 0, tzinfo=UTC) + timedelta(minutes=minute), p95=900.0)
@@ -467,7 +466,8 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
     compliance = selectors.sla_compliance(
         endpoint=endpoint, slo=selectors.endpoint_slo(endpoint=endpoint), range_name="1h", now=NOW
     )
-    assert compliance["source"] == "sla_terms" and compliance["commitment_pct"] == 99.0
+    # Monitoring targets carry no credits, so no commitment line.
+    assert compliance["source"] == "sla_terms" and compliance["commitment_pct"] is None
     assert compliance["metric"] == "ttft_p95_ms" and compliance["target_ms"] == 1000.0
     assert [w["label"] for w in compliance["windows"]] == ["2026-10", "2026-11 (so far)"]
     october, november = compliance["windows"]

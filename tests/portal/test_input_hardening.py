@@ -411,8 +411,11 @@ def test_sla_terms_with_nested_tiers_take_json_only(alice, alice_org) -> None:  
     response = api.put(url, {"target_ms": 800, "credit_tiers": json.loads(tiers)}, format="json")
     assert response.status_code == 400 and "below_pct" in json.dumps(response.json())
     assert not SLATerms.objects.exists()
+    # Well-formed tiers are then refused for what they are (the provider's terms), not lost.
     response = api.put(
         url, {"target_ms": 800, "credit_tiers": [{"below_pct": 99, "credit_pct": 10}]}, format="json"
     )
-    assert response.status_code == 200
-    assert response.json()["terms"]["credit_tiers"] == [{"below_pct": 99.0, "credit_pct": 10.0}]
+    assert response.status_code == 403 and "provider's terms" in response.json()["detail"]
+    assert not SLATerms.objects.exists()
+    response = api.put(url, {"target_ms": 800}, format="json")
+    assert response.status_code == 200 and response.json()["terms"]["credit_tiers"] == []

@@ -249,9 +249,7 @@ def world(  # type: ignore[no-untyped-def]
         verdict="the running configuration stayed faster",
         finished_at=now,
     )
-    terms = compliance_services.sla_terms_set(
-        actor=alice, endpoint=endpoint, target_ms=800, credit_tiers=[{"below_pct": 99, "credit_pct": 10}]
-    )
+    terms = compliance_services.sla_terms_set(actor=alice, endpoint=endpoint, target_ms=800)
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     previous = (month - timedelta(days=1)).replace(day=1)
     o["sla_month"] = f"{previous:%Y-%m}"
@@ -479,7 +477,7 @@ def _baa_form(w: World) -> dict[str, Any]:
 
 
 def _sla_form(w: World) -> dict[str, Any]:
-    return {"endpoint": w.endpoint.pk, "metric": "ttft_p95_ms", "target_ms": 900, "credit_tiers": "99:10"}
+    return {"endpoint": w.endpoint.pk, "metric": "ttft_p95_ms", "target_ms": 900}
 
 
 ROUTES: dict[str, Route] = {
@@ -699,7 +697,7 @@ ROUTES: dict[str, Route] = {
     ),
     "api:compliance_endpoint_sla": Route(
         objects=_obj("endpoint", "pk"),
-        writes={"PUT": lambda w: {"target_ms": 900, "credit_tiers": [{"below_pct": 99, "credit_pct": 10}]}},
+        writes={"PUT": lambda w: {"target_ms": 900}},
         queries=lambda w: [{"month": w.sla_month}],
     ),
     "api:billing_account": Route(bob_read=403),

@@ -490,7 +490,6 @@ def _tenant_with_endpoint(name: str, email: str, values_ms: list[float], *, baa:
         actor=owner,
         endpoint=endpoint,
         target_ms=800,
-        credit_tiers=[{"below_pct": 99, "credit_pct": 10}, {"below_pct": 95, "credit_pct": 25}],
     )
     now = timezone.now()
     month_start, _end = sla.month_window(now)
