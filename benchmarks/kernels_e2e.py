@@ -310,22 +310,23 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
             "traces": traces,
         }
     arms = {}
-    for arm in ARMS:
+    for arm in args.arms:
         cfg = config if arm == "default" else moe_tables.with_tables(config, f"/WORK/tables/{arm}/<shape>")
         arms[arm] = {"args": cfg.to_args(model="/WORK/models/<shape>"), "env": cfg.to_env()}
     plan["arms"] = arms
-    blocks = len(args.shapes) * len(args.traces) * len(ARMS) * args.repeats
+    blocks = len(args.shapes) * len(args.traces) * len(args.arms) * args.repeats
     replays_s = (
         sum(
             (args.duration_s + 30.0) * len(t["loads"])
             for s in plan["shapes"].values()
             for t in s["traces"].values()
         )
-        * len(ARMS)
+        * len(args.arms)
         * args.repeats
     )
     tuning_s = sum(
-        s["uniform_table"]["estimate_s"] + sum(t["traffic_table"]["estimate_s"] for t in s["traces"].values())
+        s["uniform_table"]["estimate_s"] * ("uniform" in args.arms)
+        + sum(t["traffic_table"]["estimate_s"] for t in s["traces"].values())
         for s in plan["shapes"].values()
     )
     plan["estimate"] = {
@@ -642,6 +643,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {', '.join(TRACES)}")
     parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated, of {', '.join(ARMS)} (default and traffic are the target's pair)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="rounds of the three arms (>= 3 for intervals)"
     )
     parser.add_argument("--load-fractions", default="0.4,0.8", help="of the simulated saturation rate")
@@ -686,10 +692,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.traces = [t for t in args.traces.split(",") if t]
-    for kind, names, known in (("shape", args.shapes, SHAPES), ("trace", args.traces, TRACES)):
+    arms = [a for a in args.arms.split(",") if a]
+    for kind, names, known in (
+        ("shape", args.shapes, SHAPES),
+        ("trace", args.traces, TRACES),
+        ("arm", arms, ARMS),
+    ):
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             parser.error(f"unknown or no {kind}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if "default" not in arms or len(arms) < 2:
+        parser.error("--arms must hold 'default' and at least one tuned arm (the ratios are against it)")
+    args.arms = tuple(a for a in ARMS if a in arms)  # in ARMS' order
     if not 1 <= args.repeats <= MAX_REPEATS:
         parser.error(f"--repeats must be in [1, {MAX_REPEATS}]")
     if not 1 <= args.duration_s <= 600:
@@ -773,7 +787,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             "versions": versions("vllm", "torch", "triton", "numpy", "transformers"),
             "weights": "random (vLLM --load-format dummy): real shapes and timings",
             "method": {
-                "arms": list(ARMS),
+                "arms": list(args.arms),
                 "repeats": args.repeats,
                 "duration_s": args.duration_s,
                 "tune_trials": args.tune_trials,
@@ -804,11 +818,15 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             min_per_bucket=max(1, args.tune_trials // len(moe_tables.BATCH_SIZE_KEYS)),
         )
         folders = {"uniform": tables_root / "uniform" / shape}
-        if tune_step(args, f"tune-{shape}-uniform", uniform_plan, folders["uniform"], state, clock) is None:
-            complete = False
-            break
-        save_state(args.state, state)
-        write(False)
+        if "uniform" in args.arms:
+            if (
+                tune_step(args, f"tune-{shape}-uniform", uniform_plan, folders["uniform"], state, clock)
+                is None
+            ):
+                complete = False
+                break
+            save_state(args.state, state)
+            write(False)
         for trace in args.traces:
             loads = plan["shapes"][shape]["traces"][trace]["loads"]
             # The same plan as the dry run's (same simulations, same seed), made here again
@@ -856,7 +874,8 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 else args.engine_start_s + 2.5 * args.duration_s * len(loads)
             )
             for round_ in range(args.repeats):
-                arms = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]  # rotated: no arm always first
+                n = len(args.arms)
+                arms = args.arms[round_ % n :] + args.arms[: round_ % n]  # rotated: no arm always first
                 for arm in arms:
                     if (arm, round_) in done:
                         continue
