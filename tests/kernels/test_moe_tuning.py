@@ -59,8 +59,8 @@ def test_budget_goes_where_the_traffic_spends_its_time() -> None:
 
 
 def test_each_bucket_tries_row_tiles_that_suit_its_token_count() -> None:
-    # The H200 run of 2026-12-02 (benchmarks/results/kernels_e2e.json): with ~5 candidates per
-    # bucket, every bucket tried the same first candidates of the pool, all BLOCK_SIZE_M 16, and
+    # The H200 run of 2026-12-02 (benchmarks/results/kernels_e2e_run1_blind_tiles.json): with
+    # ~5 candidates per bucket, every bucket tried the same first candidates of the pool, all BLOCK_SIZE_M 16, and
     # the tuned tables ran prefill 15x slower (p95 TTFT) than vLLM's generic default.
     shape = MoEShape(num_experts=64, shard_intermediate_size=768, hidden_size=2048, top_k=8)
     assert [mtu.preferred_block_m(t, shape) for t in (1, 64, 256, 512, 4096)] == [16, 16, 32, 64, 128]
