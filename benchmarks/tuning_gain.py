@@ -149,24 +149,26 @@ def _log(line: str) -> None:
 
 
 def _spec(args: argparse.Namespace, trace: Path, peak_rps: float, **overrides: Any) -> JobSpec:
-    return JobSpec(
-        trace_path=str(trace),
-        model_path=str(args.model_dir),
-        slo=args.slo,
-        peak_rps=peak_rps,
-        budget_trials=args.search_budget,
-        duration_s=args.duration_s,
-        repeats=args.repeats,
-        capacity_steps=tuple(float(x) for x in args.capacity_steps.split(",")),
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        max_model_len=args.max_model_len,
-        confirm_repeats=args.confirm_repeats,
-        finalists=args.finalists,
-        frozen_knobs=tuple(k for k in args.frozen_knobs.split(",") if k),
-        seed=args.seed,
-        **overrides,
-    )
+    """The job every comparison runs; `overrides` replace any of its fields (the auto_tune grid
+    sets its own budget and no confirmation)."""
+    fields: dict[str, Any] = {
+        "trace_path": str(trace),
+        "model_path": str(args.model_dir),
+        "slo": args.slo,
+        "peak_rps": peak_rps,
+        "budget_trials": args.search_budget,
+        "duration_s": args.duration_s,
+        "repeats": args.repeats,
+        "capacity_steps": tuple(float(x) for x in args.capacity_steps.split(",")),
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "max_output_tokens": args.max_output_tokens,
+        "max_model_len": args.max_model_len,
+        "confirm_repeats": args.confirm_repeats,
+        "finalists": args.finalists,
+        "frozen_knobs": tuple(k for k in args.frozen_knobs.split(",") if k),
+        "seed": args.seed,
+    }
+    return JobSpec(**(fields | overrides))
 
 
 def _job(
