@@ -392,8 +392,9 @@ _PROBE_CONFIG = {
 
 def vllm_kernel(
     layer: moe_tuning.MoEShape, *, seed: int, rep_ms: int
-) -> tuple[moe_tuning.Bench, moe_tuning.Check, str]:
-    """(bench, check, what is timed): vLLM's fused-MoE kernel with a forced configuration."""
+) -> tuple[moe_tuning.Bench, moe_tuning.Check, str, moe_tuning.Baseline | None]:
+    """(bench, check, what is timed, the engine's own configuration per token count): vLLM's
+    fused-MoE kernel with a forced configuration; the last is None where vLLM cannot say."""
     import torch
 
     from kernels.tune import bench_us
@@ -407,6 +408,7 @@ def vllm_kernel(
             moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
             moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
             "kernels.moe_gemm",
+            None,
         )
     with contextlib.suppress(Exception):  # some vLLM versions read the current config inside the op
         from vllm.config import VllmConfig, set_current_vllm_config
@@ -464,8 +466,20 @@ def vllm_kernel(
             moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
             moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
             f"kernels.moe_gemm (vLLM's fused_experts failed: {str(exc)[:200]})",
+            None,
         )
-    return bench, check, "vllm fused_experts (override_config)"
+    engine_config_at: moe_tuning.Baseline | None = None
+    try:  # what vLLM itself runs at a token count without our table (its own table or default)
+        from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+        def engine_config_at(tokens: int) -> Mapping[str, int]:
+            return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, None, tokens))
+
+        engine_config_at(8)
+    except Exception as exc:
+        log(f"vLLM's own configuration choice is not callable here ({exc}): tuned without a baseline")
+        engine_config_at = None
+    return bench, check, "vllm fused_experts (override_config)", engine_config_at
 
 
 def vllm_file_name(table: moe_tables.TableShape) -> str | None:
@@ -511,10 +525,16 @@ def tune_step(
     if not clock.fits(planned.estimate_s + 30):
         return None
     started = time.monotonic()
-    bench, check, timed = vllm_kernel(planned.layer, seed=args.seed, rep_ms=args.rep_ms)
+    bench, check, timed, engine_config_at = vllm_kernel(planned.layer, seed=args.seed, rep_ms=args.rep_ms)
     vllm_name = vllm_file_name(planned.table)
     path, result = moe_step.run_tables(
-        planned, bench, folder, check=check, should_stop=lambda: clock.left() < 30, log=log
+        planned,
+        bench,
+        folder,
+        check=check,
+        should_stop=lambda: clock.left() < 30,
+        log=log,
+        baseline=engine_config_at,
     )
     if path is not None and vllm_name and vllm_name != path.name:
         # Write it where this vLLM looks; ours mirrors vLLM 0.32's naming.

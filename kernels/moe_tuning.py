@@ -34,6 +34,8 @@ MAX_TOKENS = 1 << 17  # one step's tokens; beyond any engine's batched-token bud
 
 Bench = Callable[[Mapping[str, int], int], float]  # (config, tokens) -> microseconds
 Check = Callable[[Mapping[str, int], int], None]  # (config, tokens) -> raises if unusable
+# tokens -> the configuration the engine runs without a table of ours (vLLM's keys)
+Baseline = Callable[[int], Mapping[str, int]]
 
 
 class TuningWontFit(RuntimeError):
@@ -288,11 +290,19 @@ class Trial:
 class BucketChoice:
     bucket: TuneBucket
     trials: tuple[Trial, ...] = field(repr=False)
+    # What the engine runs for this bucket without a table of ours (its shipped table's entry or
+    # its generic default), timed like a candidate and eligible like one: a table never holds a
+    # configuration slower than the engine's own, as timed. None: no baseline was given.
+    baseline: Trial | None = None
 
     @property
     def best(self) -> Trial | None:
-        ok = [t for t in self.trials if t.time_us is not None]
+        ok = [t for t in (*self.trials, *([self.baseline] if self.baseline else [])) if t.time_us is not None]
         return min(ok, key=lambda t: t.time_us or 0.0) if ok else None
+
+    @property
+    def best_is_baseline(self) -> bool:
+        return self.baseline is not None and self.best is self.baseline
 
 
 @dataclass(frozen=True)
@@ -320,16 +330,37 @@ class TuneResult:
                 den += choice.bucket.weight
         return num / den if den else None
 
+    def speedup_vs_baseline(self) -> float | None:
+        """The engine's own configurations' weighted time over the table's, on the buckets where
+        both were timed (> 1: the table is faster at the kernel level); None without a baseline."""
+        num = den = 0.0
+        for choice in self.choices:
+            best, base = choice.best, choice.baseline
+            if best is None or best.time_us is None or base is None or base.time_us is None:
+                continue
+            num += choice.bucket.weight * base.time_us
+            den += choice.bucket.weight * best.time_us
+        return num / den if den else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "complete": self.complete,
             "plan": self.plan.to_dict(),
             "weighted_time_us": self.weighted_time_us(),
+            "kernel_speedup_vs_engine": self.speedup_vs_baseline(),
             "buckets": [
                 {
                     "key": c.bucket.key,
                     "weight": round(c.bucket.weight, 6),
                     "best": None if c.best is None else {"config": c.best.config, "time_us": c.best.time_us},
+                    "engine": None
+                    if c.baseline is None
+                    else {
+                        "config": c.baseline.config,
+                        "time_us": c.baseline.time_us,
+                        "error": c.baseline.error,
+                    },
+                    "best_is_engine": c.best_is_baseline,
                     "tried": len(c.trials),
                     "failed": [{"config": t.config, "error": t.error} for t in c.trials if t.time_us is None][
                         :5
@@ -368,6 +399,20 @@ def check_fits(
     return estimate
 
 
+def _timed(cfg: Mapping[str, int], bucket: TuneBucket, bench: Bench, check: Check | None) -> Trial:
+    """One candidate checked, then timed over the bucket's points (weighted by their shares)."""
+    try:
+        if check is not None:
+            for tokens, _ in bucket.points:
+                check(cfg, tokens)
+        t = sum(share * bench(cfg, tokens) for tokens, share in bucket.points)
+        if not math.isfinite(t) or t <= 0:
+            raise ValueError(f"the benchmark returned {t!r} us")
+        return Trial(dict(cfg), float(t))
+    except Exception as exc:  # a failing candidate is data, not a failed run
+        return Trial(dict(cfg), None, f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
 def tune(
     the_plan: Plan,
     bench: Bench,
@@ -375,12 +420,17 @@ def tune(
     check: Check | None = None,
     should_stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
+    baseline: Baseline | None = None,
 ) -> TuneResult:
     """Run the plan: check, then time, each bucket's candidates; heaviest bucket first.
 
     A candidate that fails its check or its timing (a tile too large for shared memory fails at
     launch) is recorded with the error and never chosen. `should_stop` is asked before every
-    bucket; when it answers True the result is partial (`complete=False`).
+    bucket; when it answers True the result is partial (`complete=False`). With `baseline` (the
+    configuration the engine would run at a token count without our table), each bucket also
+    times the engine's configuration for its key, one timing per point more than the plan counts:
+    the result says how much faster than the engine the table is, and a bucket where no
+    candidate beats the engine keeps the engine's configuration.
     """
     order = sorted(range(len(the_plan.buckets)), key=lambda i: -the_plan.buckets[i].weight)
     choices: dict[int, BucketChoice] = {}
@@ -390,25 +440,32 @@ def tune(
             complete = False
             break
         bucket = the_plan.buckets[i]
-        trials = []
-        for cfg in the_plan.bucket_candidates(i):
+        trials = [_timed(cfg, bucket, bench, check) for cfg in the_plan.bucket_candidates(i)]
+        base = None
+        if baseline is not None:
             try:
-                if check is not None:
-                    for tokens, _ in bucket.points:
-                        check(cfg, tokens)
-                t = sum(share * bench(cfg, tokens) for tokens, share in bucket.points)
-                if not math.isfinite(t) or t <= 0:
-                    raise ValueError(f"the benchmark returned {t!r} us")
-                trials.append(Trial(dict(cfg), float(t)))
-            except Exception as exc:  # a failing candidate is data, not a failed run
-                trials.append(Trial(dict(cfg), None, f"{type(exc).__name__}: {str(exc)[:200]}"))
-        choice = BucketChoice(bucket, tuple(trials))
+                engine_cfg = {k: int(v) for k, v in baseline(bucket.key).items() if k in VLLM_KEYS}
+                if set(engine_cfg) != set(VLLM_KEYS):
+                    raise ValueError(
+                        f"the engine's configuration lacks {sorted(set(VLLM_KEYS) - set(engine_cfg))}"
+                    )
+            except Exception as exc:  # an engine that cannot say: no baseline for this bucket
+                base = Trial({}, None, f"{type(exc).__name__}: {str(exc)[:200]}")
+            else:
+                base = _timed(engine_cfg, bucket, bench, check)
+        choice = BucketChoice(bucket, tuple(trials), base)
         choices[i] = choice
         if log is not None:
             best = choice.best
+            vs = (
+                f" (engine {base.time_us:.1f} us{', kept' if choice.best_is_baseline else ''})"
+                if base is not None and base.time_us is not None
+                else ""
+            )
             log(
                 f"bucket {bucket.key:>5d} w={bucket.weight:.3f}: {len(trials)} candidates, best "
                 + (f"{best.time_us:.1f} us {best.config}" if best else "none worked")
+                + vs
             )
     return TuneResult(the_plan, tuple(choices[i] for i in sorted(choices)), complete)
 

@@ -170,9 +170,14 @@ def run_tables(
     check: moe_tuning.Check | None = None,
     should_stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
+    baseline: moe_tuning.Baseline | None = None,
 ) -> tuple[Path | None, moe_tuning.TuneResult]:
-    """Tune and write the table into `out_folder`; (path, result). No file when nothing worked."""
-    result = moe_tuning.tune(planned.plan, bench, check=check, should_stop=should_stop, log=log)
+    """Tune and write the table into `out_folder`; (path, result). No file when nothing worked.
+    With `baseline` (the engine's own configuration per token count) the result records the
+    table's kernel-level speedup over the engine, and no entry is slower than the engine's."""
+    result = moe_tuning.tune(
+        planned.plan, bench, check=check, should_stop=should_stop, log=log, baseline=baseline
+    )
     table = result.table()
     if not table:
         return None, result

@@ -145,6 +145,46 @@ def test_a_stopped_run_is_partial_and_keeps_the_heaviest_buckets() -> None:
     assert list(result.table()) == [64]
 
 
+def test_the_engines_own_configuration_is_timed_and_kept_where_nothing_beats_it() -> None:
+    # The H200 run of 2026-12-03 (benchmarks/results/kernels_e2e.json) found the traffic-weighted
+    # table no faster end to end than vLLM's generic default, and had no kernel-level figure
+    # against it: the engine's configuration is now a timed, eligible candidate of every bucket.
+    buckets = [TuneBucket(1, 0.5, ((1, 1.0),)), TuneBucket(256, 0.5, ((256, 1.0),))]
+    pool = [_cfg(64), _cfg(128)]  # neither suits one token (64 or 128 rows for 1)
+
+    def engine(tokens: int) -> dict[str, int]:
+        return {**_cfg(16 if tokens <= 32 else 128), "SPLIT_K": 1}  # vLLM adds keys we do not tune
+
+    result = mtu.tune(mtu.plan(buckets, pool, budget=4, min_per_bucket=2), _model_bench, baseline=engine)
+    one, many = result.choices
+    assert one.best_is_baseline and result.table()[1] == _cfg(16)  # the engine's 16 rows win
+    assert not many.best_is_baseline  # a tie: a candidate timed as fast as the engine is kept
+    assert many.baseline is not None and many.baseline.config == _cfg(128)
+    # Both buckets: the engine's time over the table's is 1.0 where the table kept or tied it.
+    assert result.speedup_vs_baseline() == pytest.approx(1.0)
+    record = result.to_dict()["buckets"][0]
+    assert record["best_is_engine"] and record["engine"]["time_us"] == pytest.approx(
+        _model_bench(_cfg(16), 1)
+    )
+
+    # An engine running 128-row tiles everywhere: the table's 64 rows beat it at one token.
+    faster = mtu.tune(
+        mtu.plan(buckets, pool, budget=4, min_per_bucket=2), _model_bench, baseline=lambda tokens: _cfg(128)
+    )
+    engine_time = 0.5 * _model_bench(_cfg(128), 1) + 0.5 * _model_bench(_cfg(128), 256)
+    table_time = 0.5 * _model_bench(_cfg(64), 1) + 0.5 * _model_bench(_cfg(64), 256)
+    assert faster.speedup_vs_baseline() == pytest.approx(engine_time / table_time)
+    assert faster.speedup_vs_baseline() > 1.5
+
+    def broken(tokens: int) -> dict[str, int]:
+        raise RuntimeError("no such op in this vLLM")
+
+    plain = mtu.tune(mtu.plan(buckets, pool, budget=4, min_per_bucket=2), _model_bench, baseline=broken)
+    assert plain.speedup_vs_baseline() is None
+    assert all(c.baseline is not None and "no such op" in (c.baseline.error or "") for c in plain.choices)
+    assert plain.table() == {1: _cfg(64), 256: _cfg(64)}  # the candidates alone, first of a tie
+
+
 def test_runs_that_would_not_fit_are_refused_before_starting() -> None:
     shape = MoEShape(num_experts=128, shard_intermediate_size=768, hidden_size=2048, top_k=8)
     buckets = [TuneBucket(k, 1.0, ((k, 1.0),)) for k in (1, 4096)]
