@@ -552,6 +552,9 @@ SLA_EDGE_INGEST_TOKEN = env.str("SLA_EDGE_INGEST_TOKEN", "") or ""
 # Where engine hosts reach this portal for that ingest (the measuring proxy the local runner puts in
 # front of each endpoint posts to <this>/sla/edge/); unset, SITE_URL.
 SLA_EDGE_INGEST_BASE_URL = (env.str("SLA_EDGE_INGEST_BASE_URL", "") or SITE_URL).rstrip("/")
+# The image (with Tailguard installed) of the measuring proxy that Kubernetes pools run beside each
+# engine; unset, endpoints on a cluster are not measured at the edge (their SLA reports say so).
+EDGE_PROXY_IMAGE = env.str("EDGE_PROXY_IMAGE", "") or ""
 # Edge request records are kept this long (their month is closed and frozen long before: at
 # least 62 days, so the month before last is always still there to close).
 SLA_EDGE_RETENTION_DAYS = env.int("SLA_EDGE_RETENTION_DAYS", 100, minimum=62)

@@ -286,6 +286,7 @@ def runner_for(endpoint: Endpoint) -> EndpointRunner:
                 region=pool.k8s_region,
                 allowed_regions=frozenset(allowed_regions(organization=endpoint.organization)),
                 kubeconfig=pool.k8s_kubeconfig or None,
+                edge_image=settings.EDGE_PROXY_IMAGE or None,
             )
         )
     return LocalSupervisorRunner(Path(settings.ENDPOINTS_DIR), cwd=Path(settings.BASE_DIR))

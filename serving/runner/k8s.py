@@ -33,7 +33,7 @@ from serving.catalog.fit import ModelDoesNotFit, check_fit
 from serving.catalog.hardware import HARDWARE, Hardware, Region, UnknownHardware, get_hardware
 from serving.catalog.models import MODELS, ModelSpec, get_model
 from serving.engine.config import EngineConfig
-from serving.runner import k8s_tables
+from serving.runner import k8s_edge, k8s_tables
 from serving.runner.k8s_schema import (
     LWS_API_VERSION,
     LWS_KIND,
@@ -197,6 +197,8 @@ class EndpointSpec:
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     # tuned fused-MoE tables of this revision: a ConfigMap mounted into the pods (k8s_tables)
     moe_tables: k8s_tables.ShippedTables | None = None
+    # the SLA's measuring proxy in front of the engine in every serving pod (k8s_edge)
+    edge: k8s_edge.EdgeSidecar | None = None
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,11 @@ def _validate_names(spec: EndpointSpec) -> None:
         )
     if spec.image is not None and (not spec.image.strip() or any(c.isspace() for c in spec.image)):
         raise InvalidEndpointSpec(f"image {spec.image!r} is not an image reference", field="image")
+    if spec.edge is not None:
+        try:
+            k8s_edge.check(spec.edge, engine_port=ENGINE_PORT)
+        except k8s_edge.EdgeSidecarRefused as exc:
+            raise InvalidEndpointSpec(str(exc), field="edge") from exc
     for field_name, number in (
         ("cpu_per_device", spec.cpu_per_device),
         ("memory_gib_per_device", spec.memory_gib_per_device),
@@ -608,11 +615,11 @@ def _metadata(spec: EndpointSpec, placement: Placement) -> Any:
     return client.V1ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels_for(spec, placement))
 
 
-def _probe(*, period_s: int, failures: int) -> Any:
+def _probe(*, period_s: int, failures: int, port: str = "http") -> Any:
     from kubernetes import client
 
     return client.V1Probe(
-        http_get=client.V1HTTPGetAction(path=HEALTH_PATH, port="http", scheme="HTTP"),
+        http_get=client.V1HTTPGetAction(path=HEALTH_PATH, port=port, scheme="HTTP"),
         period_seconds=period_s,
         timeout_seconds=5,
         failure_threshold=failures,
@@ -690,12 +697,19 @@ def _pod_template(spec: EndpointSpec, placement: Placement, args: list[str], *, 
         resources=_resources(spec, placement),
         volume_mounts=mounts,
     )
+    containers = [container]
     if serving:
-        container.ports = [client.V1ContainerPort(name="http", container_port=ENGINE_PORT, protocol="TCP")]
+        # With the edge proxy, the Service's "http" is the proxy's port and the engine's is its own.
+        port = "engine" if spec.edge is not None else "http"
+        container.ports = [client.V1ContainerPort(name=port, container_port=ENGINE_PORT, protocol="TCP")]
         # Start-up may take the whole allowance (weights, compilation); liveness only counts after it.
-        container.startup_probe = _probe(period_s=10, failures=math.ceil(spec.startup_timeout_s / 10))
-        container.readiness_probe = _probe(period_s=5, failures=3)
-        container.liveness_probe = _probe(period_s=10, failures=6)
+        container.startup_probe = _probe(
+            period_s=10, failures=math.ceil(spec.startup_timeout_s / 10), port=port
+        )
+        container.readiness_probe = _probe(period_s=5, failures=3, port=port)
+        container.liveness_probe = _probe(period_s=10, failures=6, port=port)
+        if spec.edge is not None:
+            containers.append(k8s_edge.container(spec.edge, engine_port=ENGINE_PORT))
     affinity = None
     if placement.node_affinity:
         affinity = client.V1Affinity(
@@ -717,7 +731,7 @@ def _pod_template(spec: EndpointSpec, placement: Placement, args: list[str], *, 
     template = client.V1PodTemplateSpec(
         metadata=client.V1ObjectMeta(labels=labels),
         spec=client.V1PodSpec(
-            containers=[container],
+            containers=containers,
             volumes=volumes,
             node_selector=dict(placement.node_selector),
             affinity=affinity,

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from serving.engine.config import EngineConfig, InvalidEngineConfig
-from serving.runner import k8s
+from serving.runner import k8s, k8s_edge
 from serving.runner.base import (
     EndpointLaunch,
     MetricsReading,
@@ -51,6 +51,9 @@ class ClusterTarget:
     model_pvc: str | None = None
     image: str | None = None
     timeout_s: float = 30.0
+    # An image with Tailguard installed, for the SLA's measuring proxy beside each engine; without
+    # one the endpoint is not measured at the edge (its SLA report shows no edge figures).
+    edge_image: str | None = None
 
 
 class KubernetesRunner:
@@ -65,7 +68,23 @@ class KubernetesRunner:
         except k8s.NoClusterConfigured as exc:
             raise RunnerError(str(exc)) from exc
 
-    def _render(self, name: str, model: str, config: dict[str, Any]) -> k8s.RenderedEndpoint:
+    def _edge(self, name: str, launch: EndpointLaunch | None) -> k8s_edge.EdgeSidecar | None:
+        """The measuring proxy, where the portal asked for edge measurements and the target has an
+        image for it; the token is in the endpoint's Secret, beside its key."""
+        if launch is None or not (
+            launch.edge_ingest_url and launch.edge_ingest_token and self.target.edge_image
+        ):
+            return None
+        return k8s_edge.EdgeSidecar(
+            ingest_url=launch.edge_ingest_url,
+            endpoint_id=launch.endpoint_id,
+            image=self.target.edge_image,
+            token_secret=f"{name}-key",
+        )
+
+    def _render(
+        self, name: str, model: str, config: dict[str, Any], edge: k8s_edge.EdgeSidecar | None = None
+    ) -> k8s.RenderedEndpoint:
         try:
             spec = k8s.EndpointSpec(
                 name=name,
@@ -78,6 +97,7 @@ class KubernetesRunner:
                 image=self.target.image,
                 api_key_secret=f"{name}-key",
                 api_key_secret_key=API_KEY_FIELD,
+                edge=edge,
             )
             return k8s.render(spec)
         except (InvalidEngineConfig, k8s.K8sRenderError, k8s.ManifestSchemaError) as exc:
@@ -116,13 +136,17 @@ class KubernetesRunner:
 
     def start(self, launch: EndpointLaunch) -> RunnerHandle:
         name = object_name(launch.endpoint_id)
-        rendered = self._render(name, launch.model, launch.config)  # refused before anything is sent
+        edge = self._edge(name, launch)
+        rendered = self._render(name, launch.model, launch.config, edge)  # refused before anything is sent
+        data = {API_KEY_FIELD: base64.b64encode(launch.api_key.encode()).decode()}
+        if edge is not None:
+            data[edge.token_secret_key] = base64.b64encode(launch.edge_ingest_token.encode()).decode()
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": f"{name}-key", "namespace": self.target.namespace},
             "type": "Opaque",
-            "data": {API_KEY_FIELD: base64.b64encode(launch.api_key.encode()).decode()},
+            "data": data,
         }
         if self._call("GET", self._secret_path(name)) is None:
             self._call("POST", f"/api/v1/namespaces/{self.target.namespace}/secrets", secret)
@@ -139,11 +163,24 @@ class KubernetesRunner:
                 "name": name,
                 "workload": rendered.workload_kind,
                 "model": launch.model,
+                # A new configuration keeps the sidecar (the token stays in the Secret).
+                "edge": None
+                if edge is None
+                else {"ingest_url": edge.ingest_url, "image": edge.image, "endpoint_id": edge.endpoint_id},
             },
         )
 
     def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
-        rendered = self._render(str(handle.data["name"]), str(handle.data["model"]), config)
+        name, edge_data = str(handle.data["name"]), handle.data.get("edge")
+        edge = None
+        if isinstance(edge_data, dict):
+            edge = k8s_edge.EdgeSidecar(
+                ingest_url=str(edge_data["ingest_url"]),
+                endpoint_id=str(edge_data["endpoint_id"]),
+                image=str(edge_data["image"]),
+                token_secret=f"{name}-key",
+            )
+        rendered = self._render(name, str(handle.data["model"]), config, edge)
         try:
             k8s.apply(rendered, self.target.kubeconfig, timeout_s=self.target.timeout_s)
         except (k8s.NoClusterConfigured, k8s.ApplyFailed) as exc:

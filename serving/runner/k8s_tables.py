@@ -164,7 +164,8 @@ def mount(template: Any, tables: ShippedTables, *, endpoint: str) -> None:
             ),
         ),
     ]
-    for container in pod.containers:
+    # The engine's containers only (an edge proxy beside them has no use for the tables).
+    for container in (c for c in pod.containers if c.name != "edge"):
         container.volume_mounts = [
             *(container.volume_mounts or []),
             client.V1VolumeMount(name=VOLUME_NAME, mount_path=TABLES_MOUNT, read_only=True),
