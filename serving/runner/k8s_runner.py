@@ -68,12 +68,10 @@ class KubernetesRunner:
         except k8s.NoClusterConfigured as exc:
             raise RunnerError(str(exc)) from exc
 
-    def _edge(self, name: str, launch: EndpointLaunch | None) -> k8s_edge.EdgeSidecar | None:
+    def _edge(self, name: str, launch: EndpointLaunch) -> k8s_edge.EdgeSidecar | None:
         """The measuring proxy, where the portal asked for edge measurements and the target has an
         image for it; the token is in the endpoint's Secret, beside its key."""
-        if launch is None or not (
-            launch.edge_ingest_url and launch.edge_ingest_token and self.target.edge_image
-        ):
+        if not (launch.edge_ingest_url and launch.edge_ingest_token and self.target.edge_image):
             return None
         return k8s_edge.EdgeSidecar(
             ingest_url=launch.edge_ingest_url,
