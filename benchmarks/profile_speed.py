@@ -2,12 +2,14 @@
 
 Generates (in a temporary directory) a 1,000,000-request Mooncake trace and an Azure CSV of the
 same size, both synthesized from the public samples in data/traces (so lengths, gaps and
-prefix structure look like real traffic), then profiles each file in a fresh subprocess, three
-times (the summary takes the fastest: the cores are shared, and other work only slows a run
-down). The subprocess reports its own peak RSS (VmHWM: that run alone, the interpreter and numpy
-included), the wall and CPU time of the ingest call and the load average.
+prefix structure look like real traffic), then profiles each file in a fresh subprocess,
+`--runs` times, the two files interleaved (A B A B ...). The subprocess reports its own peak RSS
+(VmHWM: that run alone, the interpreter and numpy included), the wall and CPU time of the ingest
+call and the load average. The summary gives each file's median wall time and median peak RSS
+with 95% bootstrap intervals over the runs (`benchmarks/_stats.py`).
 
-Targets on the 2-core development machine: <= 10 s and <= 400 MB per file.
+Targets on the 2-core development machine: <= 10 s and <= 400 MB per file (met when the
+interval's upper end is within them).
 
     .venv/bin/python benchmarks/profile_speed.py            # writes benchmarks/results/profile_speed.json
 """
@@ -18,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,12 +33,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import git_state, machine_facts  # noqa: E402
+from benchmarks._stats import interval  # noqa: E402
 from tuning import __version__  # noqa: E402
 from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noqa: E402
 
 TARGET_S = 10.0
 TARGET_MB = 400.0
-RUNS = 3
+RUNS = 7
 
 # Runs in a fresh interpreter: profile one file, report time and this process's peak RSS.
 # Peak RSS is VmHWM from /proc, which belongs to the process's own address space. getrusage's
@@ -129,40 +131,57 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "profile_speed.json")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
+    if not 1 <= args.runs <= 50:
+        parser.error("--runs must be between 1 and 50")
     cases: list[dict[str, Any]] = []
-    summary: dict[str, float] = {}
+    summary: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-") as tmp:
         files = {
             "mooncake": (Path(tmp) / "mooncake_1m.jsonl", _make_mooncake),
             "azure": (Path(tmp) / "azure_1m.csv", _make_azure),
         }
-        for name, (path, make) in files.items():
+        for path, make in files.values():
             make(args.traces, path, args.requests, rng)
-            runs = [_measure(path, name) for _ in range(args.runs)]
-            # The fastest run is the one least disturbed by other work on the shared cores.
-            wall_s = min(run["ingest_s"] for run in runs)
-            peak_mb = max(run["peak_mb"] for run in runs)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in files}
+        for i in range(args.runs):
+            # Interleaved, the order alternating by round: drift in the machine's load falls on both.
+            order = list(files) if i % 2 == 0 else list(reversed(files))
+            for name in order:
+                runs[name].append(_measure(files[name][0], name))
+        for name, (path, _) in files.items():
+            wall = interval([r["ingest_s"] for r in runs[name]], digits=3)
+            peak = interval([r["peak_mb"] for r in runs[name]], digits=1)
+            peak_max = max(r["peak_mb"] for r in runs[name])
+            wall_high = wall["ci_high"] if wall["ci_high"] is not None else wall["value"]
             cases.append(
                 {
                     "name": f"{name}_1m",
                     "format": name,
-                    "requests": runs[0]["num_requests"],
+                    "requests": runs[name][0]["num_requests"],
                     "file_mb": round(path.stat().st_size / 2**20, 1),
-                    "ingest_s_min_of_runs": round(wall_s, 3),
-                    "ingest_s_median_of_runs": round(statistics.median(r["ingest_s"] for r in runs), 3),
-                    "cpu_s_min_of_runs": round(min(r["cpu_s"] for r in runs), 3),
-                    "peak_rss_mb_max_of_runs": round(peak_mb, 1),
-                    "interpreter_and_imports_mb": round(runs[0]["baseline_mb"], 1),
-                    "runs": [{k: round(v, 3) for k, v in run.items()} for run in runs],
+                    "ingest_s_median": wall,
+                    "ingest_s_min_of_runs": round(min(r["ingest_s"] for r in runs[name]), 3),
+                    "cpu_s_median": interval([r["cpu_s"] for r in runs[name]], digits=3),
+                    "peak_rss_mb_median": peak,
+                    "peak_rss_mb_max_of_runs": round(peak_max, 1),
+                    "interpreter_and_imports_mb": round(runs[name][0]["baseline_mb"], 1),
+                    "runs": [{k: round(v, 3) for k, v in run.items()} for run in runs[name]],
                     "target_s": TARGET_S,
                     "target_mb": TARGET_MB,
-                    "meets_targets": wall_s <= TARGET_S and peak_mb <= TARGET_MB,
+                    "meets_targets": wall_high is not None
+                    and wall_high <= TARGET_S
+                    and peak_max <= TARGET_MB,
                 }
             )
-            summary[f"{name}_1m_s"] = round(wall_s, 3)
-            summary[f"{name}_1m_peak_mb"] = round(peak_mb, 1)
-            size_mib = path.stat().st_size / 2**20
-            print(f"{name}: {wall_s:.2f} s, {peak_mb:.0f} MB peak RSS ({size_mib:.0f} MiB file)")
+            for key, fig in (("s", wall), ("peak_mb", peak)):
+                summary[f"{name}_1m_{key}"] = fig["value"]
+                summary[f"{name}_1m_{key}_ci_low"] = fig["ci_low"]
+                summary[f"{name}_1m_{key}_ci_high"] = fig["ci_high"]
+            print(
+                f"{name}: median {wall['value']} s (95% {wall['ci_low']}-{wall['ci_high']}), "
+                f"{peak['value']} MB peak RSS, {path.stat().st_size / 2**20:.0f} MiB file"
+            )
+        summary["runs_per_file"] = args.runs
     result = {
         "machine": machine_facts(),
         **git_state(REPO),
@@ -174,9 +193,9 @@ def main() -> None:
         "cases": cases,
         "notes": "Traces synthesized (tuning.workload.synthesize) from data/traces: Mooncake FAST'25 "
         "synthetic trace (kvcache-ai/Mooncake, Apache-2.0) and Azure LLM inference trace 2023 conversation "
-        "(Azure/AzurePublicDataset, CC-BY 4.0). Wall time is the ingest call in a fresh process (fastest of "
-        f"{args.runs}; median and CPU time in cases); peak RSS is that process's VmHWM (max of {args.runs}). The machine's 2 cores are "
-        "shared with other work, so times vary with load.",
+        "(Azure/AzurePublicDataset, CC-BY 4.0). Wall time is the ingest call in a fresh process, peak RSS "
+        f"that process's VmHWM; medians of {args.runs} interleaved runs per file with 95% bootstrap intervals "
+        "over the runs (fastest run, CPU time and the largest peak in cases). Load average per run in cases.",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
