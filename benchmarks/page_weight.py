@@ -63,6 +63,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import git_state, machine_facts  # noqa: E402
 from benchmarks._machine import versions as common_versions  # noqa: E402
+from benchmarks._stats import interval  # noqa: E402
 from benchmarks.portal_load import free_port, stop, wait_until_up  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "page_weight.json"
@@ -344,20 +345,12 @@ def time_first_chart(browser: Any, session: Any, base: str, path: str, repeats: 
     }
 
 
-def _median_interval(values: list[float | None], rounds: int = 2000) -> dict[str, float | None]:
+def _median_interval(values: list[float | None]) -> dict[str, float | None]:
     """The median of `values` with a 95% bootstrap interval (the loads resampled); a load that
     drew no chart makes the figure unknown (None)."""
     if not values or any(v is None for v in values):
         return {"value": None, "ci_low": None, "ci_high": None}
-    arr = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(0)
-    draws = np.median(arr[rng.integers(0, len(arr), (rounds, len(arr)))], axis=1)
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return {
-        "value": round(float(np.median(arr)), 3),
-        "ci_low": round(float(low), 3),
-        "ci_high": round(float(high), 3),
-    }
+    return interval([float(v) for v in values if v is not None], digits=3)
 
 
 def measure(
