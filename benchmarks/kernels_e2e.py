@@ -428,9 +428,23 @@ def vllm_kernel(
             inputs[tokens] = (x, (w / w.sum(dim=1, keepdim=True)).float(), ids.to(torch.int32))
         return inputs[tokens]
 
+    import vllm.model_executor.layers.fused_moe as vllm_fused_moe
+
+    @contextlib.contextmanager
+    def configured(cfg: Mapping[str, int] | None) -> Any:
+        # vLLM's override_config puts the previous configuration back only when its block exits
+        # cleanly: a candidate that fails inside it (out of shared memory, say) would stay in
+        # force for every later call, vLLM's own choice included. So it is put back here.
+        before = vllm_fused_moe.get_config()
+        try:
+            with override_config(None if cfg is None else dict(cfg)):
+                yield
+        finally:
+            vllm_fused_moe._config = before
+
     def run(cfg: Mapping[str, int], tokens: int) -> Any:
         x, w, ids = inp(tokens)
-        with override_config(dict(cfg)):
+        with configured(cfg):
             return fused_experts(x, w1, w2, w, ids)
 
     def reference(tokens: int) -> Any:
@@ -473,7 +487,8 @@ def vllm_kernel(
         from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
 
         def engine_config_at(tokens: int) -> Mapping[str, int]:
-            return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, None, tokens))
+            with configured(None):  # no override in force: the engine's own table or default
+                return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, None, tokens))
 
         engine_config_at(8)
     except Exception as exc:

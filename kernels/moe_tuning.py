@@ -342,12 +342,23 @@ class TuneResult:
             den += choice.bucket.weight * best.time_us
         return num / den if den else None
 
+    def baseline_coverage(self) -> float:
+        """The traffic weight of the buckets where the engine's own configuration was timed (the
+        share `speedup_vs_baseline` speaks for; an engine configuration that failed to run is
+        not timed)."""
+        return sum(
+            c.bucket.weight
+            for c in self.choices
+            if c.baseline is not None and c.baseline.time_us is not None and c.best is not None
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "complete": self.complete,
             "plan": self.plan.to_dict(),
             "weighted_time_us": self.weighted_time_us(),
             "kernel_speedup_vs_engine": self.speedup_vs_baseline(),
+            "kernel_speedup_vs_engine_weight_covered": round(self.baseline_coverage(), 4),
             "buckets": [
                 {
                     "key": c.bucket.key,

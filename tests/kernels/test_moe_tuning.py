@@ -181,6 +181,8 @@ def test_the_engines_own_configuration_is_timed_and_kept_where_nothing_beats_it(
 
     plain = mtu.tune(mtu.plan(buckets, pool, budget=4, min_per_bucket=2), _model_bench, baseline=broken)
     assert plain.speedup_vs_baseline() is None
+    assert plain.baseline_coverage() == 0.0 and result.baseline_coverage() == pytest.approx(1.0)
+    assert plain.to_dict()["kernel_speedup_vs_engine_weight_covered"] == 0.0
     assert all(c.baseline is not None and "no such op" in (c.baseline.error or "") for c in plain.choices)
     assert plain.table() == {1: _cfg(64), 256: _cfg(64)}  # the candidates alone, first of a tie
 
