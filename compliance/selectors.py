@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Count, Max, QuerySet
 from django.utils import timezone
 
-from compliance import chain
+from compliance import chain, endpoint_sla
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, RetentionPolicy, StoredObject
 
 
@@ -228,20 +228,9 @@ def sla_terms_list(*, organization: Any) -> Any:
     return SLATerms.objects.filter(organization=organization).select_related("endpoint")
 
 
-def endpoint_sla_rows(*, organization: Any) -> list[dict[str, Any]]:
-    """Each of the organization's endpoints with its SLA terms and this month's result."""
-    from portal.endpoints.models import Endpoint
-
-    rows = []
-    for endpoint in Endpoint.objects.filter(organization=organization).order_by("name"):
-        terms = sla_terms_get(endpoint=endpoint)
-        report = sla_report(terms=terms) if terms is not None else None
-        rows.append({"endpoint": endpoint, "terms": terms, "report": report})
-    return rows
-
-
 def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[dict[str, Any]]:
-    """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only)."""
+    """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only; the
+    endpoints' rows are portal.sla's: `compliance.endpoint_sla`)."""
     from portal.accounts.models import Organization
 
     rows = []
@@ -252,7 +241,7 @@ def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[di
         effective = baa_effective(organization=organization)
         if (baa == "yes" and effective is None) or (baa == "no" and effective is not None):
             continue
-        endpoints = endpoint_sla_rows(organization=organization)
+        endpoints = endpoint_sla.endpoint_sla_rows(organization=organization)
         if sla_status:
             endpoints = [
                 e

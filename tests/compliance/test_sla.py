@@ -282,6 +282,37 @@ def test_client_observed_terms_without_client_data_show_gaps(alice, alice_org) -
 
 
 @pytest.mark.django_db
+def test_the_compliance_pages_terms_form(alice, alice_org, alice_client, bob_client, charlie_client) -> None:  # type: ignore[no-untyped-def]
+    """The compliance page lists each endpoint with its terms and this month's result; its form
+    (handled by portal.sla, at `compliance:sla_terms`) sets them for an admin, is refused to a
+    lesser role, answers 404 for another tenant's endpoint, and shows the page again on bad input."""
+    from django.urls import reverse
+
+    from compliance.models import AuditEvent, SLATerms
+
+    endpoint = _endpoint(alice_org, name="voice-agent")
+    _snapshots(endpoint, datetime.now(UTC) - timedelta(minutes=30), [500.0] * 20)
+    url = reverse("compliance:sla_terms")
+    assert url == "/compliance/sla/"
+    body = {"endpoint": str(endpoint.id), "metric": "ttft_p50_ms", "target_ms": "800"}
+
+    assert charlie_client.post(url, body).status_code == 404
+    assert bob_client.post(url, body).status_code == 403
+    assert not SLATerms.objects.exists()
+    bad = alice_client.post(url, body | {"target_ms": "0"})
+    assert bad.status_code == 400 and "SLAs (this month, UTC)" in bad.content.decode()
+    assert not SLATerms.objects.exists()
+
+    response = alice_client.post(url, body)
+    assert response.status_code == 302 and response["Location"] == reverse("compliance:overview")
+    terms = SLATerms.objects.get(endpoint=endpoint)
+    assert (terms.metric, terms.target_ms) == ("ttft_p50_ms", 800.0)
+    assert AuditEvent.objects.filter(action="sla.terms_set", organization=alice_org).count() == 1
+    page = alice_client.get(reverse("compliance:overview")).content.decode()
+    assert "voice-agent" in page and "TTFT p50 &le; 800 ms" in page
+
+
+@pytest.mark.django_db
 def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_client, charlie) -> None:  # type: ignore[no-untyped-def]
     from django.test import Client
     from django.urls import reverse
