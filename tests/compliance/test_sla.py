@@ -252,14 +252,15 @@ def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: igno
     from compliance import services
     from compliance.models import AuditEvent, SLAWindowReport
     from portal.endpoints.models import Endpoint, MetricSnapshot
+    from portal.sla import services as sla_services
 
     endpoint = _endpoint(alice_org)
     Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
     _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 60)
     services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
     now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
-    assert services.sla_windows_close(now=now) == 1
-    assert services.sla_windows_close(now=now) == 0
+    assert sla_services.sla_windows_close(now=now) == 1
+    assert sla_services.sla_windows_close(now=now) == 0
     stored = SLAWindowReport.objects.get()
     assert stored.window_start == datetime(2026, 10, 1, tzinfo=UTC)
     assert stored.result["compliant_s"] == 3600
