@@ -34,6 +34,7 @@ from portal.accounts.models import Membership, Role, User
 from portal.alerts.models import AlertKind
 from portal.alerts.services import alert_raise
 from portal.billing.services import invoice_credit_add
+from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint
 from portal.sla import selectors
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
@@ -755,7 +756,7 @@ def sla_windows_close(*, now: datetime | None = None) -> int:
 
 
 def _sla_window_store(terms: SLATerms, window_start: datetime, now: datetime) -> int:
-    report = compliance_selectors.sla_report(terms=terms, moment=window_start, now=now)
+    report = endpoint_selectors.sla_report(terms=terms, moment=window_start, now=now)
     result = compliance_selectors.sla_report_json(report, terms)
     with transaction.atomic():
         _, created = SLAWindowReport.objects.get_or_create(

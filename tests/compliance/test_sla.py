@@ -273,7 +273,8 @@ def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: igno
 
 @pytest.mark.django_db
 def test_client_observed_terms_without_client_data_show_gaps(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    from compliance import selectors, services
+    from compliance import services
+    from portal.endpoints import selectors
 
     endpoint = _endpoint(alice_org)
     _snapshots(endpoint, datetime(2026, 11, 1, tzinfo=UTC), [500.0] * 60)
@@ -349,7 +350,8 @@ def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_clie
 def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_change(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
     from django.conf import settings as django_settings
 
-    from compliance import selectors, services
+    from compliance import services
+    from portal.endpoints import selectors
     from portal.endpoints.models import MetricSnapshot
 
     selectors.settled_clear()
@@ -362,7 +364,7 @@ def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_chang
     def one_pass():  # type: ignore[no-untyped-def]
         start, end = sla.month_window(now)
         return sla.evaluate(
-            selectors._measurements(terms, start, end),
+            selectors._terms_measurements(terms, start, end),
             target_ms=terms.target_ms,
             window_start=start,
             window_end=end,
