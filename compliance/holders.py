@@ -37,7 +37,10 @@ class DataHolder:
     - `remove_files(organization)` removes files the app keeps outside the database;
     - `count(organization)` reports what the deletion removes, for its audit event;
     - `delete_rows(organization)` deletes rows that the organization's cascade would not take in
-      the right order (holders run in ascending `order`).
+      the right order (holders run in ascending `order`);
+    - `freeze(now)` runs once per retention run, before any holder expires anything in any
+      organization: it stores the results that are computed from data retention may remove
+      (portal.sla freezes the SLA windows that ended before `now`).
     """
 
     name: str
@@ -48,6 +51,7 @@ class DataHolder:
     remove_files: Callable[[Any], None] | None = None
     count: Callable[[Any], dict[str, int]] | None = None
     delete_rows: Callable[[Any], None] | None = None
+    freeze: Callable[[datetime], object] | None = None
 
 
 _HOLDERS: dict[str, DataHolder] = {}

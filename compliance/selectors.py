@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import OrderedDict
 from datetime import date
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from compliance import chain
+from compliance import chain, endpoint_sla
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, RetentionPolicy, StoredObject
 
 
@@ -98,104 +96,6 @@ def sla_terms_get(*, endpoint: Any) -> Any:
     return SLATerms.objects.filter(endpoint=endpoint, organization=endpoint.organization_id).first()
 
 
-def _snapshots(terms: Any, since: Any, until: Any) -> Any:
-    from portal.endpoints.models import MetricSnapshot
-
-    return MetricSnapshot.objects.filter(
-        endpoint_id=terms.endpoint_id, taken_at__gte=since, taken_at__lt=until
-    )
-
-
-def _measurements(terms: Any, start: Any, end: Any) -> list[Any]:
-    """The snapshots that can touch [start, end) (from `lookaround` before to after it)."""
-    from compliance import sla
-
-    if terms.source != terms.Source.ENGINE:
-        # No client-observed series is recorded yet: the whole window is a gap, shown as one.
-        return []
-    margin = sla.lookaround(settings.COMPLIANCE_SLA_MAX_INTERVAL_S)
-    rows = _snapshots(terms, start - margin, end + margin).values_list("taken_at", "gap", terms.metric)
-    return [sla.Measurement(taken_at=t, value_ms=v, gap=g) for t, g, v in rows]
-
-
-# The current window's judged beginning, per SLA terms and hour. A month-to-date report reads
-# and judges every snapshot of the month (tens of thousands per endpoint); the endpoint and
-# compliance pages ask for it on every refresh. Snapshots are appended as they are scraped, so
-# the month up to an hour that is well past stays as judged; only the last hour or so is
-# judged again. A settled part is reused only while the snapshots it was judged from are
-# unchanged (their count and newest moment, one indexed aggregate), so a backfill or a
-# retention purge re-judges it.
-_SETTLED_KEEP = 512
-_settled: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-_settled_lock = threading.Lock()
-
-
-def _settled_beginning(terms: Any, start: Any, now: Any) -> Any:
-    """The judged [start, cut) of the window, cut the hour before now less twice the gap
-    limit, or None when the window is too young to have a settled beginning."""
-    from compliance import sla
-
-    margin = sla.lookaround(settings.COMPLIANCE_SLA_MAX_INTERVAL_S)
-    cut = (now - 2 * margin).replace(minute=0, second=0, microsecond=0)
-    if cut <= start or terms.source != terms.Source.ENGINE:
-        return None
-    marks = _snapshots(terms, start - margin, cut + margin).aggregate(n=Count("id"), last=Max("taken_at"))
-    key = (
-        terms.pk,
-        terms.metric,
-        terms.source,
-        float(terms.target_ms),
-        float(settings.COMPLIANCE_SLA_MAX_INTERVAL_S),
-        start,
-        cut,
-        marks["n"],
-        marks["last"],
-    )
-    with _settled_lock:
-        found = _settled.get(key)
-        if found is not None:
-            _settled.move_to_end(key)
-            return found
-    found = sla.settle(
-        _measurements(terms, start, cut),
-        target_ms=terms.target_ms,
-        window_start=start,
-        until=cut,
-        max_interval_s=settings.COMPLIANCE_SLA_MAX_INTERVAL_S,
-    )
-    with _settled_lock:
-        _settled[key] = found
-        while len(_settled) > _SETTLED_KEEP:
-            _settled.popitem(last=False)
-    return found
-
-
-def settled_clear() -> None:
-    """Forget every kept window beginning (tests that count reads start from nothing)."""
-    with _settled_lock:
-        _settled.clear()
-
-
-def sla_report(*, terms: Any, moment: Any = None, now: Any = None) -> Any:
-    """The SLA window containing `moment` (default: now), computed from stored snapshots."""
-    from compliance import sla
-
-    current = now or timezone.now()
-    start, end = sla.month_window(moment or current)
-    settled = _settled_beginning(terms, start, current) if start <= current < end else None
-    return sla.evaluate(
-        _measurements(terms, settled.until if settled else start, end),
-        target_ms=terms.target_ms,
-        window_start=start,
-        window_end=end,
-        now=current,
-        tiers=[sla.CreditTier(float(t["below_pct"]), float(t["credit_pct"])) for t in terms.credit_tiers],
-        max_interval_s=settings.COMPLIANCE_SLA_MAX_INTERVAL_S,
-        min_coverage_pct=terms.min_coverage_pct,
-        settled=settled,
-    )
-
-
 def sla_report_json(report: Any, terms: Any) -> dict[str, Any]:
     def span(s: Any) -> dict[str, Any]:
         return {"start": s.start.isoformat(), "end": s.end.isoformat(), "worst_ms": s.worst_ms}
@@ -228,20 +128,9 @@ def sla_terms_list(*, organization: Any) -> Any:
     return SLATerms.objects.filter(organization=organization).select_related("endpoint")
 
 
-def endpoint_sla_rows(*, organization: Any) -> list[dict[str, Any]]:
-    """Each of the organization's endpoints with its SLA terms and this month's result."""
-    from portal.endpoints.models import Endpoint
-
-    rows = []
-    for endpoint in Endpoint.objects.filter(organization=organization).order_by("name"):
-        terms = sla_terms_get(endpoint=endpoint)
-        report = sla_report(terms=terms) if terms is not None else None
-        rows.append({"endpoint": endpoint, "terms": terms, "report": report})
-    return rows
-
-
 def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[dict[str, Any]]:
-    """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only)."""
+    """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only; the
+    endpoints' rows are portal.sla's: `compliance.endpoint_sla`)."""
     from portal.accounts.models import Organization
 
     rows = []
@@ -252,7 +141,7 @@ def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[di
         effective = baa_effective(organization=organization)
         if (baa == "yes" and effective is None) or (baa == "no" and effective is not None):
             continue
-        endpoints = endpoint_sla_rows(organization=organization)
+        endpoints = endpoint_sla.endpoint_sla_rows(organization=organization)
         if sla_status:
             endpoints = [
                 e

@@ -723,8 +723,11 @@ def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
     for holder in registered:
         counts.update({name: 0 for name in holder.counts})
     store = get_store()
-    # Closed SLA windows are frozen before any of their snapshots can go.
-    sla_windows_close(now=moment)
+    # What is computed from data that may go now (closed SLA windows, from their snapshots) is
+    # stored before any holder expires anything.
+    for holder in registered:
+        if holder.freeze is not None:
+            holder.freeze(moment)
     for organization in Organization.objects.all().iterator():
         retention = selectors.retention_settings(organization=organization)
         cutoffs = holders.RetentionCutoffs(
@@ -944,59 +947,6 @@ def _tiers_key(tiers: list[dict[str, float]]) -> list[tuple[float, float]] | Non
         return sorted((float(t["below_pct"]), float(t["credit_pct"])) for t in tiers)
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def sla_windows_close(*, now: datetime | None = None) -> int:
-    """Freezes the result of every SLA window that has ended and is not stored yet: each month
-    from the endpoint's first to the previous one (normally just the previous month, right after
-    it closes). Idempotent. Returns how many were stored."""
-    from compliance import sla
-    from compliance.models import SLATerms, SLAWindowReport
-
-    current = now or timezone.now()
-    this_start, _ = sla.month_window(current)
-    stored = 0
-    for terms in SLATerms.objects.select_related("endpoint").iterator():
-        done = set(SLAWindowReport.objects.filter(terms=terms).values_list("window_start", flat=True))
-        window_start, window_end = sla.month_window(terms.endpoint.created_at)
-        while window_end <= this_start:
-            if window_start not in done:
-                stored += _sla_window_store(terms, window_start, current)
-            window_start, window_end = sla.month_window(window_end)
-    return stored
-
-
-def _sla_window_store(terms: Any, window_start: datetime, now: datetime) -> int:
-    from compliance.models import SLAWindowReport
-
-    report = selectors.sla_report(terms=terms, moment=window_start, now=now)
-    result = selectors.sla_report_json(report, terms)
-    with transaction.atomic():
-        _, created = SLAWindowReport.objects.get_or_create(
-            terms=terms,
-            window_start=report.window_start,
-            defaults={
-                "organization_id": terms.organization_id,
-                "window_end": report.window_end,
-                "result": result,
-            },
-        )
-        if not created:
-            return 0
-        audit_record(
-            actor=None,
-            organization=terms.organization_id,
-            action="sla.window_close",
-            target=terms,
-            data={
-                "window_start": result["window_start"],
-                "status": result["status"],
-                "compliance_pct": result["compliance_pct"],
-                "credit_pct": result["credit_pct"],
-            },
-            after=result,
-        )
-    return 1
 
 
 def residency_require_hardware(*, organization: Any, hardware: str, doing: str) -> None:

@@ -31,8 +31,3 @@ def audit_anchor() -> dict[str, int]:
     from compliance.anchor import audit_anchor_write
 
     return audit_anchor_write()
-
-
-@shared_task
-def sla_windows_close() -> int:
-    return services.sla_windows_close()

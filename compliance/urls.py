@@ -13,7 +13,6 @@ urlpatterns = [
     path("baa/countersign/", views.baa_countersign, name="baa_countersign"),
     path("audit/export/", views.audit_export, name="audit_export"),
     path("organization/delete/", views.organization_delete, name="organization_delete"),
-    path("sla/", views.sla_terms, name="sla_terms"),
     path("console/", views.console, name="console"),
     path("2fa/", views.two_factor, name="two_factor"),
 ]

@@ -12,7 +12,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from compliance import selectors, services
+from compliance import endpoint_sla, selectors, services
 from compliance.forms import (
     BAACountersignForm,
     BAAForm,
@@ -29,7 +29,9 @@ from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 
 
-def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpResponse:
+def overview_page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpResponse:
+    """The compliance page, with the forms given (bound, with their errors) in place of empty ones.
+    Its SLA form posts to portal.sla (`sla_terms` there), which shows the page again this way."""
     organization = request.membership.organization  # type: ignore[attr-defined]
     regions = selectors.allowed_regions(organization=organization)
     retention = selectors.retention_settings(organization=organization)
@@ -44,7 +46,7 @@ def _page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpRe
         "retention_form": forms.get("retention_form") or RetentionForm(initial=retention),
         "baa_form": forms.get("baa_form") or BAAForm(),
         "delete_form": forms.get("delete_form") or OrganizationDeleteForm(),
-        "sla_rows": selectors.endpoint_sla_rows(organization=organization),
+        "sla_rows": endpoint_sla.endpoint_sla_rows(organization=organization),
         "sla_form": forms.get("sla_form") or SLATermsForm(),
         # Forms are shown to the roles that may use them (the services check again).
         "can_admin": request.membership.has_role("admin"),  # type: ignore[attr-defined]
@@ -61,7 +63,7 @@ def _apply(form: object, exc: Exception) -> None:
 @member_required
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
-    return _page(request)
+    return overview_page(request)
 
 
 @member_required
@@ -80,7 +82,7 @@ def residency(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, "Data residency updated.")
             return redirect("compliance:overview")
-    return _page(request, status=400, residency_form=form)
+    return overview_page(request, status=400, residency_form=form)
 
 
 @member_required
@@ -99,7 +101,7 @@ def retention(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, "Retention updated.")
             return redirect("compliance:overview")
-    return _page(request, status=400, retention_form=form)
+    return overview_page(request, status=400, retention_form=form)
 
 
 @member_required
@@ -125,7 +127,7 @@ def baa_create(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, "BAA recorded.")
             return redirect("compliance:overview")
-    return _page(request, status=413 if too_large else 400, baa_form=form)
+    return overview_page(request, status=413 if too_large else 400, baa_form=form)
 
 
 @member_required
@@ -176,28 +178,7 @@ def organization_delete(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, "The organization and all its data were deleted.")
             return redirect("accounts:dashboard")
-    return _page(request, status=400, delete_form=form)
-
-
-@member_required
-@require_POST
-def sla_terms(request: HttpRequest) -> HttpResponse:
-    from portal.endpoints.models import Endpoint
-
-    form = SLATermsForm(request.POST)
-    if form.is_valid():
-        data = dict(form.cleaned_data)
-        endpoint = get_object_for_member(
-            request, Endpoint.objects.select_related("organization"), data.pop("endpoint")
-        )
-        try:
-            services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
-        except ValidationError as exc:
-            _apply(form, exc)
-        else:
-            messages.success(request, f"SLA terms saved for {endpoint.name}.")
-            return redirect("compliance:overview")
-    return _page(request, status=400, sla_form=form)
+    return overview_page(request, status=400, delete_form=form)
 
 
 @login_required

@@ -473,7 +473,7 @@ CELERY_BEAT_SCHEDULE["compliance-audit-anchor"] = {
 # How long an anchor stays undeletable where the bucket has S3 Object Lock (compliance mode).
 COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS = env.int("COMPLIANCE_AUDIT_ANCHOR_RETENTION_DAYS", 7 * 366, minimum=1)
 CELERY_BEAT_SCHEDULE["compliance-sla-close"] = {
-    "task": "compliance.tasks.sla_windows_close",
+    "task": "portal.sla.tasks.sla_windows_close",
     "schedule": 3600.0,
 }
 # Snapshots further apart than this leave a gap between them (the scraper was away).

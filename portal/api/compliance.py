@@ -22,6 +22,7 @@ from portal.accounts.models import Organization, Role
 from portal.api import fields as api_fields
 from portal.api.base import TenantScopedMixin
 from portal.api.parsers import LimitedMultiPartParser, StrictJSONParser
+from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint
 
 
@@ -290,7 +291,7 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
             report, frozen = stored.result, True
         else:
             report, frozen = (
-                selectors.sla_report_json(selectors.sla_report(terms=terms, moment=moment), terms),
+                selectors.sla_report_json(endpoint_selectors.sla_report(terms=terms, moment=moment), terms),
                 False,
             )
         return {"terms": SLATermsSerializer(terms).data, "report": report, "frozen": frozen}

@@ -1,5 +1,6 @@
 """Reads of SLA agreements and their figures: the edge report (exact, from the request records)
-and, beside it, the engine's own figure (from the scraped histogram snapshots)."""
+and, beside it, the engine's own figure (from the scraped histogram snapshots); and each
+endpoint's own monitoring targets (compliance's SLA terms) with this month's result."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from compliance import edge, sla
+from compliance import selectors as compliance_selectors
+from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint, MetricSnapshot
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
 
@@ -233,6 +236,17 @@ def sla_window(
         },
         "engine": _engine_figure(agreement, window_start, window_end, now),
     }
+
+
+def endpoint_sla_rows(*, organization: Any) -> list[dict[str, Any]]:
+    """Each of the organization's endpoints with its own monitoring targets (SLA terms) and this
+    month's result: the rows of the compliance page and console (`compliance.endpoint_sla`)."""
+    rows = []
+    for endpoint in Endpoint.objects.filter(organization=organization).order_by("name"):
+        terms = compliance_selectors.sla_terms_get(endpoint=endpoint)
+        report = endpoint_selectors.sla_report(terms=terms) if terms is not None else None
+        rows.append({"endpoint": endpoint, "terms": terms, "report": report})
+    return rows
 
 
 def console_rows(*, limit: int = 500) -> list[dict[str, Any]]:

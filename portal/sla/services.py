@@ -1,5 +1,6 @@
 """Writes of SLA agreements: proposing and signing terms, recording edge measurements, closing
-periods into credits on the invoice, and raising SLA alerts.
+periods into credits on the invoice, and raising SLA alerts; and freezing the months of each
+endpoint's own monitoring targets (compliance's SLA terms).
 
 Who may do what:
 - the provider is a platform admin (staff role `platform_admin`, or a superuser); it proposes full
@@ -25,11 +26,15 @@ from django.db.models import Max
 from django.utils import timezone
 
 from compliance import edge, sla
+from compliance import selectors as compliance_selectors
+from compliance.holders import DataHolder
+from compliance.models import SLATerms, SLAWindowReport
 from compliance.services import audit_record, is_provider
 from portal.accounts.models import Membership, Role, User
 from portal.alerts.models import AlertKind
 from portal.alerts.services import alert_raise
 from portal.billing.services import invoice_credit_add
+from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint
 from portal.sla import selectors
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
@@ -728,3 +733,63 @@ def sla_alerts_check(*, now: datetime | None = None) -> int:
                     is not None
                 )
     return raised
+
+
+# --- Monitoring targets: the months of compliance's SLA terms ---------------------------------------
+
+
+def sla_windows_close(*, now: datetime | None = None) -> int:
+    """Freezes the result of every SLA terms' window that has ended and is not stored yet: each
+    month from the endpoint's first to the previous one (normally just the previous month, right
+    after it closes). Idempotent. Returns how many were stored."""
+    current = now or timezone.now()
+    this_start, _ = sla.month_window(current)
+    stored = 0
+    for terms in SLATerms.objects.select_related("endpoint").iterator():
+        done = set(SLAWindowReport.objects.filter(terms=terms).values_list("window_start", flat=True))
+        window_start, window_end = sla.month_window(terms.endpoint.created_at)
+        while window_end <= this_start:
+            if window_start not in done:
+                stored += _sla_window_store(terms, window_start, current)
+            window_start, window_end = sla.month_window(window_end)
+    return stored
+
+
+def _sla_window_store(terms: SLATerms, window_start: datetime, now: datetime) -> int:
+    report = endpoint_selectors.sla_report(terms=terms, moment=window_start, now=now)
+    result = compliance_selectors.sla_report_json(report, terms)
+    with transaction.atomic():
+        _, created = SLAWindowReport.objects.get_or_create(
+            terms=terms,
+            window_start=report.window_start,
+            defaults={
+                "organization_id": terms.organization_id,
+                "window_end": report.window_end,
+                "result": result,
+            },
+        )
+        if not created:
+            return 0
+        audit_record(
+            actor=None,
+            organization=terms.organization_id,
+            action="sla.window_close",
+            target=terms,
+            data={
+                "window_start": result["window_start"],
+                "status": result["status"],
+                "compliance_pct": result["compliance_pct"],
+                "credit_pct": result["credit_pct"],
+            },
+            after=result,
+        )
+    return 1
+
+
+def _sla_windows_freeze(now: datetime) -> None:
+    sla_windows_close(now=now)
+
+
+# Registered with compliance.holders: retention freezes the ended windows before any of their
+# snapshots can go (the endpoints' holder expires them).
+SLA_HOLDER = DataHolder(name="sla", freeze=_sla_windows_freeze)

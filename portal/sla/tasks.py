@@ -24,3 +24,10 @@ def edge_intervals_settle() -> int:
 def sla_alerts_check() -> int:
     # Scheduled (CELERY_BEAT_SCHEDULE["sla-alerts-check"]); at most one alert per kind and hour.
     return services.sla_alerts_check()
+
+
+@shared_task
+def sla_windows_close() -> int:
+    # Scheduled (CELERY_BEAT_SCHEDULE["compliance-sla-close"]); idempotent: freezes the months of
+    # each endpoint's own monitoring targets once they have ended.
+    return services.sla_windows_close()

@@ -14,3 +14,10 @@ urlpatterns = [
     path("edge/", views.edge_ingest, name="edge_ingest"),
     path("evidence/", views.evidence_pack, name="evidence_pack"),
 ]
+
+# The compliance page's form for an endpoint's own monitoring targets posts here; it keeps its
+# place among the compliance page's addresses (`compliance:sla_terms`, /compliance/sla/):
+# portal/urls.py mounts it there.
+compliance_urlpatterns = [
+    path("sla/", views.sla_terms, name="sla_terms"),
+]

@@ -1,5 +1,6 @@
 """SLA pages: an endpoint's agreement (versions, both signatures, the month's edge figure beside
-the engine's), proposing and signing terms, the measuring point's ingest, and the evidence pack.
+the engine's), proposing and signing terms, the measuring point's ingest, the evidence pack, and
+the compliance page's form for an endpoint's own monitoring targets.
 
 Members of the endpoint's organization see its page; owners and admins sign and propose; platform
 admins (the provider) reach every tenant's endpoints, each visit audited as staff access.
@@ -29,7 +30,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from compliance import sla
-from compliance.services import staff_access_record
+from compliance.forms import SLATermsForm
+from compliance.services import sla_terms_set, staff_access_record
+from compliance.views import overview_page
 from portal.accounts import rls
 from portal.accounts.models import Role
 from portal.accounts.requests import AuthenticatedRequest
@@ -197,6 +200,27 @@ def decline(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
     else:
         messages.success(request, f"Version {agreement.version} declined.")
     return redirect("sla:endpoint", endpoint_id=agreement.endpoint_id)
+
+
+@member_required
+@require_POST
+def sla_terms(request: AuthenticatedRequest) -> HttpResponse:
+    """The compliance page's form: an endpoint's own monitoring targets (`compliance:sla_terms`).
+    Refused input shows the compliance page again, with the form's errors."""
+    form = SLATermsForm(request.POST)
+    if form.is_valid():
+        data = dict(form.cleaned_data)
+        endpoint = get_object_for_member(
+            request, Endpoint.objects.select_related("organization"), data.pop("endpoint")
+        )
+        try:
+            sla_terms_set(actor=request.user, endpoint=endpoint, **data)
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, f"SLA terms saved for {endpoint.name}.")
+            return redirect("compliance:overview")
+    return overview_page(request, status=400, sla_form=form)
 
 
 @csrf_exempt

@@ -152,14 +152,14 @@ def test_metric_retention_freezes_sla_windows_before_deleting_snapshots(alice, a
 def test_deleting_an_organization_takes_each_apps_share(
     alice, alice_org, regions, settings, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    """Endpoints, jobs and traffic register what they hold (compliance.holders): a serving
-    endpoint refuses the deletion; once stopped, their rows and files all go, counted in the
-    audit event."""
+    """Endpoints, jobs and traffic register what they hold (compliance.holders; SLA only what
+    retention freezes first): a serving endpoint refuses the deletion; once stopped, their rows and
+    files all go, counted in the audit event."""
     from compliance import holders
     from portal.endpoints.models import Endpoint, MetricSnapshot
     from portal.jobs.models import TuningJob
 
-    assert [holder.name for holder in holders.holders()] == ["endpoints", "jobs", "traffic"]
+    assert [holder.name for holder in holders.holders()] == ["endpoints", "jobs", "traffic", "sla"]
     settings.TUNING_WORK_DIR = tmp_path / "jobs"
     settings.ENDPOINTS_DIR = tmp_path / "endpoints"
     endpoint = deployed_endpoint(alice_org, alice)

@@ -252,14 +252,15 @@ def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: igno
     from compliance import services
     from compliance.models import AuditEvent, SLAWindowReport
     from portal.endpoints.models import Endpoint, MetricSnapshot
+    from portal.sla import services as sla_services
 
     endpoint = _endpoint(alice_org)
     Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
     _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 60)
     services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
     now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
-    assert services.sla_windows_close(now=now) == 1
-    assert services.sla_windows_close(now=now) == 0
+    assert sla_services.sla_windows_close(now=now) == 1
+    assert sla_services.sla_windows_close(now=now) == 0
     stored = SLAWindowReport.objects.get()
     assert stored.window_start == datetime(2026, 10, 1, tzinfo=UTC)
     assert stored.result["compliant_s"] == 3600
@@ -272,13 +273,45 @@ def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: igno
 
 @pytest.mark.django_db
 def test_client_observed_terms_without_client_data_show_gaps(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    from compliance import selectors, services
+    from compliance import services
+    from portal.endpoints import selectors
 
     endpoint = _endpoint(alice_org)
     _snapshots(endpoint, datetime(2026, 11, 1, tzinfo=UTC), [500.0] * 60)
     terms = services.sla_terms_set(actor=alice, endpoint=endpoint, source="client", **TERMS)
     report = selectors.sla_report(terms=terms, now=datetime(2026, 11, 1, 1, 0, tzinfo=UTC))
     assert report.status == "no data" and report.gap_s == 3600 and report.compliance_pct is None
+
+
+@pytest.mark.django_db
+def test_the_compliance_pages_terms_form(alice, alice_org, alice_client, bob_client, charlie_client) -> None:  # type: ignore[no-untyped-def]
+    """The compliance page lists each endpoint with its terms and this month's result; its form
+    (handled by portal.sla, at `compliance:sla_terms`) sets them for an admin, is refused to a
+    lesser role, answers 404 for another tenant's endpoint, and shows the page again on bad input."""
+    from django.urls import reverse
+
+    from compliance.models import AuditEvent, SLATerms
+
+    endpoint = _endpoint(alice_org, name="voice-agent")
+    _snapshots(endpoint, datetime.now(UTC) - timedelta(minutes=30), [500.0] * 20)
+    url = reverse("compliance:sla_terms")
+    assert url == "/compliance/sla/"
+    body = {"endpoint": str(endpoint.id), "metric": "ttft_p50_ms", "target_ms": "800"}
+
+    assert charlie_client.post(url, body).status_code == 404
+    assert bob_client.post(url, body).status_code == 403
+    assert not SLATerms.objects.exists()
+    bad = alice_client.post(url, body | {"target_ms": "0"})
+    assert bad.status_code == 400 and "SLAs (this month, UTC)" in bad.content.decode()
+    assert not SLATerms.objects.exists()
+
+    response = alice_client.post(url, body)
+    assert response.status_code == 302 and response["Location"] == reverse("compliance:overview")
+    terms = SLATerms.objects.get(endpoint=endpoint)
+    assert (terms.metric, terms.target_ms) == ("ttft_p50_ms", 800.0)
+    assert AuditEvent.objects.filter(action="sla.terms_set", organization=alice_org).count() == 1
+    page = alice_client.get(reverse("compliance:overview")).content.decode()
+    assert "voice-agent" in page and "TTFT p50 &le; 800 ms" in page
 
 
 @pytest.mark.django_db
@@ -317,7 +350,8 @@ def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_clie
 def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_change(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
     from django.conf import settings as django_settings
 
-    from compliance import selectors, services
+    from compliance import services
+    from portal.endpoints import selectors
     from portal.endpoints.models import MetricSnapshot
 
     selectors.settled_clear()
@@ -330,7 +364,7 @@ def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_chang
     def one_pass():  # type: ignore[no-untyped-def]
         start, end = sla.month_window(now)
         return sla.evaluate(
-            selectors._measurements(terms, start, end),
+            selectors._terms_measurements(terms, start, end),
             target_ms=terms.target_ms,
             window_start=start,
             window_end=end,

@@ -17,10 +17,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from compliance.models import AuditEvent
-from compliance.services import sla_terms_set, sla_windows_close
+from compliance.services import sla_terms_set
 from portal.endpoints import charts, policy, selectors
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.jobs.models import ServedModel, TuningJob
+from portal.sla.services import sla_windows_close
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
 
@@ -461,7 +462,7 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
         _snap(endpoint, datetime(2026, 10, 15, 8, 0, tzinfo=UTC) + timedelta(minutes=minute), p95=900.0)
     for minute in range(0, 60, 1):
         _snap(endpoint, NOW - timedelta(minutes=60 - minute), p95=1200.0 if minute % 2 else 800.0)
-    assert sla_windows_close(now=NOW) == 1  # October, frozen by the compliance app
+    assert sla_windows_close(now=NOW) == 1  # October, frozen by the monthly close (portal.sla)
 
     compliance = selectors.sla_compliance(
         endpoint=endpoint, slo=selectors.endpoint_slo(endpoint=endpoint), range_name="1h", now=NOW

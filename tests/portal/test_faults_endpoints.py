@@ -26,12 +26,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from compliance import selectors as compliance_selectors
 from compliance import sla
 from compliance.chain import chain_key
 from compliance.models import AuditEvent
 from compliance.services import audit_verify, sla_terms_set
 from portal.accounts.models import Organization, User
+from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints import services
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.endpoints.services import endpoint_dir
@@ -424,9 +424,9 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
             assert value is None or value >= 0
     # The SLA window: the measured intervals before and after are compliant; from the last
     # measured scrape before the kill to the first answer of the new engine it is a gap.
-    report = compliance_selectors.sla_report(terms=terms, now=after.taken_at)
+    report = endpoint_selectors.sla_report(terms=terms, now=after.taken_at)
     spans = sla.timeline(
-        compliance_selectors._measurements(terms, report.window_start, report.window_end),
+        endpoint_selectors._terms_measurements(terms, report.window_start, report.window_end),
         target_ms=terms.target_ms,
         start=baseline.taken_at,
         end=after.taken_at,
