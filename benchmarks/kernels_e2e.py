@@ -796,7 +796,15 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
         for shape in args.shapes:
             for trace in args.traces:
                 blocks = [b for b in state["blocks"] if b["shape"] == shape and b["trace"] == trace]
+                tables = {k: state.get(f"tune-{shape}-{k}") for k in ("uniform", f"traffic-{trace}")}
                 if not blocks:
+                    if any(tables.values()):  # tuned, not yet served: the kernel-level figures stand
+                        cases[f"{shape}/{trace}"] = {
+                            "figures": {},
+                            "tables_used": [],
+                            "tables": tables,
+                            "blocks": [],
+                        }
                     continue
                 loads = plan["shapes"][shape]["traces"][trace]["loads"]
                 per_load = {load: figures(blocks, load, args.seed) for load in loads}
@@ -808,7 +816,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 cases[f"{shape}/{trace}"] = {
                     "figures": per_load,
                     "tables_used": sorted({f"{b['arm']}: {b['table_used']}" for b in blocks}),
-                    "tables": {k: state.get(f"tune-{shape}-{k}") for k in ("uniform", f"traffic-{trace}")},
+                    "tables": tables,
                     "blocks": blocks,
                 }
         result = {
