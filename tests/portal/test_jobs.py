@@ -277,9 +277,13 @@ def test_a_job_runs_end_to_end_in_the_portal(
                 "headroom": 1.25,
                 "hardware": "local-cpu",
                 # The smallest search the form takes: the competent baseline and one candidate,
-                # without confirmation rounds (each would start more engines).
+                # without confirmation rounds (each would start more engines), each load level
+                # replayed once for the form's shortest window (the test checks the flow, not
+                # the figures).
                 "budget_trials": 2,
                 "confirm_repeats": 0,
+                "duration_s": 5,
+                "repeats": 1,
                 "strategy": "tpe",
             },
         )
