@@ -34,6 +34,8 @@ from django.utils import timezone
 from compliance import chain
 from compliance.models import AuditChainHead, AuditEvent
 from compliance.storage import S3Store, StorageError, get_store
+from portal.accounts import rls
+from portal.accounts.models import Organization
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,6 @@ class AnchorProblem:
 
 def _region_for(chain_key: str) -> str:
     from compliance.services import storage_region_for
-    from portal.accounts import rls
-    from portal.accounts.models import Organization
 
     if chain_key != chain.PLATFORM_CHAIN:
         with rls.platform_transaction():
@@ -137,7 +137,6 @@ def audit_anchor_write(*, now: datetime | None = None) -> dict[str, int]:
     """Anchors the head of every chain that moved since its last anchor. A chain that disagrees
     with its previous anchor is not anchored again (that would bless the rewrite): it is logged
     as an error and counted. Returns counts: anchored, unchanged, refused."""
-    from portal.accounts import rls
 
     moment = now or timezone.now()
     counts = {"anchored": 0, "unchanged": 0, "refused": 0}

@@ -39,8 +39,9 @@ from django.utils import timezone
 from compliance.models import LoginFailure
 from compliance.services import audit_record
 
-# Where the backend leaves the wait it imposed, for the sign-in form's message.
-RETRY_AFTER_ATTR = "login_retry_after_s"
+# Where the backend leaves the wait it imposed, for the sign-in form's message (a name shared
+# with portal.accounts, defined there).
+from portal.accounts.ports import RETRY_AFTER_ATTR
 
 
 def email_digest(username: str | None) -> str:

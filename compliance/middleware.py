@@ -26,11 +26,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.urls import reverse
 
 from compliance import context
+from portal.accounts import ports
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 LAST_ACTIVITY_KEY = "_tailguard_last_activity"
-# The id of the user whose code this session verified.
-TWO_FACTOR_KEY = "_tailguard_two_factor"
+# The id of the user whose code this session verified (a name shared with portal.accounts).
+TWO_FACTOR_KEY = ports.TWO_FACTOR_KEY
 _TWO_FACTOR_EXEMPT_URLS = ("compliance:two_factor", "accounts:logout", "accounts:login", "healthz")
 # Assets hold nothing of a tenant's. Redirecting them is worse than useless: a browser fetches
 # /favicon.ico by itself, and each bounce loaded the two-factor page again.

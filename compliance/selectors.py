@@ -12,6 +12,8 @@ from django.utils import timezone
 
 from compliance import chain, endpoint_sla
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, RetentionPolicy, StoredObject
+from portal.accounts import rls
+from portal.accounts.models import Membership, Organization, Role
 
 
 def audit_event_list(*, organization: Any) -> QuerySet[AuditEvent]:
@@ -131,7 +133,6 @@ def sla_terms_list(*, organization: Any) -> Any:
 def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[dict[str, Any]]:
     """Every tenant with its residency, BAA and endpoints' SLA status (platform admins only; the
     endpoints' rows are portal.sla's: `compliance.endpoint_sla`)."""
-    from portal.accounts.models import Organization
 
     rows = []
     organizations = Organization.objects.order_by("name")
@@ -192,8 +193,6 @@ def two_factor_required(*, user: Any) -> bool:
     """Owners of an organization with a BAA on record for today must use two-factor (from the
     moment they record it: the customer means to send PHI, whether or not the provider has
     countersigned yet); anyone who enrolled an authenticator uses it too."""
-    from portal.accounts import rls
-    from portal.accounts.models import Membership, Role
 
     if totp_confirmed(user=user):
         return True

@@ -36,6 +36,7 @@ from compliance.models import (
 )
 from compliance.storage import ObjectTooLarge, StorageError, get_store
 from portal.accounts import rls
+from portal.accounts.models import Membership, Organization
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,6 @@ def _verify_chain(key: str) -> BrokenLink | None:
 
 
 def _require(actor: Any, organization: Any, minimum: str, doing: str) -> None:
-    from portal.accounts.models import Membership
 
     membership = Membership.objects.filter(user=actor, organization=organization).first()
     if membership is None:
@@ -715,7 +715,6 @@ def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
     whatever each registered data holder keeps (traffic samples with their objects and files,
     endpoint metric snapshots: `compliance.holders`). Idempotent; the scheduled task calls it.
     Returns counts."""
-    from portal.accounts.models import Organization
 
     moment = now or timezone.now()
     registered = holders.holders()

@@ -8,8 +8,8 @@ from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
-from compliance.auth import RETRY_AFTER_ATTR
 from portal.accounts.models import Role
+from portal.accounts.ports import RETRY_AFTER_ATTR
 
 
 class SignupForm(forms.Form):

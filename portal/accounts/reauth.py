@@ -32,6 +32,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from portal.accounts import ports
+
 SESSION_KEY = "_tailguard_reauth"
 
 
@@ -46,13 +48,11 @@ class SensitiveAction:
 
 
 def _two_factor_change(request: HttpRequest) -> bool:
-    from compliance.selectors import totp_confirmed
-
     action = request.POST.get("action", "verify")
     if action in ("new_key", "new_recovery_codes"):
         return True
     # Confirming a first authenticator binds the account to it: it needs a fresh password.
-    return action == "verify" and not totp_confirmed(user=request.user)
+    return action == "verify" and not ports.compliance().second_factor_confirmed(user=request.user)
 
 
 SENSITIVE_ACTIONS: dict[str, SensitiveAction] = {
@@ -149,11 +149,10 @@ class ReauthMiddleware:
                 },
                 status=403,
             )
-        from compliance.middleware import TWO_FACTOR_KEY
-        from compliance.selectors import two_factor_required
-
         back = _back_to(request, action)
-        if request.session.get(TWO_FACTOR_KEY) != str(user.pk) and two_factor_required(user=user):
+        if request.session.get(ports.TWO_FACTOR_KEY) != str(
+            user.pk
+        ) and ports.compliance().second_factor_required(user=user):
             # Before the session's two-factor step only signing in is reachable: sign in again.
             logout(request)
             messages.info(request, f"Sign in again to {action.doing}.")

@@ -23,9 +23,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
-from compliance.services import audit_record
 from portal.accounts import rls, tokens
 from portal.accounts.models import ROLE_RANK, ApiToken, Invitation, Membership, Organization, Role, User
+from portal.accounts.ports import RETRY_AFTER_ATTR, compliance
 from portal.outbox.services import outbox_enqueue
 
 
@@ -79,7 +79,7 @@ def user_signup(*, email: str, password: str, full_name: str = "") -> User:
     try:
         with transaction.atomic():
             user = User.objects.create_user(email=email, password=password, full_name=full_name.strip())
-            audit_record(actor=user, action="user.signup", target=user)
+            compliance().audit(actor=user, action="user.signup", target=user)
     except IntegrityError:
         # Two signups with one address at the same moment: the unique constraint decides.
         raise ValidationError(
@@ -108,7 +108,7 @@ def organization_create(*, actor: User, name: str) -> Organization:
         # Its first rows are written in its own tenant (row-level security).
         with rls.tenant_transaction(organization.id):
             Membership.objects.create(organization=organization, user=actor, role=Role.OWNER)
-            audit_record(
+            compliance().audit(
                 actor=actor, organization=organization, action="organization.create", target=organization
             )
     return organization
@@ -148,7 +148,7 @@ def invitation_create(*, actor: User, organization: Organization, email: str, ro
             invited_by=actor,
             expires_at=now + timedelta(hours=settings.INVITATION_TTL_HOURS),
         )
-        audit_record(
+        compliance().audit(
             actor=actor,
             organization=organization,
             action="invitation.create",
@@ -204,7 +204,7 @@ def invitation_revoke(*, actor: User, invitation: Invitation) -> None:
     with transaction.atomic():
         invitation.revoked_at = timezone.now()
         invitation.save(update_fields=["revoked_at"])
-        audit_record(
+        compliance().audit(
             actor=actor, organization=invitation.organization, action="invitation.revoke", target=invitation
         )
 
@@ -241,7 +241,7 @@ def invitation_accept(*, user: User, secret: str) -> Membership:
             invitation.accepted_at = timezone.now()
             invitation.accepted_by = user
             invitation.save(update_fields=["accepted_at", "accepted_by"])
-            audit_record(
+            compliance().audit(
                 actor=user,
                 organization=invitation.organization,
                 action="invitation.accept",
@@ -288,7 +288,7 @@ def api_token_create(*, actor: User, organization: Organization, name: str) -> I
             # What the request acts with: a token cannot mint a token above its own cap.
             role=membership.acting_role or Role.VIEWER,
         )
-        audit_record(
+        compliance().audit(
             actor=actor,
             organization=organization,
             action="api_token.create",
@@ -309,7 +309,7 @@ def api_token_revoke(*, actor: User, token: ApiToken) -> None:
     with transaction.atomic():
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
-        audit_record(
+        compliance().audit(
             actor=actor,
             organization=token.organization,
             action="api_token.revoke",
@@ -388,7 +388,7 @@ def membership_remove(*, actor: User, membership: Membership) -> int:
         revoked = ApiToken.objects.filter(
             organization=organization, created_by_id=membership.user_id, revoked_at__isnull=True
         ).update(revoked_at=now)
-        audit_record(
+        compliance().audit(
             actor=actor,
             organization=organization,
             action="membership.remove",
@@ -404,10 +404,6 @@ def user_reauthenticate(*, user: User, password: str, code: str, request: HttpRe
     password (through the sign-in backend, so wrong guesses are throttled and audited like
     sign-ins) and, once they have an authenticator, a two-factor or recovery code.
     ValidationError names the field that was wrong; nothing is recorded as confirmed then."""
-    from compliance.auth import RETRY_AFTER_ATTR
-    from compliance.selectors import totp_confirmed
-    from compliance.services import totp_verify
-
     confirmed = authenticate(request, username=user.email, password=password or "")
     if confirmed is None or confirmed.pk != user.pk:
         wait_s = getattr(request, RETRY_AFTER_ATTR, None)
@@ -416,10 +412,10 @@ def user_reauthenticate(*, user: User, password: str, code: str, request: HttpRe
                 {"password": f"Too many wrong passwords. Try again in {max(1, math.ceil(wait_s))} seconds."}
             )
         raise ValidationError({"password": "That password is not right."})
-    if totp_confirmed(user=user):
+    if compliance().second_factor_confirmed(user=user):
         if not (code or "").strip():
             raise ValidationError({"code": "Enter the code from your authenticator (or a recovery code)."})
-        if not totp_verify(user=user, code=code.strip()):
+        if not compliance().second_factor_verify(user=user, code=code.strip()):
             raise ValidationError({"code": "That code is not right (or was already used). Try the next one."})
     with transaction.atomic():
-        audit_record(actor=user, action="auth.reauthenticate", data={})
+        compliance().audit(actor=user, action="auth.reauthenticate", data={})

@@ -15,8 +15,6 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
-from compliance.auth import sign_in_record, sign_out_record
-from compliance.selectors import audit_event_list
 from portal.accounts import reauth, selectors, services
 from portal.accounts.forms import (
     ApiTokenForm,
@@ -28,6 +26,7 @@ from portal.accounts.forms import (
     SignupForm,
 )
 from portal.accounts.models import ApiToken, Invitation, Role
+from portal.accounts.ports import compliance
 from portal.accounts.requests import AuthenticatedRequest
 from portal.accounts.tenancy import get_object_for_member, member_required, set_current_organization
 
@@ -49,7 +48,7 @@ class SignInView(auth_views.LoginView):
 
     def form_valid(self, form: Any) -> HttpResponse:
         response = super().form_valid(form)
-        sign_in_record(user=form.get_user(), request=self.request)
+        compliance().signed_in(user=form.get_user(), request=self.request)
         # A password just given: sensitive actions need no second prompt for a while.
         reauth.mark_fresh(self.request)
         return response
@@ -60,7 +59,7 @@ class SignOutView(auth_views.LogoutView):
         user = request.user if request.user.is_authenticated else None
         response = super().post(request, *args, **kwargs)
         if user is not None:
-            sign_out_record(user=user, request=request)
+            compliance().signed_out(user=user, request=request)
         return response
 
 
@@ -98,8 +97,6 @@ def signup(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def reauthenticate(request: AuthenticatedRequest) -> HttpResponse:
     """Password (and two-factor code) again, before a sensitive action (portal.accounts.reauth)."""
-    from compliance.selectors import totp_confirmed
-
     target = reauth.safe_next(
         request, request.POST.get("next") or request.GET.get("next", ""), reverse("accounts:dashboard")
     )
@@ -118,7 +115,11 @@ def reauthenticate(request: AuthenticatedRequest) -> HttpResponse:
             reauth.mark_fresh(request)
             return redirect(target)
     status = 400 if request.method == "POST" else 200
-    context = {"form": form, "next": target, "needs_code": totp_confirmed(user=request.user)}
+    context = {
+        "form": form,
+        "next": target,
+        "needs_code": compliance().second_factor_confirmed(user=request.user),
+    }
     return render(request, "accounts/reauth.html", context, status=status)
 
 
@@ -131,7 +132,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "token_count": selectors.api_token_list(organization=organization)
         .filter(revoked_at__isnull=True)
         .count(),
-        "events": audit_event_list(organization=organization)[:10],
+        "events": compliance().recent_events(organization=organization, limit=10),
     }
     return render(request, "accounts/dashboard.html", context)
 
