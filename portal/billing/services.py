@@ -45,6 +45,7 @@ from portal.billing.usage import (
     normalize_dimension,
     split_by_hour,
 )
+from portal.endpoints.models import Endpoint
 from portal.jobs.models import Trial
 from portal.outbox.services import outbox_enqueue
 
@@ -319,7 +320,6 @@ def usage_collect_endpoints(*, now: datetime | None = None, lookback: timedelta 
     every few minutes bills every hour exactly once. An endpoint that failed to start never
     served and is not billed.
     """
-    from portal.endpoints.models import Endpoint
 
     now = now or timezone.now()
     if lookback is None:

@@ -38,9 +38,9 @@ from compliance.services import audit_record
 from portal.accounts import rls
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
-from portal.billing.services import billing_assert_can_start_jobs
 from portal.catalog import model_folders
 from portal.catalog.selectors import job_price_per_hour
+from portal.jobs import admission
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.pools import selectors as pool_selectors
 from portal.pools.models import Pool
@@ -254,7 +254,8 @@ def _job_create(
     pool: str | None = None,
     length_scale: float = 1.0,
 ) -> TuningJob:
-    billing_assert_can_start_jobs(organization=organization)
+    # Billing (above jobs) refuses new jobs while the subscription is past due.
+    admission.assert_can_start(organization=organization)
     chosen: Pool | None = None
     if pool:
         # The pool decides the hardware and its price; a pool outside the organization's
