@@ -216,9 +216,9 @@ REST_FRAMEWORK = {
     # Deeply nested JSON is a 400 (DRF's parser let a RecursionError through: a 500); a file
     # over TRAFFIC_UPLOAD_MAX_BYTES is a 400 naming its field, never silently dropped.
     "DEFAULT_PARSER_CLASSES": [
-        "portal.api.parsers.StrictJSONParser",
+        "portal.restkit.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
-        "portal.api.parsers.LimitedMultiPartParser",
+        "portal.restkit.parsers.LimitedMultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "portal.api.schema.PortalAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "portal.api.pagination.StrictLimitOffsetPagination",

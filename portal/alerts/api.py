@@ -15,9 +15,9 @@ from rest_framework.response import Response
 from portal.accounts.models import Role
 from portal.alerts import services
 from portal.alerts.models import Alert, AlertChannel, AlertDelivery, AlertKind
-from portal.api import fields as api_fields
-from portal.api.base import TenantScopedMixin
-from portal.api.parsers import StrictJSONParser
+from portal.restkit import fields as api_fields
+from portal.restkit.base import TenantScopedMixin
+from portal.restkit.parsers import StrictJSONParser
 
 
 class ChannelSerializer(api_fields.ModelSerializer):

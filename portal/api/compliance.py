@@ -19,11 +19,11 @@ from rest_framework.response import Response
 from compliance import selectors, services, sla
 from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, SLATerms
 from portal.accounts.models import Organization, Role
-from portal.api import fields as api_fields
-from portal.api.base import TenantScopedMixin
-from portal.api.parsers import LimitedMultiPartParser, StrictJSONParser
 from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint
+from portal.restkit import fields as api_fields
+from portal.restkit.base import TenantScopedMixin
+from portal.restkit.parsers import LimitedMultiPartParser, StrictJSONParser
 
 
 class ResidencySerializer(serializers.Serializer):

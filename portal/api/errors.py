@@ -13,7 +13,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.api.parsers import too_large
+from portal.restkit.parsers import too_large
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

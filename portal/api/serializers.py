@@ -6,9 +6,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
-from portal.api import fields as api_fields
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.jobs.services import BUDGET_HELP
+from portal.restkit import fields as api_fields
 from portal.traffic.models import TrafficSample
 from tuning.search.job import (
     BUDGET_MIN_ERROR,

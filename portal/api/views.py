@@ -19,10 +19,10 @@ from portal.accounts import reauth, selectors, services
 from portal.accounts.models import ApiToken, Invitation, Membership, Role
 from portal.accounts.tenancy import SESSION_KEY
 from portal.api import serializers as s
-from portal.api.base import TenantScopedMixin, resolve_tenant
-from portal.api.parsers import LimitedMultiPartParser
 from portal.jobs import services as job_services
 from portal.jobs.models import ServedModel, TuningJob
+from portal.restkit.base import TenantScopedMixin, resolve_tenant
+from portal.restkit.parsers import LimitedMultiPartParser
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 
@@ -366,12 +366,12 @@ from django.utils import timezone  # noqa: E402
 from drf_spectacular.utils import OpenApiParameter  # noqa: E402
 from rest_framework.exceptions import APIException  # noqa: E402
 
-from portal.api.base import TenantRolePermission  # noqa: E402
 from portal.billing import selectors as billing_selectors  # noqa: E402
 from portal.billing import services as billing_services  # noqa: E402
 from portal.billing.config import billing_config  # noqa: E402
 from portal.billing.models import SubscriptionStatus, UsageReport  # noqa: E402
 from portal.billing.usage import month_start, parse_month  # noqa: E402
+from portal.restkit.base import TenantRolePermission  # noqa: E402
 
 
 class BillingUnavailable(APIException):

@@ -22,12 +22,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.accounts.models import Role
-from portal.api import fields as api_fields
-from portal.api import jsonsafe
-from portal.api.base import TenantRolePermission, TenantScopedMixin
-from portal.api.parsers import StrictJSONParser
 from portal.benchmarks import selectors, services
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
+from portal.restkit import fields as api_fields
+from portal.restkit import jsonsafe
+from portal.restkit.base import TenantRolePermission, TenantScopedMixin
+from portal.restkit.parsers import StrictJSONParser
 from portal.traffic.models import TrafficSample
 
 

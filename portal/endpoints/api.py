@@ -18,13 +18,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.accounts.models import Role
-from portal.api import fields as api_fields
-from portal.api import jsonsafe
-from portal.api.base import TenantScopedMixin
-from portal.api.parsers import StrictJSONParser
 from portal.endpoints import policy, selectors, services
 from portal.endpoints.models import Endpoint, EndpointRevision
 from portal.jobs.models import TuningJob
+from portal.restkit import fields as api_fields
+from portal.restkit import jsonsafe
+from portal.restkit.base import TenantScopedMixin
+from portal.restkit.parsers import StrictJSONParser
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 

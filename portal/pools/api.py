@@ -13,10 +13,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.accounts.models import Role
-from portal.api import fields as api_fields
-from portal.api.base import TenantScopedMixin
 from portal.pools import selectors, services
 from portal.pools.models import Host, Pool
+from portal.restkit import fields as api_fields
+from portal.restkit.base import TenantScopedMixin
 
 
 class HostSerializer(api_fields.ModelSerializer):

@@ -18,10 +18,10 @@ from rest_framework.response import Response
 
 from compliance import sla
 from portal.accounts.models import Role
-from portal.api import fields as api_fields
-from portal.api.base import TenantScopedMixin
-from portal.api.parsers import StrictJSONParser
 from portal.endpoints.models import Endpoint
+from portal.restkit import fields as api_fields
+from portal.restkit.base import TenantScopedMixin
+from portal.restkit.parsers import StrictJSONParser
 from portal.sla import evidence, selectors, services
 from portal.sla.models import SLAAgreement
 

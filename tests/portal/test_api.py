@@ -13,7 +13,7 @@ from compliance.models import AuditEvent
 from portal.accounts import services
 from portal.accounts.models import ApiToken, Invitation, Membership, Organization, Role, User
 from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
-from portal.api.base import TenantScopedMixin
+from portal.restkit.base import TenantScopedMixin
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db

@@ -1339,7 +1339,7 @@ def _plant_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Traffic pages with their tenant checks taken out: an HTML view that looks objects up by
     id alone, an API base class that forgets the organization, and a list that shows every
     tenant's samples."""
-    from portal.api.base import TenantScopedMixin
+    from portal.restkit.base import TenantScopedMixin
     from portal.traffic import selectors as traffic_selectors
     from portal.traffic import views as traffic_views
 
