@@ -92,12 +92,6 @@ def stored_object_list(*, organization: Any) -> QuerySet[StoredObject]:
 # --- SLA --------------------------------------------------------------------------------------
 
 
-def sla_terms_get(*, endpoint: Any) -> Any:
-    from compliance.models import SLATerms
-
-    return SLATerms.objects.filter(endpoint=endpoint, organization=endpoint.organization_id).first()
-
-
 def sla_report_json(report: Any, terms: Any) -> dict[str, Any]:
     def span(s: Any) -> dict[str, Any]:
         return {"start": s.start.isoformat(), "end": s.end.isoformat(), "worst_ms": s.worst_ms}
@@ -122,12 +116,6 @@ def sla_report_json(report: Any, terms: Any) -> dict[str, Any]:
         "breaches": [span(s) for s in report.breaches],
         "gaps": [{"start": s.start.isoformat(), "end": s.end.isoformat()} for s in report.gaps],
     }
-
-
-def sla_terms_list(*, organization: Any) -> Any:
-    from compliance.models import SLATerms
-
-    return SLATerms.objects.filter(organization=organization).select_related("endpoint")
 
 
 def console_rows(*, q: str = "", baa: str = "", sla_status: str = "") -> list[dict[str, Any]]:

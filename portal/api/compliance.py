@@ -17,13 +17,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from compliance import selectors, services, sla
-from compliance.models import AuditEvent, BAARecord, ResidencyPolicy, SLATerms
+from compliance.models import AuditEvent, BAARecord, ResidencyPolicy
 from portal.accounts.models import Organization, Role
 from portal.endpoints import selectors as endpoint_selectors
-from portal.endpoints.models import Endpoint
+from portal.endpoints.models import Endpoint, SLATerms
 from portal.restkit import fields as api_fields
 from portal.restkit.base import TenantScopedMixin
 from portal.restkit.parsers import LimitedMultiPartParser, StrictJSONParser
+from portal.sla import services as sla_services
 
 
 class ResidencySerializer(serializers.Serializer):
@@ -276,7 +277,7 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
         return Endpoint.objects.all()
 
     def _body(self, endpoint: Any) -> dict[str, Any]:
-        terms = selectors.sla_terms_get(endpoint=endpoint)
+        terms = endpoint_selectors.sla_terms_get(endpoint=endpoint)
         if terms is None:
             return {"terms": None, "report": None, "frozen": False}
         month = self.request.query_params.get("month")
@@ -310,5 +311,5 @@ class EndpointSLAView(TenantScopedMixin, generics.GenericAPIView):
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
         data["credit_tiers"] = [dict(t) for t in data.get("credit_tiers", [])]
-        services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
+        sla_services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
         return Response(self._body(endpoint))

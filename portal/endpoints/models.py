@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Endpoint(models.Model):
@@ -201,3 +202,69 @@ class LoopIteration(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+
+class SLATerms(models.Model):
+    """An organization's own monitoring target for an endpoint: a TTFT percentile under a target
+    over each window and the source of the measurements. The contract (credits included) is the
+    two-party agreement in portal.sla; `credit_tiers` holds only tiers stored before it existed,
+    which customers cannot change (portal.sla.services.sla_terms_set).
+
+    Product state of an endpoint, so it lives with the endpoints (issue 22: compliance keeps the
+    rules and the arithmetic, `compliance.sla`); the table keeps its first name."""
+
+    class Metric(models.TextChoices):
+        TTFT_P50 = "ttft_p50_ms", "TTFT p50"
+        TTFT_P95 = "ttft_p95_ms", "TTFT p95"
+
+    class Window(models.TextChoices):
+        MONTHLY = "monthly", "Calendar month (UTC)"
+
+    class Source(models.TextChoices):
+        ENGINE = "engine", "Engine-observed"
+        # Needs a router in front that records TTFT per request (not recorded yet: all gaps).
+        CLIENT = "client", "Client-observed (router)"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    endpoint = models.OneToOneField(Endpoint, on_delete=models.CASCADE, related_name="sla_terms")
+    metric = models.CharField(max_length=16, choices=Metric.choices, default=Metric.TTFT_P50)
+    target_ms = models.FloatField()
+    window = models.CharField(max_length=16, choices=Window.choices, default=Window.MONTHLY)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.ENGINE)
+    # [{"below_pct": 99.0, "credit_pct": 10.0}, ...]: the largest credit whose threshold applies.
+    credit_tiers = models.JSONField(default=list)
+    # Below this share of measured time, gaps count as breached time for the credit.
+    min_coverage_pct = models.FloatField(default=90.0)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "compliance_slaterms"
+
+    def __str__(self) -> str:
+        return f"{self.endpoint_id}: {self.metric} <= {self.target_ms} ms"
+
+
+class SLAWindowReport(models.Model):
+    """A closed window's result, frozen when the window ends (metric snapshots expire later)."""
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    terms = models.ForeignKey(SLATerms, on_delete=models.CASCADE, related_name="reports")
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    # The terms it was judged against and `compliance.sla.WindowReport` as JSON.
+    result = models.JSONField()
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "compliance_slawindowreport"
+        ordering: ClassVar = ["-window_start"]
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["terms", "window_start"], name="sla_report_window_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.terms_id} {self.window_start:%Y-%m}"

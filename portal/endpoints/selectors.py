@@ -25,10 +25,15 @@ from django.conf import settings
 from django.db.models import Count, F, Max, QuerySet
 from django.utils import timezone
 
-from compliance import selectors as compliance_selectors
 from compliance import sla
-from compliance.models import SLAWindowReport
-from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
+from portal.endpoints.models import (
+    Endpoint,
+    EndpointRevision,
+    LoopIteration,
+    MetricSnapshot,
+    SLATerms,
+    SLAWindowReport,
+)
 from tuning.search.slo import SLOParseError, parse_slo
 
 # Range key -> (length, bucket). Up to an hour every scrape (one each 15 s) is a point; longer
@@ -391,6 +396,11 @@ def settled_clear() -> None:
         _settled.clear()
 
 
+def sla_terms_get(*, endpoint: Endpoint) -> SLATerms | None:
+    """The endpoint's own monitoring targets (its SLA terms), or None."""
+    return SLATerms.objects.filter(endpoint=endpoint, organization=endpoint.organization_id).first()
+
+
 def sla_report(
     *, terms: Any, moment: datetime | None = None, now: datetime | None = None
 ) -> sla.WindowReport:
@@ -505,7 +515,7 @@ def sla_compliance(
     (closed ones as frozen, the current one so far) and the compliance the credits start below;
     without, the job's p95 TTFT target judged per hour over the range, with no commitment."""
     current = now or timezone.now()
-    terms = compliance_selectors.sla_terms_get(endpoint=endpoint)
+    terms = sla_terms_get(endpoint=endpoint)
     if terms is not None:
         tiers = [float(t["below_pct"]) for t in terms.credit_tiers or []]
         metric = terms.get_metric_display()

@@ -14,7 +14,6 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from compliance import edge, sla
-from compliance import selectors as compliance_selectors
 from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint, MetricSnapshot
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
@@ -243,7 +242,7 @@ def endpoint_sla_rows(*, organization: Any) -> list[dict[str, Any]]:
     month's result: the rows of the compliance page and console (`compliance.endpoint_sla`)."""
     rows = []
     for endpoint in Endpoint.objects.filter(organization=organization).order_by("name"):
-        terms = compliance_selectors.sla_terms_get(endpoint=endpoint)
+        terms = endpoint_selectors.sla_terms_get(endpoint=endpoint)
         report = endpoint_selectors.sla_report(terms=terms) if terms is not None else None
         rows.append({"endpoint": endpoint, "terms": terms, "report": report})
     return rows

@@ -28,14 +28,14 @@ from django.utils import timezone
 from compliance import edge, sla
 from compliance import selectors as compliance_selectors
 from compliance.holders import DataHolder
-from compliance.models import SLATerms, SLAWindowReport
 from compliance.services import audit_record, is_provider
 from portal.accounts.models import Membership, Role, User
+from portal.accounts.services import require_role
 from portal.alerts.models import AlertKind
 from portal.alerts.services import alert_raise
 from portal.billing.services import invoice_credit_add
 from portal.endpoints import selectors as endpoint_selectors
-from portal.endpoints.models import Endpoint
+from portal.endpoints.models import Endpoint, SLATerms, SLAWindowReport
 from portal.sla import selectors
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
 from tuning.search.slo import SLOParseError, parse_slo
@@ -793,3 +793,87 @@ def _sla_windows_freeze(now: datetime) -> None:
 # Registered with compliance.holders: retention freezes the ended windows before any of their
 # snapshots can go (the endpoints' holder expires them).
 SLA_HOLDER = DataHolder(name="sla", freeze=_sla_windows_freeze)
+
+
+# --- The organization's own monitoring targets per endpoint ----------------------------------
+
+
+def sla_terms_set(
+    *,
+    actor: Any,
+    endpoint: Any,
+    target_ms: float,
+    metric: str = "ttft_p50_ms",
+    source: str = "engine",
+    credit_tiers: list[dict[str, float]] | None = None,
+    min_coverage_pct: float = 90.0,
+) -> Any:
+    """Records (or replaces) an endpoint's monitoring targets: the organization's own objective,
+    judged on the engine's metrics. Credits are not the customer's to set: they are the provider's
+    terms in the two-party SLA agreement (portal.sla), so a customer sending credit tiers other
+    than the ones already stored is refused (403) and the attempt is audited. Tiers stored before
+    the agreement existed stay as they were."""
+    organization = endpoint.organization
+    require_role(actor=actor, organization=organization, minimum=Role.ADMIN, doing="set SLA terms")
+    existing = SLATerms.objects.filter(endpoint=endpoint).first()
+    stored_tiers = list(existing.credit_tiers) if existing is not None else []
+    if credit_tiers and _tiers_key(credit_tiers) != _tiers_key(stored_tiers):
+        reason = (
+            "Credit tiers are the provider's terms: they come with the SLA agreement the provider "
+            "proposes and your organization signs (SLA page), not with your own monitoring targets."
+        )
+        with transaction.atomic():
+            audit_record(
+                actor=actor,
+                organization=organization,
+                action="sla.refused.credit_tiers",
+                target=endpoint,
+                data={"endpoint": str(endpoint.pk), "reason": reason},
+            )
+        raise PermissionDenied(reason)
+    errors: dict[str, str] = {}
+    if metric not in SLATerms.Metric.values:
+        errors["metric"] = f"Choose one of: {', '.join(SLATerms.Metric.values)}."
+    if source not in SLATerms.Source.values:
+        errors["source"] = f"Choose one of: {', '.join(SLATerms.Source.values)}."
+    if not 0 < target_ms <= 600_000:
+        errors["target_ms"] = "The target must be between 0 and 600000 ms."
+    if not 0 <= min_coverage_pct <= 100:
+        errors["min_coverage_pct"] = "Use 0 to 100."
+    if errors:
+        raise ValidationError(errors)
+    values = {
+        "metric": metric,
+        "target_ms": float(target_ms),
+        "source": source,
+        "min_coverage_pct": float(min_coverage_pct),
+    }
+    with transaction.atomic():
+        terms = SLATerms.objects.select_for_update().filter(endpoint=endpoint).first()
+        before = None
+        if terms is None:
+            terms = SLATerms(organization=organization, endpoint=endpoint)
+        else:
+            before = {k: getattr(terms, k) for k in values}
+        for key, value in values.items():
+            setattr(terms, key, value)
+        terms.updated_by = actor
+        terms.save()
+        audit_record(
+            actor=actor,
+            organization=organization,
+            action="sla.terms_set",
+            target=terms,
+            data={"endpoint": str(endpoint.pk), **values},
+            before=before,
+            after=values,
+        )
+    return terms
+
+
+def _tiers_key(tiers: list[dict[str, float]]) -> list[tuple[float, float]] | None:
+    """Tiers in a comparable form (None when they are not numbers: never equal to stored ones)."""
+    try:
+        return sorted((float(t["below_pct"]), float(t["credit_pct"])) for t in tiers)
+    except (KeyError, TypeError, ValueError):
+        return None

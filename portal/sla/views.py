@@ -31,7 +31,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from compliance import sla
 from compliance.forms import SLATermsForm
-from compliance.services import sla_terms_set, staff_access_record
+from compliance.services import staff_access_record
 from compliance.views import overview_page
 from portal.accounts import rls
 from portal.accounts.models import Role
@@ -214,7 +214,7 @@ def sla_terms(request: AuthenticatedRequest) -> HttpResponse:
             request, Endpoint.objects.select_related("organization"), data.pop("endpoint")
         )
         try:
-            sla_terms_set(actor=request.user, endpoint=endpoint, **data)
+            services.sla_terms_set(actor=request.user, endpoint=endpoint, **data)
         except ValidationError as exc:
             form.add_error(None, exc)
         else:

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from compliance import services, tasks
 from compliance.models import AuditEvent, BAARecord, StoredObject
 from portal.accounts.models import Membership, Organization
+from portal.sla import services as sla_services
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.compliance.helpers import s3_keys
@@ -127,13 +128,12 @@ def test_charlie_cannot_delete_alices_data(alice, alice_org, charlie_client, reg
 def test_metric_retention_freezes_sla_windows_before_deleting_snapshots(alice, alice_org, regions) -> None:  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
-    from compliance.models import SLAWindowReport
-    from portal.endpoints.models import Endpoint, MetricSnapshot
+    from portal.endpoints.models import Endpoint, MetricSnapshot, SLAWindowReport
 
     endpoint = deployed_endpoint(alice_org, alice)
     Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 9, 1, tzinfo=UTC))
     metric_series(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 30)
-    services.sla_terms_set(actor=alice, endpoint=endpoint, **SLA_TERMS)
+    sla_services.sla_terms_set(actor=alice, endpoint=endpoint, **SLA_TERMS)
     with pytest.raises(ValidationError, match="Use 35 to 3650 days"):
         services.retention_policy_set(
             actor=alice, organization=alice_org, sample_retention_days=30, metric_retention_days=7

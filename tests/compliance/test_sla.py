@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from compliance import sla
+from portal.sla import services as sla_services
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 TIERS = [sla.CreditTier(99.0, 10.0), sla.CreditTier(95.0, 25.0)]
@@ -209,7 +210,8 @@ TIER_BODY = [{"below_pct": 95, "credit_pct": 25}, {"below_pct": 99, "credit_pct"
 
 @pytest.mark.django_db
 def test_terms_and_report_through_the_api(alice, alice_org, bob, charlie) -> None:  # type: ignore[no-untyped-def]
-    from compliance.models import AuditEvent, SLATerms
+    from compliance.models import AuditEvent
+    from portal.endpoints.models import SLATerms
 
     endpoint = _endpoint(alice_org)
     start = datetime(2026, 10, 31, 23, 0, tzinfo=UTC)
@@ -249,15 +251,14 @@ def test_terms_and_report_through_the_api(alice, alice_org, bob, charlie) -> Non
 
 @pytest.mark.django_db
 def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    from compliance import services
-    from compliance.models import AuditEvent, SLAWindowReport
-    from portal.endpoints.models import Endpoint, MetricSnapshot
+    from compliance.models import AuditEvent
+    from portal.endpoints.models import Endpoint, MetricSnapshot, SLAWindowReport
     from portal.sla import services as sla_services
 
     endpoint = _endpoint(alice_org)
     Endpoint.objects.filter(id=endpoint.id).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
     _snapshots(endpoint, datetime(2026, 10, 31, 23, 0, tzinfo=UTC), [500.0] * 60)
-    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    sla_services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
     now = datetime(2026, 11, 1, 1, 0, tzinfo=UTC)
     assert sla_services.sla_windows_close(now=now) == 1
     assert sla_services.sla_windows_close(now=now) == 0
@@ -273,12 +274,11 @@ def test_closed_windows_are_frozen_once(alice, alice_org) -> None:  # type: igno
 
 @pytest.mark.django_db
 def test_client_observed_terms_without_client_data_show_gaps(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    from compliance import services
     from portal.endpoints import selectors
 
     endpoint = _endpoint(alice_org)
     _snapshots(endpoint, datetime(2026, 11, 1, tzinfo=UTC), [500.0] * 60)
-    terms = services.sla_terms_set(actor=alice, endpoint=endpoint, source="client", **TERMS)
+    terms = sla_services.sla_terms_set(actor=alice, endpoint=endpoint, source="client", **TERMS)
     report = selectors.sla_report(terms=terms, now=datetime(2026, 11, 1, 1, 0, tzinfo=UTC))
     assert report.status == "no data" and report.gap_s == 3600 and report.compliance_pct is None
 
@@ -290,7 +290,8 @@ def test_the_compliance_pages_terms_form(alice, alice_org, alice_client, bob_cli
     lesser role, answers 404 for another tenant's endpoint, and shows the page again on bad input."""
     from django.urls import reverse
 
-    from compliance.models import AuditEvent, SLATerms
+    from compliance.models import AuditEvent
+    from portal.endpoints.models import SLATerms
 
     endpoint = _endpoint(alice_org, name="voice-agent")
     _snapshots(endpoint, datetime.now(UTC) - timedelta(minutes=30), [500.0] * 20)
@@ -319,13 +320,12 @@ def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_clie
     from django.test import Client
     from django.urls import reverse
 
-    from compliance import services
     from compliance.models import AuditEvent
     from portal.accounts.models import User
     from tests.conftest import PASSWORD
 
     endpoint = _endpoint(alice_org, name="voice-agent")
-    services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    sla_services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
     url = reverse("compliance:console")
     assert alice_client.get(url).status_code == 404
     admin = User.objects.create_user(
@@ -350,7 +350,6 @@ def test_console_is_for_platform_admins_and_audited(alice, alice_org, alice_clie
 def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_change(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
     from django.conf import settings as django_settings
 
-    from compliance import services
     from portal.endpoints import selectors
     from portal.endpoints.models import MetricSnapshot
 
@@ -358,7 +357,7 @@ def test_month_to_date_report_reuses_its_settled_beginning_until_snapshots_chang
     endpoint = _endpoint(alice_org)
     # Three hours of November at one snapshot a minute: 500 ms except a breach in hour two.
     _snapshots(endpoint, T0, [500.0] * 70 + [1000.0] * 20 + [500.0] * 90)
-    terms = services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
+    terms = sla_services.sla_terms_set(actor=alice, endpoint=endpoint, **TERMS)
     now = T0 + timedelta(hours=3)
 
     def one_pass():  # type: ignore[no-untyped-def]

@@ -17,10 +17,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from compliance.models import AuditEvent
-from compliance.services import sla_terms_set
 from portal.endpoints import charts, policy, selectors
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.jobs.models import ServedModel, TuningJob
+from portal.sla import services as sla_services
 from portal.sla.services import sla_windows_close
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
@@ -452,7 +452,7 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
     endpoint = _endpoint(alice_org, alice)
     Endpoint.objects.filter(pk=endpoint.pk).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
     endpoint.refresh_from_db()
-    sla_terms_set(
+    sla_services.sla_terms_set(
         actor=alice,
         endpoint=endpoint,
         metric="ttft_p95_ms",

@@ -29,7 +29,7 @@ from django.utils import timezone
 from compliance import sla
 from compliance.chain import chain_key
 from compliance.models import AuditEvent
-from compliance.services import audit_verify, sla_terms_set
+from compliance.services import audit_verify
 from portal.accounts.models import Organization, User
 from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints import services
@@ -37,6 +37,7 @@ from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, M
 from portal.endpoints.services import endpoint_dir
 from portal.endpoints.tasks import endpoints_watch
 from portal.jobs.models import Trial, TuningJob
+from portal.sla import services as sla_services
 from portal.traffic.models import TrafficSample
 from serving.engine.watchdog import start_ticks
 from tests.factories import finished_job
@@ -364,7 +365,9 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
     with django_capture_on_commit_callbacks(execute=True):
         endpoint, api_key = services.endpoint_deploy(actor=alice, job=job)
     endpoint.refresh_from_db()  # the port its start picked on the serving host
-    terms = sla_terms_set(actor=alice, endpoint=endpoint, target_ms=60_000.0, metric="ttft_p50_ms")
+    terms = sla_services.sla_terms_set(
+        actor=alice, endpoint=endpoint, target_ms=60_000.0, metric="ttft_p50_ms"
+    )
     model = "llama-xs"  # the short name the endpoint serves it under
     eid = str(endpoint.id)
     try:

@@ -388,8 +388,7 @@ def test_csv_cell_encoding_round_trips() -> None:
 def test_sla_terms_with_nested_tiers_take_json_only(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
     """Found by the API fuzz: a multipart `credit_tiers` part was read as absent, and the terms
     were saved without the tiers the client sent (even invalid ones). JSON only now."""
-    from compliance.models import SLATerms
-    from portal.endpoints.models import Endpoint
+    from portal.endpoints.models import Endpoint, SLATerms
 
     endpoint = Endpoint.objects.create(
         organization=alice_org,

@@ -50,7 +50,6 @@ from drf_spectacular.generators import SchemaGenerator
 
 from compliance import services as compliance_services
 from compliance.middleware import TWO_FACTOR_KEY
-from compliance.models import SLAWindowReport
 from portal.accounts import rls
 from portal.accounts import services as account_services
 from portal.accounts.models import Membership, Organization, User
@@ -61,7 +60,7 @@ from portal.alerts import watch as alert_watch
 from portal.alerts.models import AlertDelivery
 from portal.benchmarks import services as benchmark_services
 from portal.billing.models import WebhookEvent
-from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
+from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot, SLAWindowReport
 from portal.jobs.models import TuningJob
 from portal.sla import services as sla_services
 from portal.sla.models import EdgeIntervalSummary, SLAAgreement
@@ -249,7 +248,7 @@ def world(  # type: ignore[no-untyped-def]
         verdict="the running configuration stayed faster",
         finished_at=now,
     )
-    terms = compliance_services.sla_terms_set(actor=alice, endpoint=endpoint, target_ms=800)
+    terms = sla_services.sla_terms_set(actor=alice, endpoint=endpoint, target_ms=800)
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     previous = (month - timedelta(days=1)).replace(day=1)
     o["sla_month"] = f"{previous:%Y-%m}"

@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.accounts.models import User
+from portal.sla import services as sla_services
 from tests.browser import sign_in, watched
 from tests.conftest import PASSWORD
 from tests.db_roles import application_role, database_url
@@ -486,7 +487,7 @@ def _tenant_with_endpoint(name: str, email: str, values_ms: list[float], *, baa:
         status=Endpoint.Status.HEALTHY,
         created_by=owner,
     )
-    compliance_services.sla_terms_set(
+    sla_services.sla_terms_set(
         actor=owner,
         endpoint=endpoint,
         target_ms=800,
