@@ -38,6 +38,7 @@ from django.utils import timezone
 from compliance.services import audit_record
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.endpoints.services import endpoint_switch
+from portal.jobs import selectors as job_selectors
 from portal.jobs.models import Trial, TuningJob
 from portal.jobs.services import tuning_job_create_for_loop
 from portal.traffic.services import traffic_sample_from_workload
@@ -98,8 +99,6 @@ def _slo_p95(job: TuningJob) -> float | None:
 
 def _tuned_for(endpoint: Endpoint, windows: list[LiveWindow]) -> Any:
     """The workload the running configuration was chosen on (its job's target-rate requests)."""
-    from portal.jobs.services import _work_dir
-
     job = endpoint.job
     assert job is not None
     spec = JobSpec.from_dict(job.spec)
@@ -114,7 +113,7 @@ def _tuned_for(endpoint: Endpoint, windows: list[LiveWindow]) -> Any:
     hit = (trial.result or {}).get("prefix_cache_hit_rate") if trial else None
     # The running configuration may come from a later job than the endpoint's first.
     source = revision.job if revision and revision.job else job
-    workload = _work_dir(source) / "workload.jsonl"
+    workload = job_selectors.job_workload_path(source)
     return tuned_for_profile(
         workload,
         prompt_bounds=prompt_bounds,

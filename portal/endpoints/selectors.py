@@ -26,6 +26,7 @@ from django.db.models import Count, F, Max, QuerySet
 from django.utils import timezone
 
 from compliance import sla
+from portal.catalog.selectors import PRICE_SOURCE_UNPRICED, effective_price_per_hour, usd_text
 from portal.endpoints.models import (
     Endpoint,
     EndpointRevision,
@@ -34,6 +35,9 @@ from portal.endpoints.models import (
     SLATerms,
     SLAWindowReport,
 )
+from portal.jobs.models import Trial
+from portal.jobs.selectors import requests_at_target
+from serving.catalog import UnknownHardware
 from tuning.search.slo import SLOParseError, parse_slo
 
 # Range key -> (length, bucket). Up to an hour every scrape (one each 15 s) is a point; longer
@@ -597,9 +601,6 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
     """Every generation in order: what was deployed and why, what changed from the generation
     before, what its tuning job measured, and the gain over the generation before (tokens per
     second up, p50 TTFT down). A loop-created generation carries its iteration's trigger."""
-    from portal.jobs.models import Trial
-    from portal.jobs.selectors import requests_at_target
-
     revisions = list(EndpointRevision.objects.filter(endpoint=endpoint).select_related("job"))
     # The requests each generation's percentiles rest on: its trial's repeats at the target rate.
     results: dict[tuple[uuid.UUID | None, int | None], dict[str, Any]] = {
@@ -677,9 +678,6 @@ def _iteration_requests(it: LoopIteration) -> tuple[int | None, int | None]:
 def _canary_requests(it: LoopIteration) -> tuple[int | None, int | None]:
     """The requests behind the canary's two p50s: those of the re-tuning job's trials that
     measured them (`loop._judge` takes the winner's and the running configuration's results)."""
-    from portal.jobs.models import Trial
-    from portal.jobs.selectors import requests_at_target
-
     if it.job_id is None or (it.candidate_ttft_p50_ms is None and it.incumbent_ttft_p50_ms is None):
         return None, None
     results = [
@@ -768,9 +766,6 @@ def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | N
 def deploy_summary(*, job: Any) -> dict[str, Any]:
     """What deploying `job`'s winner will create, for the confirmation page: name, model,
     hardware, the configuration that will serve, and its price per hour."""
-    from portal.catalog.selectors import PRICE_SOURCE_UNPRICED, effective_price_per_hour, usd_text
-    from serving.catalog import UnknownHardware
-
     hardware = str((job.spec or {}).get("hardware", "local-cpu"))
     trial = job.trials.filter(number=job.winner_trial).first() if job.winner_trial is not None else None
     config = dict((trial.result or {}).get("config") or {}) if trial is not None else {}

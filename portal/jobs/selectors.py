@@ -3,8 +3,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -20,6 +22,17 @@ from tuning.search.selection import Candidate, pareto_front
 from tuning.search.slo import SLOParseError, parse_slo
 from tuning.search.space import LOSSLESS
 from tuning.search.trial import describe
+
+
+def job_work_dir(job: TuningJob) -> Path:
+    """The job's own folder on the worker: its planned workloads, golden set and trial logs."""
+    return Path(settings.TUNING_WORK_DIR) / str(job.id)
+
+
+def job_workload_path(job: TuningJob) -> Path:
+    """The requests the job replayed at its target rate (the workload a winner was tuned on,
+    which the continual loop compares live traffic with)."""
+    return job_work_dir(job) / "workload.jsonl"
 
 
 def served_model_list(*, organization: Organization) -> QuerySet[ServedModel]:

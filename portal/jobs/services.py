@@ -40,7 +40,7 @@ from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.catalog import model_folders
 from portal.catalog.selectors import job_price_per_hour
-from portal.jobs import admission
+from portal.jobs import admission, selectors
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.pools import selectors as pool_selectors
 from portal.pools.models import Pool
@@ -480,7 +480,7 @@ def tuning_job_cancel(*, actor: User, job: TuningJob) -> TuningJob:
 
 
 def _work_dir(job: TuningJob) -> Path:
-    return Path(settings.TUNING_WORK_DIR) / str(job.id)
+    return selectors.job_work_dir(job)
 
 
 def _claim(job_id: str, owner: str) -> bool:
