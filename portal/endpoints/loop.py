@@ -53,7 +53,6 @@ from tuning.continual import (
     tuned_for_profile,
 )
 from tuning.search.job import JobSpec
-from tuning.search.slo import parse_slo
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ def _windows(endpoint: Endpoint, *, since: Any) -> tuple[list[LiveWindow], list[
 
 
 def _slo_p95(job: TuningJob) -> float | None:
-    slo = parse_slo(str((job.spec or {}).get("slo", "")))
+    slo = job.slo()
     return next((o.limit_ms for o in slo.objectives if o.metric == "ttft" and o.percentile == 95), None)
 
 

@@ -38,7 +38,7 @@ from portal.endpoints.models import (
 from portal.jobs.models import Trial
 from portal.jobs.selectors import requests_at_target
 from serving.catalog import UnknownHardware
-from tuning.search.slo import SLOParseError, parse_slo
+from tuning.search.slo import SLOParseError
 
 # Range key -> (length, bucket). Up to an hour every scrape (one each 15 s) is a point; longer
 # ranges are bucketed so a page refreshed every 15 s does not ship tens of thousands of points.
@@ -152,12 +152,12 @@ def _finite(value: Any) -> float | None:
 
 def endpoint_slo(*, endpoint: Endpoint) -> dict[str, Any]:
     """The SLO the endpoint was tuned for (its job's), with p50/p95 TTFT targets where stated."""
-    text = str(((endpoint.job.spec or {}) if endpoint.job else {}).get("slo") or "")
+    text = endpoint.job.slo_text if endpoint.job else ""
     empty: dict[str, Any] = {"text": text, "ttft_p50_ms": None, "ttft_p95_ms": None, "problem": None}
     if endpoint.job is None:
         return {**empty, "problem": "the endpoint's tuning job was deleted, so its SLO is unknown"}
     try:
-        target = parse_slo(text)
+        target = endpoint.job.slo()
     except SLOParseError as exc:
         return {**empty, "problem": f"the job's SLO cannot be read: {exc}"}
     return {**empty, "ttft_p50_ms": target.limit("ttft_p50_ms"), "ttft_p95_ms": target.limit("ttft_p95_ms")}
@@ -766,7 +766,7 @@ def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | N
 def deploy_summary(*, job: Any) -> dict[str, Any]:
     """What deploying `job`'s winner will create, for the confirmation page: name, model,
     hardware, the configuration that will serve, and its price per hour."""
-    hardware = str((job.spec or {}).get("hardware", "local-cpu"))
+    hardware = job.hardware
     trial = job.trials.filter(number=job.winner_trial).first() if job.winner_trial is not None else None
     config = dict((trial.result or {}).get("config") or {}) if trial is not None else {}
     price_text: str | None = None

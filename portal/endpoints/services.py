@@ -123,17 +123,17 @@ def endpoint_deploy(
     chosen: Pool | None = None
     if pool_name:
         chosen = pool_require_usable(organization=job.organization, name=pool_name, doing="this endpoint")
-        if chosen.accelerator != (job.spec or {}).get("hardware"):
+        if chosen.accelerator != job.hardware:
             raise ValidationError(
                 {
                     "pool": f"Pool {chosen.name} is {chosen.accelerator}; the job tuned for "
-                    f"{(job.spec or {}).get('hardware')}: deploy on a pool of the same hardware."
+                    f"{job.hardware}: deploy on a pool of the same hardware."
                 }
             )
     else:
         residency_require_hardware(
             organization=job.organization,
-            hardware=str((job.spec or {}).get("hardware", "local-cpu")),
+            hardware=job.hardware,
             doing="this endpoint",
         )
     number, result = _winner(job)

@@ -8,6 +8,8 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
+
 
 class ServedModel(models.Model):
     """A model directory on the serving host that this organization may tune and deploy."""
@@ -111,6 +113,34 @@ class TuningJob(models.Model):
     def awaits_broker(self) -> bool:
         """Its next step is owed but the task queue has not taken it yet (it was unreachable)."""
         return self.is_active and self.dispatch == self.Dispatch.PENDING
+
+    # Typed reads of the spec (issue 22): every reader goes through these, with one default each,
+    # instead of `(job.spec or {}).get(...)` and its own fallback.
+
+    @property
+    def hardware(self) -> str:
+        """The hardware the job tuned for (a catalog name; jobs before pools: "local-cpu")."""
+        return str((self.spec or {}).get("hardware") or "local-cpu")
+
+    @property
+    def budget_trials(self) -> int:
+        return int((self.spec or {}).get("budget_trials") or 0)
+
+    @property
+    def slo_text(self) -> str:
+        """The SLO as the person wrote it (validated when the job was created)."""
+        return str((self.spec or {}).get("slo") or "")
+
+    def slo(self) -> SLOTarget:
+        """The job's SLO, parsed; SLOParseError only for a spec written by hand or by an older
+        release (every job is validated when created)."""
+        return parse_slo(self.slo_text)
+
+    def slo_or_none(self) -> SLOTarget | None:
+        try:
+            return self.slo()
+        except SLOParseError:
+            return None
 
 
 class Trial(models.Model):

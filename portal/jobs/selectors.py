@@ -19,7 +19,6 @@ from tuning.search.job import HARDWARE
 from tuning.search.job import REFERENCE as REFERENCE_PHASE
 from tuning.search.job import SEARCH as SEARCH_PHASE
 from tuning.search.selection import Candidate, pareto_front
-from tuning.search.slo import SLOParseError, parse_slo
 from tuning.search.space import LOSSLESS
 from tuning.search.trial import describe
 
@@ -93,13 +92,10 @@ def job_form_initial(*, organization: Organization, sample_id: str | None) -> di
 # `portal.jobs.charts` draws the figures from it.
 
 
-def _slo_limits(slo_text: str) -> dict[str, float | None]:
-    try:
-        slo = parse_slo(slo_text)
-    except SLOParseError:
-        # Jobs are validated when created; an unreadable SLO only means no lines on the charts.
-        return {"ttft_p50_ms": None, "ttft_p95_ms": None, "tpot_p50_ms": None}
-    return {name: slo.limit(name) for name in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
+def _slo_limits(job: TuningJob) -> dict[str, float | None]:
+    # Jobs are validated when created; an unreadable SLO only means no lines on the charts.
+    slo = job.slo_or_none()
+    return {name: slo.limit(name) if slo else None for name in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")}
 
 
 def requests_at_target(result: dict[str, Any]) -> int | None:
@@ -291,8 +287,8 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
             "created_at": job.created_at.isoformat(),
             "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         },
-        "slo_text": spec.get("slo", ""),
-        "slo": _slo_limits(spec.get("slo", "")),
+        "slo_text": job.slo_text,
+        "slo": _slo_limits(job),
         "peak_rps": spec.get("peak_rps"),
         "headroom": spec.get("headroom"),
         "target_rps": target_rps,
@@ -382,7 +378,7 @@ def job_progress(*, job: TuningJob, now: datetime | None = None) -> dict[str, An
         if (t.result or {}).get("phase", REFERENCE_PHASE if t.number == 0 else SEARCH_PHASE) == SEARCH_PHASE
     ]
     done = [t for t in searched if t.finished_at is not None]
-    budget = int((job.spec or {}).get("budget_trials") or 0)
+    budget = job.budget_trials
     per_trial_s = (
         sum((t.finished_at - t.started_at).total_seconds() for t in done if t.finished_at) / len(done)
         if done

@@ -654,7 +654,7 @@ def _calibration_pairs(job: TuningJob) -> list[Any]:
     They calibrate the simulator for this job; later trials (this job's own included) do not, so
     every step of one job ranks and predicts with the same calibration.
     """
-    hardware = (job.spec or {}).get("hardware")
+    hardware = job.hardware
     results = (
         Trial.objects.filter(
             organization=job.organization,

@@ -38,7 +38,6 @@ from portal.endpoints import selectors as endpoint_selectors
 from portal.endpoints.models import Endpoint, SLATerms, SLAWindowReport
 from portal.sla import selectors
 from portal.sla.models import EdgeCoverage, EdgeIntervalSummary, EdgeRequest, SLAAgreement, SLAPeriod
-from tuning.search.slo import SLOParseError, parse_slo
 
 # The provider's default terms when a job gives only targets (the provider edits them freely).
 DEFAULT_CREDIT_TIERS = [{"below_pct": 99.5, "credit_pct": 10.0}, {"below_pct": 99.0, "credit_pct": 25.0}]
@@ -87,10 +86,7 @@ def sla_terms_derive(*, endpoint: Endpoint) -> dict[str, Any]:
         "currency": "usd",
         "derived_from_job": str(endpoint.job_id or ""),
     }
-    try:
-        slo = parse_slo(str(spec.get("slo") or ""))
-    except SLOParseError:
-        slo = None
+    slo = endpoint.job.slo_or_none() if endpoint.job is not None else None
     if slo is not None:
         terms["ttft_p50_ms"] = slo.limit("ttft_p50_ms")
         terms["ttft_p95_ms"] = slo.limit("ttft_p95_ms")

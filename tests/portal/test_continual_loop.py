@@ -20,7 +20,7 @@ from portal.endpoints import loop
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.endpoints.services import endpoint_dir
 from portal.jobs.models import ServedModel, Trial, TuningJob
-from portal.jobs.services import _work_dir
+from portal.jobs.selectors import job_work_dir
 from portal.traffic.models import TrafficSample
 from serving.engine import EngineConfig
 from tests.tuning.workload_factories import BOUNDS
@@ -104,7 +104,7 @@ def deployed(alice, alice_org, model_root: Path, settings, tmp_path: Path):  # t
         finished_at=timezone.now(),
     )
     rng = np.random.default_rng(0)
-    work = _work_dir(job)
+    work = job_work_dir(job)
     work.mkdir(parents=True)
     with (work / "workload.jsonl").open("w") as f:
         for i in range(60):
