@@ -18,7 +18,10 @@ Both tuned arms time vLLM's own fused-MoE kernel on this GPU (through `override_
 this vLLM does not expose it, `kernels.moe_gemm`, a kernel of the same tiling, is timed instead
 and the result says so). Every block's engine log is read back for the table vLLM really used.
 
-Per (shape, trace): rounds of the three arms in rotated order, `--repeats` rounds; each block
+Per (shape, trace): `--warmup-rounds` discarded rounds first (run 5 found the first round of
+every arm slower, its first requests waiting over a second: the first engine to run a table's
+kernels compiles them, later ones read the compiled cache), then rounds of the three arms in
+rotated order, `--repeats` rounds; each block
 replays the trace at two loads (fractions of the simulated saturation rate, the trace's own
 arrivals scaled), with the same prompts for the three arms of a round and fresh ones per round.
 Figures per load: TPOT p50 and TTFT p95 ratios with 95% intervals from the two-level bootstrap
@@ -117,6 +120,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 MAX_BLOCK_REQUESTS = 1500  # requests in one replay, whatever the rate and duration
 MAX_REPEATS = 10
+MAX_WARMUP_ROUNDS = 3
 MAX_SIM_REQUESTS = 4000  # one simulated replay (a few seconds of CPU)
 
 
@@ -314,7 +318,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         cfg = config if arm == "default" else moe_tables.with_tables(config, f"/WORK/tables/{arm}/<shape>")
         arms[arm] = {"args": cfg.to_args(model="/WORK/models/<shape>"), "env": cfg.to_env()}
     plan["arms"] = arms
-    blocks = len(args.shapes) * len(args.traces) * len(args.arms) * args.repeats
+    rounds = args.repeats + args.warmup_rounds
+    blocks = len(args.shapes) * len(args.traces) * len(args.arms) * rounds
     replays_s = (
         sum(
             (args.duration_s + 30.0) * len(t["loads"])
@@ -322,7 +327,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
             for t in s["traces"].values()
         )
         * len(args.arms)
-        * args.repeats
+        * rounds
     )
     tuning_s = sum(
         s["uniform_table"]["estimate_s"] * ("uniform" in args.arms)
@@ -592,7 +597,7 @@ def run_block(
         model=str(args.work / "models" / shape), config=config, startup_timeout_s=1200, log_path=log_path
     ) as engine:
         ready_s = time.monotonic() - started
-        warm_up(engine.base_url, seed=round_)
+        warm_up(engine.base_url, seed=round_ + MAX_WARMUP_ROUNDS)  # warm-up rounds are negative
         for i, (load, scale) in enumerate(loads.items()):
             # The three arms of a round replay the same prompts (fresh engines: no cache carries
             # over); every round and load has its own.
@@ -638,6 +643,8 @@ def figures(blocks: Sequence[Mapping[str, Any]], load: str, seed: int) -> dict[s
     by_arm: dict[str, list[Block]] = {a: [] for a in ARMS}
     errors = {a: 0 for a in ARMS}
     for b in blocks:
+        if b["round"] < 0:  # a warm-up round: served to fill the compile caches, not measured
+            continue
         rep = b["replays"].get(load)
         if rep:
             errors[b["arm"]] += int(rep["errors"])
@@ -684,6 +691,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="rounds of the three arms (>= 3 for intervals)"
+    )
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=1,
+        help="rounds of every arm served first and left out of the figures (compile caches)",
     )
     parser.add_argument("--load-fractions", default="0.4,0.8", help="of the simulated saturation rate")
     parser.add_argument("--saturation-ttft-ms", type=float, default=2000.0)
@@ -741,6 +754,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.arms = tuple(a for a in ARMS if a in arms)  # in ARMS' order
     if not 1 <= args.repeats <= MAX_REPEATS:
         parser.error(f"--repeats must be in [1, {MAX_REPEATS}]")
+    if not 0 <= args.warmup_rounds <= MAX_WARMUP_ROUNDS:
+        parser.error(f"--warmup-rounds must be in [0, {MAX_WARMUP_ROUNDS}]")
     if not 1 <= args.duration_s <= 600:
         parser.error("--duration-s must be in [1, 600]")
     args.state = args.state or args.work / "state.json"
@@ -916,7 +931,9 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 if measured
                 else args.engine_start_s + 2.5 * args.duration_s * len(loads)
             )
-            for round_ in range(args.repeats):
+            # Warm-up rounds are numbered below zero: kept in the state and the result, never in
+            # the figures.
+            for round_ in range(-args.warmup_rounds, args.repeats):
                 n = len(args.arms)
                 arms = args.arms[round_ % n :] + args.arms[: round_ % n]  # rotated: no arm always first
                 for arm in arms:

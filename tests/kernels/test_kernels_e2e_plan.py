@@ -51,10 +51,10 @@ def test_dry_run_checks_the_plan_and_writes_no_result(
     assert arms["traffic"]["env"][moe_tables.ENV_VAR].startswith("/WORK/tables/traffic")
     assert arms["default"]["args"] == arms["traffic"]["args"]
     assert "--load-format" in arms["default"]["args"] and "dummy" in arms["default"]["args"]
-    assert plan["estimate"]["blocks"] == 1 * 1 * 3 * 3
+    assert plan["estimate"]["blocks"] == 1 * 1 * 3 * (3 + 1)  # three arms, three rounds and a warm-up
     config = json.loads((tmp_path / "work" / "models" / "qwen3-30b-a3b-e64" / "config.json").read_text())
     assert config["num_experts"] == 64 and config["moe_intermediate_size"] == 768
-    assert "plan OK: 9 engine blocks" in capsys.readouterr().out
+    assert "plan OK: 12 engine blocks" in capsys.readouterr().out
 
 
 def test_a_plan_that_would_not_fit_is_refused_before_anything_runs(
@@ -103,6 +103,20 @@ def test_figures_are_ratios_with_intervals_from_the_blocks() -> None:
     blocks[0]["replays"]["0.8x"]["errors"] = 3  # type: ignore[index]
     f = e2e.figures(blocks, "0.8x", seed=0)
     assert f["blocks"]["default"] == 2 and f["errors"]["default"] == 3
+
+
+def test_warm_up_rounds_are_served_but_never_measured() -> None:
+    rng = np.random.default_rng(1)
+    measured = [
+        _block(arm, r, tpot, list(rng.uniform(50, 150, 100)))
+        for r in range(3)
+        for arm, tpot in (("default", 10.0), ("traffic", 9.0))
+    ]
+    # Run 5's first round: compile stalls, far slower in both arms.
+    warm = [_block(arm, -1, 60.0, [1300.0] * 100) for arm in ("default", "traffic")]
+    with_warm = e2e.figures(warm + measured, "0.8x", seed=0)
+    assert with_warm == e2e.figures(measured, "0.8x", seed=0)
+    assert with_warm["blocks"] == {"default": 3, "uniform": 0, "traffic": 3}
 
 
 def test_a_resumed_run_rewrites_tables_its_fresh_machine_lacks(tmp_path: Path) -> None:
