@@ -150,9 +150,8 @@ class ReauthMiddleware:
                 status=403,
             )
         back = _back_to(request, action)
-        if request.session.get(ports.TWO_FACTOR_KEY) != str(
-            user.pk
-        ) and ports.compliance().second_factor_required(user=user):
+        verified = request.session.get(ports.TWO_FACTOR_KEY) == str(user.pk)
+        if not verified and ports.compliance().second_factor_required(user=user):
             # Before the session's two-factor step only signing in is reachable: sign in again.
             logout(request)
             messages.info(request, f"Sign in again to {action.doing}.")
