@@ -22,10 +22,6 @@ def register(name: str, check: StartCheck) -> None:
     _CHECKS[name] = check
 
 
-def registered() -> list[str]:
-    return sorted(_CHECKS)
-
-
 def assert_can_start(*, organization: Organization) -> None:
     """Runs every registered check, in name order; the first refusal propagates."""
     for name in sorted(_CHECKS):

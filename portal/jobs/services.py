@@ -479,10 +479,6 @@ def tuning_job_cancel(*, actor: User, job: TuningJob) -> TuningJob:
     return job
 
 
-def _work_dir(job: TuningJob) -> Path:
-    return selectors.job_work_dir(job)
-
-
 def _claim(job_id: str, owner: str) -> bool:
     """Take the job's lease if it is free or its holder stopped heartbeating (a dead worker).
 
@@ -586,7 +582,7 @@ def engine_log_for_customer(lines: Sequence[str], *, replacements: Mapping[str, 
 
 
 def _log_replacements(job: TuningJob) -> dict[str, str]:
-    replacements = {str(_work_dir(job)): "job"}
+    replacements = {str(selectors.job_work_dir(job)): "job"}
     model = job.served_model
     if model is not None and model.path:
         replacements[str(model.path)] = f"<model {model.name}>"
@@ -725,7 +721,9 @@ def _step(job_id: str, owner: str) -> str:
         TuningJob.objects.filter(id=job_id).update(status=TuningJob.Status.RUNNING, started_at=timezone.now())
     plan_error = ""
     try:
-        prepared = plan_job(JobSpec.from_dict(job.spec), _work_dir(job), calibration=_calibration_pairs(job))
+        prepared = plan_job(
+            JobSpec.from_dict(job.spec), selectors.job_work_dir(job), calibration=_calibration_pairs(job)
+        )
     except JobSpecError as exc:
         plan_error = str(exc)
     _reconnect_if_lost()
@@ -765,7 +763,7 @@ def _step(job_id: str, owner: str) -> str:
     here = pool_selectors.host_here()
     where = f" on host {here.name}" if here is not None else ""
     _phase(job_id, f"trial {number}{where}: {planned.describe()}")
-    trial_dir = _work_dir(job) / f"trial-{number}"
+    trial_dir = selectors.job_work_dir(job) / f"trial-{number}"
     with _EngineLogWatch(trial, trial_dir / ENGINE_LOG_NAME, _log_replacements(job)):
         result = execute(
             prepared,
