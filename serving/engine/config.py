@@ -29,6 +29,11 @@ class InvalidEngineConfig(ValueError):
         self.flag = flag
 
 
+# vLLM's CPU build: the cores its worker's OpenMP threads are pinned to ("auto": all but one core
+# per NUMA node; "nobind": none; or a list such as "0-3,8").
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One serving configuration. `None` means "the engine's own default"."""

@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -436,6 +436,34 @@ class GpuMeter:
 
 
 # --- host facts ------------------------------------------------------------------------------
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """The kernel's CPU list notation ("0-3,8,10-11"), as in /proc's Cpus_allowed_list."""
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def pinned_cores(pids: Iterable[int]) -> set[int]:
+    """The cores processes among `pids` are pinned to: the union of every allowed-CPU set that is
+    narrower than this process's own (vLLM's CPU worker pins itself; its API server does not).
+    Processes that are gone or unreadable are skipped."""
+    own = os.sched_getaffinity(0)
+    pinned: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    allowed = parse_cpu_list(line.split(":", 1)[1])
+                    if allowed and allowed < own:
+                        pinned |= allowed
+                    break
+    return pinned
 
 
 def cpu_facts() -> dict[str, Any]:

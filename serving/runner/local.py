@@ -9,7 +9,10 @@ The router (an existing proxy, not ours) owns the stable port. Engines come and 
   minute or more here), so whoever watches the state sees the outage while it lasts;
 - `deploy(config)` swaps configurations without failing a request: the new engine starts and
   must be healthy, then it joins the router, then the old one leaves the router, drains its
-  in-flight requests, and only then stops.
+  in-flight requests, and only then stops. On vLLM's CPU build the new engine is not pinned onto
+  the cores the serving one is pinned to (`replacement_binding`): both would share one core while
+  the cores left to the frontends stay idle, and the new one's start-up could starve behind the
+  old one's busy worker for as long as the old one serves.
 
 With an SLA ingest named (`edge`), the measuring proxy (`python -m serving.edge`) takes the
 stable address instead: clients reach the proxy, the proxy the router (then on a loopback port),
@@ -25,6 +28,7 @@ process that started it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -40,11 +44,34 @@ import httpx
 
 import serving.engine
 from serving.edge import TOKEN_ENV, IngestTarget
-from serving.engine.config import EngineConfig
+from serving.engine.config import CPU_BIND_ENV, EngineConfig
+from serving.engine.host import parse_cpu_list, pinned_cores
 from serving.engine.launcher import EngineLaunchError, EngineProcess, free_port, read_log_tail, start_engine
 from serving.metrics import scrape
 
 _WATCHDOG = Path(serving.engine.__file__).parent / "watchdog.py"
+
+
+def replacement_binding(config: EngineConfig, taken: set[int], allowed: set[int]) -> str | None:
+    """The CPU binding for an engine started while another, pinned to `taken`, still serves.
+
+    None keeps `config`'s own: nothing is pinned, or the configuration names cores disjoint from
+    `taken`. Otherwise the cores `taken` leaves free when they are at least as many (a 2-core
+    host: the old worker on core 0, the new on core 1), else "nobind" (the new engine's threads
+    float over every core rather than queue behind the old worker's)."""
+    if not taken:
+        return None
+    requested = dict(config.extra_env).get(CPU_BIND_ENV, "auto")
+    if requested == "nobind":
+        return None
+    if requested != "auto":
+        with contextlib.suppress(ValueError):
+            if not parse_cpu_list(requested.replace("|", ",")) & taken:
+                return None
+    free = allowed - taken
+    if free and len(free) >= len(taken) and config.tensor_parallel_size == 1:
+        return ",".join(str(core) for core in sorted(free))
+    return "nobind"
 
 
 class RouterError(RuntimeError):
@@ -341,7 +368,7 @@ class LocalEndpoint:
         """Zero-failure switch to `config` (see the module docstring). The old engine keeps
         serving if the new one fails to start; the error is raised."""
         old = self.engine
-        new = self._start_engine(config)
+        new = self._start_engine(self._beside(old, config))
         try:
             self.router.add_worker(new.base_url)
         except RouterError:
@@ -353,6 +380,17 @@ class LocalEndpoint:
             old.stop()
         self.engine, self.config = new, config
         self.state.status = "healthy"
+
+    @staticmethod
+    def _beside(old: EngineProcess | None, config: EngineConfig) -> EngineConfig:
+        """`config` for an engine started while `old` still serves (see `replacement_binding`)."""
+        if old is None or not old.alive():
+            return config
+        bind = replacement_binding(config, pinned_cores(old.leftover_pids()), os.sched_getaffinity(0))
+        if bind is None:
+            return config
+        env = dict(config.extra_env) | {CPU_BIND_ENV: bind}
+        return dataclasses.replace(config, extra_env=tuple(sorted(env.items())))
 
     def _drain(self, engine: EngineProcess) -> None:
         deadline = time.monotonic() + self.drain_timeout_s

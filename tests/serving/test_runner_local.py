@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from serving.engine import EngineConfig
+from serving.engine.config import CPU_BIND_ENV
+from serving.engine.host import parse_cpu_list, pinned_cores
 from serving.engine.launcher import free_port
 from serving.loadgen.api import replay_generated
 from serving.loadgen.results import RequestResult
-from serving.runner.local import LocalEndpoint
-
-pytestmark = pytest.mark.engine
+from serving.runner.local import LocalEndpoint, replacement_binding
 
 
 def _config(**overrides: object) -> EngineConfig:
@@ -32,6 +32,25 @@ def _complete(base_url: str, model: str) -> httpx.Response:
     )
 
 
+def test_a_replacement_engine_is_not_pinned_onto_the_serving_ones_cores() -> None:
+    auto = _config()
+    # Nothing pinned (a GPU engine, or vLLM told not to bind): the configuration's own binding.
+    assert replacement_binding(auto, set(), {0, 1}) is None
+    # A 2-core host: vLLM's auto binding put the old worker on core 0; the new one gets core 1.
+    assert replacement_binding(auto, {0}, {0, 1}) == "1"
+    assert replacement_binding(auto, {0, 1}, {0, 1, 2, 3}) == "2,3"
+    # Too few cores left for a fair share (a 16-core host, auto leaves one): none pinned.
+    assert replacement_binding(auto, set(range(15)), set(range(16))) == "nobind"
+    # An explicit binding the old engine does not hold is kept; one it holds is not.
+    assert replacement_binding(_config(extra_env=((CPU_BIND_ENV, "2-3"),)), {0, 1}, set(range(4))) is None
+    assert replacement_binding(_config(extra_env=((CPU_BIND_ENV, "0-1"),)), {0}, set(range(4))) == "1,2,3"
+    assert replacement_binding(_config(extra_env=((CPU_BIND_ENV, "nobind"),)), {0}, {0, 1}) is None
+    # Tensor parallel on CPUs needs one list per rank: the replacement floats instead.
+    assert replacement_binding(_config(tensor_parallel_size=2), {0, 1}, set(range(8))) == "nobind"
+    assert parse_cpu_list("0-2,5,7-8\n") == {0, 1, 2, 5, 7, 8}
+
+
+@pytest.mark.engine
 def test_redeploy_under_load_fails_no_request_and_keeps_the_address(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -61,7 +80,11 @@ def test_redeploy_under_load_fails_no_request_and_keeps_the_address(
         thread = threading.Thread(target=load, daemon=True)
         thread.start()
         time.sleep(3)
+        old_cores = pinned_cores(old.leftover_pids())
         endpoint.deploy(_config(max_num_seqs=8))
+        # The two engines never shared a core while both ran (see replacement_binding).
+        assert endpoint.engine is not None
+        assert not pinned_cores(endpoint.engine.leftover_pids()) & old_cores
         time.sleep(3)
         stop.set()
         thread.join(timeout=120)
@@ -76,6 +99,7 @@ def test_redeploy_under_load_fails_no_request_and_keeps_the_address(
     assert endpoint.engine.leftover_pids() == []
 
 
+@pytest.mark.engine
 def test_a_crashed_engine_restarts_then_repeated_crashes_degrade(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

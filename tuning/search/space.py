@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.catalog.hardware import local_region_code
-from serving.engine.config import EngineConfig
+from serving.engine.config import CPU_BIND_ENV, EngineConfig
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
 
@@ -368,9 +368,6 @@ def _cpu_has_fp8_kv() -> bool:
     except OSError:
         return False
     return "avx512f" in flags or "amx_tile" in flags
-
-
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM CPU: the cores its worker's OpenMP threads run on
 
 
 def local_worker_cores() -> str | None:
