@@ -872,7 +872,9 @@ def residency_require_hardware(*, organization: Any, hardware: str, doing: str) 
     target = HARDWARE.get(hardware)
     if target is None:
         raise ValidationError({"hardware": f"unknown hardware {hardware!r}"})
-    residency_require(organization=organization, region=target.region, doing=doing, field="hardware")
+    # A local target runs on this machine, whose region the deployment declares (validated settings).
+    region = target.region or settings.LOCAL_HARDWARE_REGION
+    residency_require(organization=organization, region=region, doing=doing, field="hardware")
 
 
 def staff_access_record(

@@ -333,7 +333,12 @@ def _job_create(
     )
     try:
         # The organization's data-residency rule decides which hardware regions are possible.
-        validate(spec, allowed_regions=allowed_regions(organization=organization))
+        validate(
+            spec,
+            allowed_regions=allowed_regions(organization=organization),
+            # Where the trials run: the pool's region, else this machine's (validated at start-up).
+            region=chosen.region if chosen is not None else settings.LOCAL_HARDWARE_REGION,
+        )
     except JobSpecError as exc:
         field = {"model_path": "served_model", "trace": "traffic_sample"}.get(exc.field, exc.field)
         raise ValidationError({field: exc.message}) from None

@@ -268,6 +268,15 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
     page.force_login(alice)
     form = page.get("/jobs/").content.decode()
     assert "cpu-pool (local-cpu x2, local)" in form and "other-cpu" not in form
+    # US-only: a job on the US pool runs in the pool's region, whatever this machine's is; without
+    # a pool it would run here ("local"), which the rule refuses.
+    residency_policy_set(actor=alice, organization=alice_org, allowed_regions=["us"])
+    with django_capture_on_commit_callbacks(execute=False):
+        us_job = job_services.tuning_job_create(**base, pool="cpu-us")
+    assert us_job.pool is not None and us_job.pool.region == "us"
+    with pytest.raises(ValidationError) as info:
+        job_services.tuning_job_create(**base)
+    assert "region 'local', outside" in str(info.value.message_dict["hardware"])
 
     # Endpoints: the job's pool by default, residency checked the same way.
     TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED, winner_trial=0)

@@ -146,17 +146,24 @@ def test_the_cpu_kv_space_fixes_the_cache_size() -> None:
     assert fit.kv_capacity_tokens == 2**30 // spec.kv_bytes_per_token("fp32")
 
 
-def test_the_local_machine_s_region_is_the_deployment_s_to_declare() -> None:
+def test_the_local_machine_s_region_is_the_deployment_s_to_declare(monkeypatch: pytest.MonkeyPatch) -> None:
     """A self-hosted portal in a US data centre says so (LOCAL_HARDWARE_REGION=us): the local CPU
-    is then US hardware for residency rules, in the catalog and in tuning jobs alike."""
+    is then US hardware for residency rules, in the catalog and in tuning jobs alike. Tuning
+    targets read it when asked (a process that sets it after import sees it); the catalog's
+    datasheet region is read once, at import."""
     import os
     import subprocess
     import sys
 
+    from tuning.search.space import LOCAL_CPU
+
     assert get_hardware("local-cpu").region_codes() == {"local"}
+    assert LOCAL_CPU.residency() == "local"
+    monkeypatch.setenv("LOCAL_HARDWARE_REGION", " US ")
+    assert LOCAL_CPU.residency() == "us"
     probe = (
         "from serving.catalog import get_hardware; from tuning.search.space import LOCAL_CPU; "
-        "print(sorted(get_hardware('local-cpu').region_codes()), LOCAL_CPU.region)"
+        "print(sorted(get_hardware('local-cpu').region_codes()), LOCAL_CPU.residency())"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe],

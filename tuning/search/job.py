@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.catalog.hardware import local_region_code
 from serving.engine.host import fastest_dtype
 from serving.loadgen.results import json_finite
 from serving.perf.feedback import Pair
@@ -82,7 +81,7 @@ REFERENCE_ATTEMPTS = 2  # the reference is retried once on a fresh engine, then 
 # device-hour); their engine hosts are the pools' agents, each with its own CUDA vLLM.
 HARDWARE: dict[str, HardwareTarget] = {
     LOCAL_CPU.name: LOCAL_CPU,
-    **{name: gpu_target(name, region=local_region_code()) for name in ("h100", "h200")},
+    **{name: gpu_target(name) for name in ("h100", "h200")},
 }
 LOAD_FORMATS = ("dummy",)  # besides the checkpoint's weights (None)
 
@@ -204,9 +203,10 @@ def validate_budget(budget_trials: int) -> None:
 
 
 def validate(
-    spec: JobSpec, *, allowed_regions: Sequence[str] | None = None
+    spec: JobSpec, *, allowed_regions: Sequence[str] | None = None, region: str | None = None
 ) -> tuple[SLOTarget, HardwareTarget]:
-    """Checks everything that can be checked before any engine starts."""
+    """Checks everything that can be checked before any engine starts. `region`: where the trials
+    will run (a pool's region); None: the hardware target's own (this machine's for local ones)."""
     try:
         slo = parse_slo(spec.slo)
     except SLOParseError as exc:
@@ -250,10 +250,11 @@ def validate(
     hardware = HARDWARE.get(spec.hardware)
     if hardware is None:
         raise JobSpecError("hardware", f"unknown hardware {spec.hardware!r}; known: {', '.join(HARDWARE)}")
-    if allowed_regions is not None and hardware.region not in allowed_regions:
+    where = region or hardware.residency()
+    if allowed_regions is not None and where not in allowed_regions:
         raise JobSpecError(
             "hardware",
-            f"{hardware.name} runs in region {hardware.region!r}, outside the organization's allowed regions "
+            f"{hardware.name} runs in region {where!r}, outside the organization's allowed regions "
             f"({', '.join(allowed_regions) or 'none'})",
         )
     if spec.load_format is not None and spec.load_format not in LOAD_FORMATS:

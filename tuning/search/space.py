@@ -96,7 +96,9 @@ class HardwareTarget:
     """Where trials run: the local CPU engine here; a GPU type on a GPU host."""
 
     name: str  # e.g. "local-cpu"
-    region: str  # data-residency region code, e.g. "us"
+    # Data-residency region code, e.g. "us"; None: this machine's, read when asked
+    # (LOCAL_HARDWARE_REGION, see `residency`), never frozen at import.
+    region: str | None
     num_devices: int
     kv_cache_gib: float  # memory available to the KV cache on one replica
     price_per_hour_usd: float  # for cost per million tokens
@@ -112,6 +114,10 @@ class HardwareTarget:
     catalog_name: str | None = None  # the accelerator in serving.catalog.hardware
     # Load-generator processes a trial replays with (see `TrialPlan.client_processes`).
     client_processes: int = 1
+
+    def residency(self) -> str:
+        """The region code trials on this target run in."""
+        return self.region or local_region_code()
 
     def kv_cache_gib_for(self, model: ModelInfo, values: Mapping[str, Any]) -> float:
         """The KV cache one replica gets with these knob values (GPUs: memory x utilisation,
@@ -173,7 +179,7 @@ def on_this_host(target: HardwareTarget) -> HardwareTarget:
     return replace(target, device_memory_gib=round(host, 1))
 
 
-def gpu_target(name: str, *, region: str, num_devices: int = 1) -> HardwareTarget:
+def gpu_target(name: str, *, region: str | None = None, num_devices: int = 1) -> HardwareTarget:
     """A GPU target from the hardware catalog (device memory, price per device-hour)."""
     from serving.catalog.hardware import get_hardware
 
@@ -194,7 +200,7 @@ def gpu_target(name: str, *, region: str, num_devices: int = 1) -> HardwareTarge
 
 LOCAL_CPU = HardwareTarget(
     name="local-cpu",
-    region=local_region_code(),
+    region=None,
     num_devices=1,
     kv_cache_gib=2.0,
     # Not priced (as in the hardware catalog): the operator's own machine has a price only when
