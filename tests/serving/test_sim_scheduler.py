@@ -125,6 +125,23 @@ def test_lru_eviction_reuses_the_least_recently_freed_blocks() -> None:
     assert tokens == {2: 8} and again.num_cached_tokens == 0
 
 
+def test_the_free_queue_hands_out_unused_blocks_in_order_then_the_least_recently_freed() -> None:
+    from serving.sim.kv import BlockPool
+
+    pool = BlockPool(6, 16, enable_caching=True)
+    first = pool.allocate(2)
+    assert first == [0, 1] and pool.num_free == 4 and pool.num_used == 2
+    pool.register(0, 100)
+    pool.release(first)  # tail-first: block 1, then block 0 (cached) join the queue's tail
+    assert pool.num_free == 6
+    # Never-used blocks come first, in id order; then the freed ones, least recently freed first.
+    assert pool.allocate(4) == [2, 3, 4, 5] and pool.num_evictions == 0
+    assert pool.allocate(1) == [1]
+    assert pool.longest_hit([100], 1) == [0] and pool.num_free_after_touch([0]) == 0
+    assert pool.allocate(1) == [0] and pool.num_evictions == 1 and pool.cached == {}
+    assert pool.num_free == 0
+
+
 def test_kv_exhaustion_preempts_the_newest_request_and_recomputes_it() -> None:
     s = Scheduler(config(num_kv_blocks=6, enable_prefix_caching=False))
     a, b = req(0, 8, 10), req(1, 8, 10)

@@ -275,3 +275,31 @@ def test_prompts_too_short_to_judge_on_are_not_used(model: Path, tmp_path: Path)
     )
     assert about["source"] == gates.SYNTHESISED and "too short to judge on" in about["why"]
     assert all(len(p) == gates.GOLDEN_MIN_TOKENS for p in golden.prompts)
+
+
+def test_the_simulator_ranks_once_per_job_and_later_steps_read_it_back(
+    model: Path, shared_traces: Path, tmp_path: Path
+) -> None:
+    from serving.perf.feedback import Pair
+    from tuning.search.job import RANKED_FILE
+
+    spec = _spec(shared_traces / "azure2023_conv.csv", model, strategy="tpe", duration_s=8.0)
+    work = tmp_path / "w"
+    first = plan_job(spec, work)
+    stored = json.loads((work / RANKED_FILE).read_text())
+    assert first.sim_ranked and stored["points"] == list(first.sim_ranked)
+    # A later step reads the stored ranking back instead of simulating again: planted in a
+    # different order, it is what the step gets.
+    planted = {**stored, "points": stored["points"][::-1]}
+    (work / RANKED_FILE).write_text(json.dumps(planted))
+    assert list(plan_job(spec, work).sim_ranked) == planted["points"]
+    # Made from other inputs (here a calibration pair), damaged, or holding a point the space
+    # no longer has: simulated again.
+    pair = Pair(
+        measured_tpot_ms=12.0, measured_ttft_p50_ms=90.0, predicted_tpot_ms=10.0, predicted_ttft_p50_ms=80.0
+    )
+    (work / RANKED_FILE).write_text(json.dumps(planted))
+    assert list(plan_job(spec, work, calibration=[pair]).sim_ranked) != planted["points"]
+    for damaged in ("{", json.dumps({**stored, "points": [{"max_num_seqs": -1}]})):
+        (work / RANKED_FILE).write_text(damaged)
+        assert plan_job(spec, work).sim_ranked == first.sim_ranked

@@ -8,6 +8,7 @@ history; `run_trial` (trial.py) measures it; `summarize_job` selects the winner.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -330,6 +331,59 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
+RANKED_FILE = "sim-ranked.json"
+
+
+def _ranked_key(spec: JobSpec, sim_note: str, calibration: Sequence[Pair]) -> str:
+    """What the simulator's ranking depends on: the spec, the simulator's own description (its
+    efficiency fit, its host figures) and the calibration pairs."""
+    data = {"spec": spec.to_dict(), "sim": sim_note, "calibration": [asdict(p) for p in calibration]}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _ranked(
+    work_dir: Path, spec: JobSpec, space: SearchSpace, sim_note: str, calibration: Sequence[Pair]
+) -> tuple[dict[str, Any], ...]:
+    """The ranking an earlier step of this job stored, when it was made from the same inputs and
+    every point is still one of the space's; else () (the caller simulates again)."""
+    try:
+        kept = json.loads((work_dir / RANKED_FILE).read_text())
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(kept, dict) or kept.get("key") != _ranked_key(spec, sim_note, calibration):
+        return ()
+    points = kept.get("points")
+    values = {k.name: k.values for k in space.knobs}
+    if not isinstance(points, list) or not all(
+        isinstance(p, dict)
+        and p.keys() == values.keys()
+        and all(v in values[name] for name, v in p.items())
+        and not space.violations(p)
+        for p in points
+    ):
+        return ()
+    return tuple(points)
+
+
+def _keep_ranked(
+    work_dir: Path,
+    spec: JobSpec,
+    sim_note: str,
+    calibration: Sequence[Pair],
+    ranked: tuple[dict[str, Any], ...],
+) -> None:
+    """Stores the ranking for the job's later steps: simulating the sampled candidates again on
+    every step costs about a second here and grows with the trace."""
+    path = work_dir / RANKED_FILE
+    data = {"key": _ranked_key(spec, sim_note, calibration), "points": list(ranked)}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, default=str))
+        tmp.replace(path)
+    except (OSError, TypeError, ValueError):
+        tmp.unlink(missing_ok=True)
+
+
 def plan_job(
     spec: JobSpec,
     work_dir: Path,
@@ -440,17 +494,21 @@ def plan_job(
     sim, sim_note = prior.sim_prior(spec.model_path, spec.hardware, calibration)
     ranked: tuple[dict[str, Any], ...] = ()
     if sim is not None and spec.strategy == "tpe":
-        ranked = tuple(
-            prior.rank(
-                sim,
-                space,
-                slo,
-                workload=str(workload),
-                max_prompt_tokens=spec.max_prompt_tokens,
-                max_output_tokens=spec.max_output_tokens,
-                seed=spec.seed,
+        # Ranked once per job and read back by its later steps (like the golden set).
+        ranked = _ranked(work_dir, spec, space, sim_note, calibration)
+        if not ranked:
+            ranked = tuple(
+                prior.rank(
+                    sim,
+                    space,
+                    slo,
+                    workload=str(workload),
+                    max_prompt_tokens=spec.max_prompt_tokens,
+                    max_output_tokens=spec.max_output_tokens,
+                    seed=spec.seed,
+                )
             )
-        )
+            _keep_ranked(work_dir, spec, sim_note, calibration, ranked)
     return Prepared(
         spec=spec,
         slo=slo,
