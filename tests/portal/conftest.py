@@ -17,6 +17,9 @@ from tests.factories import build_model_dir
 # The benchmark reports' fixtures (local OpenAI-compatible servers, the sales engineer, a sample).
 from tests.portal.benchmarks import bench_settings, bench_tokenizer, sam, sam_client, sample, serve  # noqa: F401
 from tests.portal.billing import billing, stripe_fake  # noqa: F401 (the Stripe stand-in's fixtures)
+
+# A deployed endpoint's rows for the continual loop's tests (its model_root is the requesting module's).
+from tests.portal.loop import deployed  # noqa: F401
 from tests.workers import require_postgres
 
 

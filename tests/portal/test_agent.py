@@ -35,7 +35,7 @@ from portal.pools import selectors as pool_selectors
 from portal.pools import services
 from portal.pools.models import Host
 from tests.conftest import REPO_ROOT
-from tests.portal.test_pools import SLO, _sample
+from tests.factories import LOOSE_SLO, ready_sample
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 WAIT_S = 120  # an upper bound on each awaited event (polled), never a sleep the test relies on
@@ -243,7 +243,7 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
     settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
     ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
     pool = services.pool_create(actor=ops, name="cpu-a", region="local", accelerator="local-cpu")
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
     model = job_services.served_model_register(
@@ -257,7 +257,7 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
             name="",
             traffic_sample=sample,
             served_model=model,
-            slo=SLO,
+            slo=LOOSE_SLO,
             peak_rps=1.0,
             pool=pool.name,
         )

@@ -11,7 +11,6 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import pytest
 from django.utils import timezone
 
@@ -19,15 +18,10 @@ from compliance.models import AuditEvent
 from portal.endpoints import loop
 from portal.endpoints.models import Endpoint, EndpointRevision, LoopIteration, MetricSnapshot
 from portal.endpoints.services import endpoint_dir
-from portal.jobs.models import ServedModel, Trial, TuningJob
-from portal.jobs.selectors import job_work_dir
+from portal.jobs.models import ServedModel, TuningJob
 from portal.traffic.models import TrafficSample
-from serving.engine import EngineConfig
-from tests.tuning.workload_factories import BOUNDS
-from tuning.continual import LiveWindow, bucketed
+from tests.portal.loop import SLO, loop_scrapes, loop_trial
 from tuning.search.job import JobSpec
-
-SLO = "ttft_p50_ms<=1000,ttft_p95_ms<=3000"
 
 
 @pytest.fixture(scope="module")
@@ -37,142 +31,6 @@ def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("loop-models")
     build_tiny_model(arch="llama", size="xs", out_dir=root / "llama-xs", seed=0)
     return root
-
-
-def _config(**overrides: object) -> dict[str, object]:
-    return EngineConfig.cpu_default(max_model_len=2048, cpu_kv_cache_space_gib=1, **overrides).to_mapping()
-
-
-def _trial(job: TuningJob, number: int, assignment: dict[str, object], **result: object) -> Trial:
-    base = {
-        "status": "ok",
-        "config": _config(**{k: v for k, v in assignment.items() if k != "speculative"}),
-        "slo_met": True,
-        "correctness": {"passed": True},
-        "reliability": {"passed": True},
-        "ttft_p95_ci_ms": [0.0, 0.0],
-    }
-    return Trial.objects.create(
-        organization=job.organization,
-        job=job,
-        number=number,
-        assignment=assignment,
-        label=str(assignment),
-        status=Trial.Status.DONE,
-        result={**base, **result},
-        finished_at=timezone.now(),
-    )
-
-
-@pytest.fixture
-def deployed(alice, alice_org, model_root: Path, settings, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """An endpoint serving a job's winner, tuned on short prompts at 3 requests/s."""
-    settings.TUNING_MODEL_ROOTS = [model_root]
-    # The scrapes below are two minutes of 72 requests, and this host is where the tests re-tune:
-    # the loop's evidence floor and its serving-host rule are lowered and allowed explicitly (their
-    # defaults have their own tests below).
-    settings.LOOP_MIN_LIVE_REQUESTS = 30
-    settings.LOOP_MIN_LIVE_SPAN_S = 60
-    settings.LOOP_RETUNE_ON_SERVING_HOST = True
-    model = ServedModel.objects.create(
-        organization=alice_org, name="llama-xs", path=str(model_root / "llama-xs")
-    )
-    sample = TrafficSample.objects.create(
-        organization=alice_org, name="azure", status=TrafficSample.Status.READY, profile={"num_requests": 100}
-    )
-    spec = JobSpec(
-        trace_path="unused",
-        trace_format="mooncake",
-        model_path=model.path,
-        slo=SLO,
-        peak_rps=2.4,
-        budget_trials=3,
-        duration_s=20,
-        repeats=1,
-        max_prompt_tokens=1024,
-        max_output_tokens=32,
-    )
-    job = TuningJob.objects.create(
-        organization=alice_org,
-        name="tuned on azure",
-        traffic_sample=sample,
-        served_model=model,
-        spec=spec.to_dict(),
-        created_by=alice,
-        status=TuningJob.Status.SUCCEEDED,
-        winner_trial=1,
-        finished_at=timezone.now(),
-    )
-    rng = np.random.default_rng(0)
-    work = job_work_dir(job)
-    work.mkdir(parents=True)
-    with (work / "workload.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(
-                json.dumps(
-                    {
-                        "timestamp": i * 333,
-                        "input_length": int(rng.integers(100, 900)),
-                        "output_length": int(rng.integers(20, 200)),
-                    }
-                )
-                + "\n"
-            )
-    running = {"dtype": "float32", "max_num_seqs": 16}
-    _trial(job, 0, {"dtype": "float32"}, ttft_p50_ms=300.0, ttft_p95_ms=900.0)
-    winner = _trial(job, 1, running, ttft_p50_ms=250.0, ttft_p95_ms=700.0, prefix_cache_hit_rate=0.0)
-    endpoint = Endpoint.objects.create(
-        organization=alice_org,
-        name="voice",
-        served_model=model,
-        job=job,
-        config=winner.result["config"],
-        port=45871,
-        api_key_prefix="abcd",
-        api_key_hash="x" * 64,
-        status=Endpoint.Status.HEALTHY,
-        detect_window_s=120,
-        retune_cooldown_s=600,
-    )
-    EndpointRevision.objects.create(
-        organization=alice_org,
-        endpoint=endpoint,
-        generation=1,
-        config=winner.result["config"],
-        reason="deployed",
-        job=job,
-        trial_number=1,
-        measured_ttft_p50_ms=250.0,
-    )
-    endpoint_dir(endpoint).mkdir(parents=True)
-    return endpoint
-
-
-def _scrapes(endpoint: Endpoint, *, long: bool, p95: float, start: timedelta, count: int = 8) -> None:
-    """`count` 15 s scrapes ending `start` ago: short prompts (as tuned) or long, prefix-heavy ones."""
-    rng = np.random.default_rng(int(p95))
-    now = timezone.now() - start
-    for i in range(count):
-        prompts = rng.integers(1100, 2000, size=9) if long else rng.integers(100, 900, size=9)
-        outputs = rng.integers(20, 200, size=9)
-        window = LiveWindow(
-            interval_s=15.0,
-            num_requests=9.0,
-            prompt_tokens=bucketed(prompts, BOUNDS),
-            output_tokens=bucketed(np.minimum(outputs, 32), BOUNDS),
-            prefix_queries_tokens=float(prompts.sum()),
-            prefix_hits_tokens=float(prompts.sum() * (0.6 if long else 0.0)),
-            ttft_p95_ms=p95,
-        )
-        MetricSnapshot.objects.create(
-            organization=endpoint.organization,
-            endpoint=endpoint,
-            taken_at=now - timedelta(seconds=15 * (count - i)),
-            ttft_p50_ms=p95 / 3,
-            ttft_p95_ms=p95,
-            requests_per_s=0.6,
-            window=window.to_dict(),
-        )
 
 
 def _detect_then_confirm(endpoint: Endpoint) -> str:
@@ -186,7 +44,7 @@ def _detect_then_confirm(endpoint: Endpoint) -> str:
 
 @pytest.mark.django_db
 def test_steady_traffic_starts_nothing(deployed: Endpoint) -> None:
-    _scrapes(deployed, long=False, p95=700.0, start=timedelta(0))
+    loop_scrapes(deployed, long=False, p95=700.0, start=timedelta(0))
     assert loop.loop_tick(endpoint_id=str(deployed.id)) == "no drift"
     assert not LoopIteration.objects.exists()
 
@@ -196,7 +54,7 @@ def test_a_few_test_calls_to_a_fresh_endpoint_are_not_drift(deployed: Endpoint, 
     settings.LOOP_MIN_LIVE_REQUESTS = 200
     settings.LOOP_MIN_LIVE_SPAN_S = 600
     # Two minutes of long, prefix-heavy prompts: drift by every measure, but 72 requests.
-    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     assert loop.loop_tick(endpoint_id=str(deployed.id)) == "not enough live traffic (72 of 200 requests)"
     # Enough requests, but over two minutes, not the ten the loop needs.
     settings.LOOP_MIN_LIVE_REQUESTS = 50
@@ -209,7 +67,7 @@ def test_retuning_on_the_serving_host_needs_the_operators_leave(
     deployed: Endpoint, settings, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     settings.LOOP_RETUNE_ON_SERVING_HOST = False
-    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=False):
         step = _detect_then_confirm(deployed)
     it = LoopIteration.objects.get()
@@ -222,7 +80,7 @@ def test_retuning_on_the_serving_host_needs_the_operators_leave(
 def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
     deployed: Endpoint, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
-    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=False):  # the job's own step tasks are not run here
         step = _detect_then_confirm(deployed)
     it = LoopIteration.objects.get()
@@ -244,8 +102,8 @@ def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
         assert loop.loop_tick(endpoint_id=str(deployed.id)) == "tuning"
     assert TuningJob.objects.count() == 2
     # The job ends: the running configuration and a clear winner, both measured on the new traffic.
-    _trial(job, 0, {"dtype": "float32"}, ttft_p50_ms=2500.0, ttft_p95_ms=5000.0, slo_met=False)
-    _trial(
+    loop_trial(job, 0, {"dtype": "float32"}, ttft_p50_ms=2500.0, ttft_p95_ms=5000.0, slo_met=False)
+    loop_trial(
         job,
         1,
         {"dtype": "float32", "max_num_seqs": 16},
@@ -254,7 +112,7 @@ def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
         slo_met=False,
     )
     candidate = {"dtype": "float32", "max_num_batched_tokens": 512, "enable_prefix_caching": True}
-    _trial(job, 2, candidate, ttft_p50_ms=600.0, ttft_p95_ms=1500.0)
+    loop_trial(job, 2, candidate, ttft_p50_ms=600.0, ttft_p95_ms=1500.0)
     TuningJob.objects.filter(pk=job.pk).update(status=TuningJob.Status.SUCCEEDED, winner_trial=2)
     with django_capture_on_commit_callbacks(execute=True):
         assert loop.loop_tick(endpoint_id=str(deployed.id)) == "promoted"
@@ -270,7 +128,7 @@ def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
     LoopIteration.objects.filter(pk=it.pk).update(promoted_at=timezone.now() - timedelta(minutes=10))
     for snap in MetricSnapshot.objects.all():
         MetricSnapshot.objects.filter(pk=snap.pk).update(taken_at=snap.taken_at - timedelta(minutes=11))
-    _scrapes(deployed, long=True, p95=9000.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=9000.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=True):
         assert loop.loop_tick(endpoint_id=str(deployed.id)) == "rolled back"
     it.refresh_from_db()
@@ -295,14 +153,14 @@ def test_drift_retunes_promotes_then_rolls_back_a_live_regression(
 def test_a_candidate_that_does_not_beat_the_running_config_changes_nothing(
     deployed: Endpoint, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
-    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     with django_capture_on_commit_callbacks(execute=False):
         assert _detect_then_confirm(deployed) == "tuning"
     it = LoopIteration.objects.get()
     assert it.job is not None
-    _trial(it.job, 0, {"dtype": "float32"}, ttft_p50_ms=900.0, ttft_p95_ms=2500.0)
-    _trial(it.job, 1, {"dtype": "float32", "max_num_seqs": 16}, ttft_p50_ms=800.0, ttft_p95_ms=2400.0)
-    _trial(it.job, 2, {"dtype": "float32", "max_num_seqs": 8}, ttft_p50_ms=780.0, ttft_p95_ms=2300.0)
+    loop_trial(it.job, 0, {"dtype": "float32"}, ttft_p50_ms=900.0, ttft_p95_ms=2500.0)
+    loop_trial(it.job, 1, {"dtype": "float32", "max_num_seqs": 16}, ttft_p50_ms=800.0, ttft_p95_ms=2400.0)
+    loop_trial(it.job, 2, {"dtype": "float32", "max_num_seqs": 8}, ttft_p50_ms=780.0, ttft_p95_ms=2300.0)
     TuningJob.objects.filter(pk=it.job.pk).update(status=TuningJob.Status.SUCCEEDED, winner_trial=2)
     assert loop.loop_tick(endpoint_id=str(deployed.id)) == "kept"
     it.refresh_from_db()
@@ -316,7 +174,7 @@ def test_a_candidate_that_does_not_beat_the_running_config_changes_nothing(
 def test_a_refused_retune_fails_the_iteration_cleanly(deployed: Endpoint, settings) -> None:  # type: ignore[no-untyped-def]
     settings.TUNING_MODEL_ROOTS = []  # the model is no longer allowed: job submission refuses it
     ServedModel.objects.filter(pk=deployed.served_model_id).update(path="/nonexistent/model")
-    _scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(deployed, long=True, p95=2600.0, start=timedelta(0))
     assert _detect_then_confirm(deployed) == "failed"
     it = LoopIteration.objects.get()
     assert it.status == LoopIteration.Status.FAILED and "refused" in it.error

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
@@ -34,50 +33,24 @@ from portal.jobs.models import TuningJob
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tests.factories import LOOSE_SLO, build_model_dir, ready_sample, served_model
-from tests.workers import redis_or_skip, require_postgres, running_worker, sending_to, wait_for, worker_env
+from tests.portal.faults import (  # noqa: F401 (fixtures)
+    FAST_RECOVERY,
+    fault_worker,
+    fault_worker_env,
+    fresh_connections_after,
+    redis_url,
+)
+from tests.workers import sending_to, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-# Worker settings that make the recovery quick: a step's lease runs out after 10 s (the least
-# the settings allow) and the beat looks for undelivered or abandoned work every second.
-_FAST_RECOVERY = {
-    "TUNING_LEASE_S": "10",
-    "TUNING_REDISPATCH_INTERVAL_S": "1",
-    "TRAFFIC_REDISPATCH_AFTER_S": "1",
-}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_connections_after() -> Iterator[None]:
-    """These tests end database sessions on purpose (as a server restart does). Whatever this
-    process still holds afterwards may be one of them: drop them all, so the next test (in any
-    module) opens new ones instead of inheriting a terminated session."""
-    yield
-    from django.db import connections
-
-    connections.close_all()
 
 
 @pytest.fixture(scope="module")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's own models: its last test checks that no engine of them outlived it."""
     root = tmp_path_factory.mktemp("models")
     build_model_dir(root)
     return root
-
-
-@pytest.fixture
-def redis_url() -> str:
-    return redis_or_skip(os.environ.get("TAILGUARD_TEST_FAULTS_REDIS_URL", "redis://127.0.0.1:6379/14"))
-
-
-@pytest.fixture
-def postgres() -> None:
-    require_postgres()
-
-
-# The names the fault tests of endpoints and the journeys still import from here.
-_broker = sending_to
-_wait = wait_for
 
 
 def _closed_port() -> int:
@@ -98,22 +71,6 @@ def _broker_down(kind: str) -> Iterator[str]:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         yield f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-
-
-def _worker_env(redis_url: str, settings: Any, model_root: Path) -> dict[str, str]:
-    return worker_env(
-        broker_url=redis_url, settings=settings, TUNING_MODEL_ROOTS=str(model_root), **_FAST_RECOVERY
-    )
-
-
-@contextmanager
-def _worker(env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
-    """A real worker process with its embedded beat; yields its log file."""
-    log = tmp_path / "worker.log"
-    with running_worker(
-        env, log, queues=[django_settings.CELERY_TASK_DEFAULT_QUEUE], beat_schedule=tmp_path / "beat-schedule"
-    ):
-        yield log
 
 
 def _job_form(sample: TrafficSample, model: Any) -> dict[str, object]:
@@ -146,7 +103,7 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
     settings: Any,
     shared_traces: Path,
     model_root: Path,
-    redis_url: str,
+    redis_url: str,  # noqa: F811 (the fixture)
     postgres: None,
     tmp_path: Path,
     django_capture_on_commit_callbacks: Any,
@@ -187,7 +144,7 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
     workload_path(sample).unlink()
     with (
         sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS),
-        _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log,
+        fault_worker(fault_worker_env(redis_url, settings, model_root), tmp_path) as log,
     ):
         wait_for(
             lambda: (
@@ -264,7 +221,7 @@ def test_a_database_restart_during_a_step(
     settings: Any,
     shared_traces: Path,
     model_root: Path,
-    redis_url: str,
+    redis_url: str,  # noqa: F811 (the fixture)
     postgres: None,
     tmp_path: Path,
     django_capture_on_commit_callbacks: Any,
@@ -300,7 +257,7 @@ def test_a_database_restart_during_a_step(
             budget_trials=2,
         )
         assert TuningJob.objects.get(pk=job.pk).dispatch == TuningJob.Dispatch.SENT
-        with _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log:
+        with fault_worker(fault_worker_env(redis_url, settings, model_root), tmp_path) as log:
             writer: int | None = None
 
             def step_reads_the_trace() -> bool:
@@ -365,7 +322,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
     settings: Any,
     shared_traces: Path,
     model_root: Path,
-    redis_url: str,
+    redis_url: str,  # noqa: F811 (the fixture)
     postgres: None,
     tmp_path: Path,
     django_capture_on_commit_callbacks: Any,
@@ -393,7 +350,7 @@ def test_a_step_killed_inside_its_final_transaction_leaves_nothing_half_written(
         )
         # Its step ends at plan time (no engine here): the workload goes missing.
         workload_path(sample).unlink()
-        with _worker(_worker_env(redis_url, settings, model_root), tmp_path) as log:
+        with fault_worker(fault_worker_env(redis_url, settings, model_root), tmp_path) as log:
             with transaction.atomic():
                 AuditChainHead.objects.select_for_update().get(chain=chain_key(alice_org.id))
 
@@ -499,7 +456,7 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
     settings: Any,
     shared_traces: Path,
     model_root: Path,
-    redis_url: str,
+    redis_url: str,  # noqa: F811 (the fixture)
     postgres: None,
     tmp_path: Path,
     django_capture_on_commit_callbacks: Any,
@@ -512,8 +469,8 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
     model = served_model(alice_org, alice, model_root)
-    env = {**_worker_env(redis_url, settings, model_root), "TUNING_LEASE_S": "30"}
-    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS), _worker(env, tmp_path) as log:
+    env = {**fault_worker_env(redis_url, settings, model_root), "TUNING_LEASE_S": "30"}
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS), fault_worker(env, tmp_path) as log:
         job = services.tuning_job_create(
             actor=alice,
             organization=alice_org,

@@ -41,16 +41,9 @@ from portal.sla import services as sla_services
 from portal.traffic.models import TrafficSample
 from serving.engine.watchdog import start_ticks
 from tests.factories import finished_job
-from tests.portal.test_continual_loop import _scrapes, _trial, deployed, model_root  # noqa: F401
-from tests.portal.test_faults import (  # noqa: F401
-    _broker,
-    _fresh_connections_after,
-    _wait,
-    _worker,
-    _worker_env,
-    postgres,
-    redis_url,
-)
+from tests.portal.faults import fault_worker, fault_worker_env, fresh_connections_after, redis_url  # noqa: F401 (fixtures)
+from tests.portal.loop import loop_scrapes, loop_trial
+from tests.workers import sending_to, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,7 +55,7 @@ _UNREAD_QUEUE = "tailguard-faults-unread"
 
 def _loop_worker_env(broker_url: str, settings: Any, models: Path) -> dict[str, str]:
     return {
-        **_worker_env(broker_url, settings, models),
+        **fault_worker_env(broker_url, settings, models),
         "ENDPOINTS_DIR": str(settings.ENDPOINTS_DIR),
         "CELERY_TASK_DEFAULT_QUEUE": _UNREAD_QUEUE,
         # The loop's evidence floor and serving-host rule, lowered and allowed for these tests.
@@ -73,7 +66,7 @@ def _loop_worker_env(broker_url: str, settings: Any, models: Path) -> dict[str, 
 
 
 def _worker_pid() -> int:
-    """The pid of the worker `_worker` started: this process's one child running Celery (the
+    """The pid of the worker `fault_worker` started: this process's one child running Celery (the
     worker retitles itself, so its command line is matched on the program's name only)."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -93,7 +86,7 @@ def _worker_pid() -> int:
 def _kill_worker(log: Path) -> None:
     pid = _worker_pid()
     os.kill(pid, signal.SIGKILL)
-    _wait(lambda: not services._alive(pid), log, "the killed worker's end")
+    wait_for(lambda: not services._alive(pid), log, "the killed worker's end")
 
 
 def _tick() -> None:
@@ -168,12 +161,12 @@ def _loop_actions(endpoint: Endpoint) -> list[str]:
 
 @pytest.mark.celery_worker
 def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_once(
-    deployed: Endpoint,  # noqa: F811
+    deployed: Endpoint,
     alice_org: Organization,
     settings: Any,
-    model_root: Path,  # noqa: F811
+    model_root: Path,
     redis_url: str,  # noqa: F811
-    postgres: None,  # noqa: F811
+    postgres: None,
     tmp_path: Path,
 ) -> None:
     """Three workers in turn take one iteration from detection to confirmation.
@@ -193,14 +186,14 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
     base_job = endpoint.job
     assert base_job is not None
     first_config = dict(endpoint.config)
-    _scrapes(endpoint, long=True, p95=2600.0, start=timedelta(0))
+    loop_scrapes(endpoint, long=True, p95=2600.0, start=timedelta(0))
     samples_before = set(TrafficSample.objects.values_list("id", flat=True))
     w1, w2, w3 = (_folder(tmp_path, name) for name in ("worker-1", "worker-2", "worker-3"))
 
-    with _broker(redis_url, settings.REDIS_BROKER_TIMEOUTS):
+    with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
         lock: _AuditChainLock | None = None
         try:
-            with _worker(env, w1) as log1:
+            with fault_worker(env, w1) as log1:
                 _tick_until(lambda: LoopIteration.objects.exists(), log1, "the detection")
                 it = LoopIteration.objects.get()
                 assert it.status == LoopIteration.Status.DETECTED and "input length rose" in it.trigger
@@ -218,13 +211,13 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
             assert set(TrafficSample.objects.values_list("id", flat=True)) == samples_before
             assert TuningJob.objects.count() == 1
 
-            with _worker(env, w2) as log2:
+            with fault_worker(env, w2) as log2:
                 # The killed worker's session still holds the iteration's row (it waits on the
                 # audit chain). Ticks skip the row: two in a row both finish their scrape.
                 scraped = MetricSnapshot.objects.filter(gap=True).count()
                 _tick()
                 _tick()
-                _wait(
+                wait_for(
                     lambda: MetricSnapshot.objects.filter(gap=True).count() >= scraped + 2,
                     log2,
                     "two watch rounds while the row is held",
@@ -240,8 +233,10 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
                 job = it.job
                 assert job is not None and TuningJob.objects.count() == 2
                 # The job's trials, as its steps leave them (run elsewhere; see the docstring).
-                _trial(job, 0, {"dtype": "float32"}, ttft_p50_ms=2500.0, ttft_p95_ms=5000.0, slo_met=False)
-                _trial(
+                loop_trial(
+                    job, 0, {"dtype": "float32"}, ttft_p50_ms=2500.0, ttft_p95_ms=5000.0, slo_met=False
+                )
+                loop_trial(
                     job,
                     1,
                     {"dtype": "float32", "max_num_seqs": 16},
@@ -250,7 +245,7 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
                     slo_met=False,
                 )
                 candidate = {"dtype": "float32", "max_num_batched_tokens": 512, "enable_prefix_caching": True}
-                winner = _trial(job, 2, candidate, ttft_p50_ms=600.0, ttft_p95_ms=1500.0)
+                winner = loop_trial(job, 2, candidate, ttft_p50_ms=600.0, ttft_p95_ms=1500.0)
                 # In place before the job ends: the promotion follows at the next tick.
                 handover = endpoint_dir(endpoint) / "config.tmp"
                 os.mkfifo(handover)
@@ -270,7 +265,7 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
             assert endpoint.config == winner.result["config"] != first_config
             assert _config_file(endpoint) == first_config
 
-            with _worker(env, w3) as log3:
+            with fault_worker(env, w3) as log3:
                 _tick_until(
                     lambda: _config_file(endpoint) == winner.result["config"], log3, "the config hand-over"
                 )
@@ -281,7 +276,7 @@ def test_workers_killed_mid_iteration_leave_it_to_the_next_which_finishes_it_onc
                     MetricSnapshot.objects.filter(pk=snap.pk).update(
                         taken_at=snap.taken_at - timedelta(minutes=11)
                     )
-                _scrapes(endpoint, long=True, p95=1500.0, start=timedelta(0))
+                loop_scrapes(endpoint, long=True, p95=1500.0, start=timedelta(0))
                 LoopIteration.objects.filter(pk=it.pk).update(
                     promoted_at=timezone.now() - timedelta(minutes=10)
                 )
@@ -358,7 +353,7 @@ def test_an_engine_killed_under_a_live_endpoint_is_restarted_and_its_downtime_is
     alice_org: Organization,
     alice_client: Client,
     settings: Any,
-    model_root: Path,  # noqa: F811
+    model_root: Path,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     job = finished_job(alice_org, alice, model_root, winner=True)

@@ -35,14 +35,8 @@ from tests.browser import sign_in, watched
 from tests.conftest import PASSWORD
 from tests.db_roles import application_role, database_url
 from tests.portal.benchmarks import FakeOpenAI
-from tests.portal.test_faults import (  # noqa: F401 (fixtures)
-    _broker,
-    _worker,
-    _worker_env,
-    model_root,
-    postgres,
-    redis_url,
-)
+from tests.portal.faults import fault_worker, fault_worker_env, fresh_connections_after, redis_url  # noqa: F401 (fixtures)
+from tests.workers import sending_to
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -58,7 +52,7 @@ def _real_worker(settings: Any, broker_url: str, models: Path, tmp_path: Path, *
     """This process sends its tasks to Redis; a Celery worker with its beat takes them. Yields
     the worker's log. Production timings for leases and redispatch (this is no fault test)."""
     worker_env = {
-        **_worker_env(broker_url, settings, models),
+        **fault_worker_env(broker_url, settings, models),
         "TUNING_LEASE_S": "120",
         "TUNING_REDISPATCH_INTERVAL_S": "30",
         "TRAFFIC_REDISPATCH_AFTER_S": "60",
@@ -67,7 +61,7 @@ def _real_worker(settings: Any, broker_url: str, models: Path, tmp_path: Path, *
         "COMPLIANCE_DEFAULT_REGIONS": ",".join(settings.COMPLIANCE_DEFAULT_REGIONS),
         **env,
     }
-    with _broker(broker_url, settings.REDIS_BROKER_TIMEOUTS), _worker(worker_env, tmp_path) as log:
+    with sending_to(broker_url, settings.REDIS_BROKER_TIMEOUTS), fault_worker(worker_env, tmp_path) as log:
         yield log
 
 
@@ -95,9 +89,9 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
     page_factory,
     settings,
     shared_traces: Path,
-    model_root: Path,  # noqa: F811
+    model_root: Path,
     redis_url: str,  # noqa: F811
-    postgres: None,  # noqa: F811
+    postgres: None,
     tmp_path: Path,
 ) -> None:
     import openai
@@ -365,9 +359,9 @@ def test_sales_engineer_compares_two_endpoints_and_shares_the_report(  # type: i
     sam,
     sample,
     serve,
-    model_root: Path,  # noqa: F811
+    model_root: Path,
     redis_url: str,  # noqa: F811
-    postgres: None,  # noqa: F811
+    postgres: None,
     tmp_path: Path,
 ) -> None:
     from compliance.models import AuditEvent

@@ -19,11 +19,10 @@ from portal.jobs import services as job_services
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.pools import services
 from portal.pools.models import Host, Pool
-from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from serving.engine import EngineConfig
+from tests.factories import LOOSE_SLO, ready_sample
 
-SLO = "ttft_p50_ms<=2000,ttft_p95_ms<=8000"
 H200_FACTS = {
     "gpus": [{"index": i, "name": "NVIDIA H200", "memory_total_mib": 143771} for i in range(8)],
     "gpu_source": "nvml",
@@ -176,21 +175,6 @@ def test_a_host_whose_hardware_contradicts_its_pool_is_quarantined(platform_admi
     assert AuditEvent.objects.filter(action="host.quarantine").exists()
 
 
-def _sample(org, user, trace: Path, capture) -> TrafficSample:  # type: ignore[no-untyped-def]
-    from django.core.files.uploadedfile import SimpleUploadedFile
-
-    with capture(execute=True):
-        sample = traffic_services.traffic_sample_create(
-            actor=user,
-            organization=org,
-            name=trace.name,
-            upload=SimpleUploadedFile(trace.name, trace.read_bytes()),
-        )
-    sample.refresh_from_db()
-    assert sample.status == TrafficSample.Status.READY, sample.error
-    return sample
-
-
 @pytest.fixture(scope="module")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from serving.models.tiny import build_tiny_model
@@ -231,7 +215,7 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
         accelerator="local-cpu",
         owned_by=charlie.memberships.get().organization,
     )
-    sample = _sample(
+    sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
     )
     model = job_services.served_model_register(
@@ -243,7 +227,7 @@ def test_jobs_and_endpoints_choose_a_pool_their_residency_allows(
         "name": "",
         "traffic_sample": sample,
         "served_model": model,
-        "slo": SLO,
+        "slo": LOOSE_SLO,
         "peak_rps": 1.0,
     }
     # A pool in a region Alice's organization may not use: refused at submission, nothing written.
