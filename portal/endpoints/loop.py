@@ -52,7 +52,6 @@ from tuning.continual import (
     synthesize_live,
     tuned_for_profile,
 )
-from tuning.search.job import JobSpec
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ def _tuned_for(endpoint: Endpoint, windows: list[LiveWindow]) -> Any:
     """The workload the running configuration was chosen on (its job's target-rate requests)."""
     job = endpoint.job
     assert job is not None
-    spec = JobSpec.from_dict(job.spec)
+    spec = job.job_spec()
     prompt_bounds = next(w.prompt_tokens.bounds for w in windows if w.prompt_tokens.bounds)
     output_bounds = next(w.output_tokens.bounds for w in windows if w.output_tokens.bounds)
     revision = endpoint.revisions.order_by("-generation").first()
@@ -267,7 +266,7 @@ def _start_retune(it: LoopIteration) -> str:
         )
     assert sample.profile is not None  # traffic_sample_from_workload always stores the profile
     live_rps = float(sample.profile["arrival"]["mean_rps"])
-    spec = JobSpec.from_dict(base.spec)
+    spec = base.job_spec()
     incumbent, _ = _running_assignment(endpoint)
     try:
         job = tuning_job_create_for_loop(

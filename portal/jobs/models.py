@@ -8,6 +8,7 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from tuning.search.job import JobSpec
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
 
 
@@ -130,6 +131,10 @@ class TuningJob(models.Model):
     def slo_text(self) -> str:
         """The SLO as the person wrote it (validated when the job was created)."""
         return str((self.spec or {}).get("slo") or "")
+
+    def job_spec(self) -> JobSpec:
+        """The whole spec as the library's dataclass (what the job's steps plan from)."""
+        return JobSpec.from_dict(self.spec or {})
 
     def slo(self) -> SLOTarget:
         """The job's SLO, parsed; SLOParseError only for a spec written by hand or by an older

@@ -202,7 +202,7 @@ def tuning_job_create_for_loop(
     The same SLO, model, hardware and trial settings as the job the endpoint was tuned by, on
     traffic synthesised from the live workload, with the running configuration as a candidate.
     """
-    spec = JobSpec.from_dict(base.spec)
+    spec = base.job_spec()
     return _job_create(
         actor=None,
         organization=base.organization,
@@ -727,7 +727,7 @@ def _step(job_id: str, owner: str) -> str:
     plan_error = ""
     try:
         prepared = plan_job(
-            JobSpec.from_dict(job.spec), selectors.job_work_dir(job), calibration=_calibration_pairs(job)
+            job.job_spec(), selectors.job_work_dir(job), calibration=_calibration_pairs(job)
         )
     except JobSpecError as exc:
         plan_error = str(exc)
