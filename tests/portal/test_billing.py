@@ -666,12 +666,12 @@ def test_without_keys_billing_is_off_and_explains_itself(
 
 
 def test_half_configured_billing_refuses_to_start() -> None:
-    from tests.portal.test_settings import _manage
+    from tests.portal.settings_env import run_manage
 
-    result = _manage(["check"], {"STRIPE_SECRET_KEY": "sk_test_tailguard_fake"})
+    result = run_manage(["check"], {"STRIPE_SECRET_KEY": "sk_test_tailguard_fake"})
     assert result.returncode != 0
     assert "STRIPE_WEBHOOK_SECRET" in result.stderr and "STRIPE_PRICE_PLANS" in result.stderr
-    result = _manage(
+    result = run_manage(
         ["check"],
         {
             "STRIPE_SECRET_KEY": "sk_test_tailguard_fake",
@@ -680,7 +680,7 @@ def test_half_configured_billing_refuses_to_start() -> None:
         },
     )
     assert result.returncode != 0 and "name=price_id" in result.stderr
-    result = _manage(
+    result = run_manage(
         ["check"],
         {
             "STRIPE_SECRET_KEY": "sk_test_tailguard_fake",

@@ -11,36 +11,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import Env
 from tests.conftest import REPO_ROOT
-
-PRODUCTION_ENV = {
-    "DEBUG": "false",
-    "SECRET_KEY": "k" * 20 + "Q9v!Xr2#mZ8@pL5^tN1&wB7*eF3(yH6)uJ4",
-    "ALLOWED_HOSTS": "tailguard.example.com",
-    "DATABASE_URL": "postgres://tailguard:secret@db.internal:5432/tailguard",
-    "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
-    "SITE_URL": "https://tailguard.example.com",
-    "EMAIL_HOST": "smtp.example.com",
-}
-
-
-def _manage(args: list[str], extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = {
-        k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV and k != "DJANGO_ALLOW_ASYNC_UNSAFE"
-    }
-    env.update(extra_env)
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+from tests.portal.settings_env import PRODUCTION_ENV, run_manage
 
 
 def test_deploy_check_is_clean_with_documented_production_variables() -> None:
-    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], PRODUCTION_ENV)
+    result = run_manage(["check", "--deploy", "--fail-level", "WARNING"], PRODUCTION_ENV)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "System check identified no issues" in result.stdout
     assert "WARNINGS" not in result.stderr
@@ -48,7 +23,7 @@ def test_deploy_check_is_clean_with_documented_production_variables() -> None:
 
 def test_development_defaults_fail_the_deploy_check() -> None:
     # The embedded defaults are for a laptop; the deploy check must say so.
-    result = _manage(["check", "--deploy", "--fail-level", "WARNING"], {})
+    result = run_manage(["check", "--deploy", "--fail-level", "WARNING"], {})
     assert result.returncode != 0
     assert "DEBUG" in result.stderr
 
@@ -56,7 +31,7 @@ def test_development_defaults_fail_the_deploy_check() -> None:
 def test_production_without_secret_key_refuses_to_start() -> None:
     env = dict(PRODUCTION_ENV)
     del env["SECRET_KEY"]
-    result = _manage(["check"], env)
+    result = run_manage(["check"], env)
     assert result.returncode != 0
     assert "SECRET_KEY is required" in result.stderr
 
@@ -95,7 +70,7 @@ def test_a_wsgi_server_gets_debug_off_unless_it_is_set() -> None:
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str, message: str) -> None:
-    result = _manage(["check"], {name: value})
+    result = run_manage(["check"], {name: value})
     assert result.returncode != 0
     assert message in result.stderr
 
