@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 RETRIEVED = "2026-11-30"  # when the pages below were read through the reference search
@@ -160,7 +161,7 @@ _ROCM_ENGINES = ("vllm", "sglang")
 _UNCONF_REGIONS = "UNCONFIRMED: region list not checked against the provider's page"
 
 
-HARDWARE: dict[str, Hardware] = {
+_CLOUD: dict[str, Hardware] = {
     "h100": Hardware(
         name="h100",
         display_name="NVIDIA H100 SXM 80GB",
@@ -395,7 +396,7 @@ def _local_cpu() -> Hardware:
             Region(
                 "local",
                 "this machine",
-                local_region_code(),
+                "local",  # completed with LOCAL_HARDWARE_REGION whenever the entry is read (_Catalog)
                 f"the machine Tailguard runs on (its residency code: {LOCAL_REGION_ENV})",
                 True,
             ),
@@ -414,7 +415,29 @@ def _local_cpu() -> Hardware:
     )
 
 
-HARDWARE["local-cpu"] = _local_cpu()
+class _Catalog(Mapping[str, Hardware]):
+    """The catalog by name. This machine's entry is completed when it is read: its region's
+    residency code is the deployment's (LOCAL_HARDWARE_REGION) at that moment, never a value
+    frozen when the module was imported."""
+
+    def __init__(self, entries: Mapping[str, Hardware]) -> None:
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> Hardware:
+        hardware = self._entries[name]
+        if hardware.vendor != "local":
+            return hardware
+        code = local_region_code()
+        return replace(hardware, regions=tuple(replace(r, code=code) for r in hardware.regions))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+HARDWARE: Mapping[str, Hardware] = _Catalog({**_CLOUD, "local-cpu": _local_cpu()})
 
 
 class UnknownHardware(KeyError):
