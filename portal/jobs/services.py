@@ -726,9 +726,7 @@ def _step(job_id: str, owner: str) -> str:
         TuningJob.objects.filter(id=job_id).update(status=TuningJob.Status.RUNNING, started_at=timezone.now())
     plan_error = ""
     try:
-        prepared = plan_job(
-            job.job_spec(), selectors.job_work_dir(job), calibration=_calibration_pairs(job)
-        )
+        prepared = plan_job(job.job_spec(), selectors.job_work_dir(job), calibration=_calibration_pairs(job))
     except JobSpecError as exc:
         plan_error = str(exc)
     _reconnect_if_lost()

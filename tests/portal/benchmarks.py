@@ -21,10 +21,12 @@ import pytest
 from aiohttp import web
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.utils import timezone
 
+from compliance.storage import seal
 from portal.accounts.models import User
-from portal.benchmarks import services
-from portal.benchmarks.models import BenchmarkTarget
+from portal.benchmarks import measure, services
+from portal.benchmarks.models import BenchmarkReport, BenchmarkTarget
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.conftest import PASSWORD
@@ -218,3 +220,105 @@ def benchmark_form(sample: TrafficSample, **overrides: str) -> dict[str, str]:
     }
     data.update(overrides)
     return {k: v for k, v in data.items() if v is not None}
+
+
+# --- A finished report's view and rows (the charts' and pages' tests, the isolation sweep) ----------
+
+
+def view_cell(p50: float, p95: float, *, ok: bool = True, cost: float | None = 1.0) -> dict[str, Any]:
+    if not ok:
+        cell = measure.failed_cell(num_requests=10, reason="x")
+        cell["errors"] = {"connection_refused": 10}
+        return cell
+    return {
+        "num_requests": 10,
+        "num_ok": 10,
+        "num_errors": 0,
+        "error_rate": 0.0,
+        "errors": {},
+        "ttft_ms": {"p50": p50, "p95": p95},
+        "tpot_ms": {"p50": 5.0, "p95": 9.0},
+        "ttft_p50_ci_ms": [p50 - 10, p50 + 20],
+        "ttft_p95_ci_ms": [p95 - 30, p95 + 40],
+        "ttft_cdf_ms": [p50 * q / 50 for q in range(measure.CDF_POINTS)],
+        "tpot_cdf_ms": [5.0 + q / 100 for q in range(measure.CDF_POINTS)],
+        "request_throughput_rps": 2.0,
+        "output_throughput_tps": 40.0 * p50 / 100,
+        "cost_per_mtok_usd": cost,
+    }
+
+
+def report_view() -> dict[str, Any]:
+    targets = [{"id": "t1", "name": "Tuned"}, {"id": "t2", "name": "Provider"}, {"id": "t3", "name": "Down"}]
+    levels = []
+    for multiplier, rate, scale in ((0.5, 1.5, 1.0), (1.0, 3.0, 2.0)):
+        cells = [
+            view_cell(100 * scale, 200 * scale),
+            view_cell(300 * scale, 900 * scale, cost=2.5),
+            view_cell(0, 0, ok=False),
+        ]
+        levels.append(
+            {
+                "multiplier": multiplier,
+                "rate_rps": rate,
+                "rows": [{"target": t, "cell": c} for t, c in zip(targets, cells, strict=True)],
+            }
+        )
+    return {"targets": targets, "levels": levels}
+
+
+def finished_report(sam: User, sample: TrafficSample) -> BenchmarkReport:
+    """A report as a finished run leaves it (the run itself has its own tests above); made
+    directly, so that no run starts (a transactional test would start one at commit)."""
+    report = BenchmarkReport.objects.create(
+        organization=sample.organization,
+        name="Acme: Tuned vs Provider",
+        traffic_sample=sample,
+        sample_name=sample.name,
+        sample_summary={"num_requests": 180, "duration_s": 59.5, "peak_rps_60s": 3.0},
+        peak_rps=3.0,
+        load_multipliers=[0.5, 1.0],
+        duration_s=30,
+        created_by=sam,
+    )
+    for position, (name, url) in enumerate(
+        (
+            ("Tuned", "http://10.0.0.5:8000/v1"),
+            ("Provider", "https://api.provider.example/v1"),
+            ("Down", "http://10.0.0.9:8000/v1"),
+        )
+    ):
+        target = BenchmarkTarget(
+            organization=sample.organization,
+            report=report,
+            position=position,
+            name=name,
+            base_url=url,
+            model="acme-chat",
+            pricing=BenchmarkTarget.Pricing.HOURLY,
+            price_per_hour_usd=Decimal("4.50"),
+        )
+        target.api_key_sealed = seal(API_KEY.encode(), purpose=services._key_purpose(target))
+        target.save()
+    view = report_view()
+    ids = [str(t.id) for t in report.targets.all()]
+    levels = [
+        {
+            "multiplier": level["multiplier"],
+            "rate_rps": level["rate_rps"],
+            "num_requests_planned": 10,
+            "cells": {ids[i]: row["cell"] for i, row in enumerate(level["rows"])},
+        }
+        for level in view["levels"]
+    ]
+    levels[0]["cells"][ids[2]]["error_examples"] = {"connection_refused": "Connect call failed 10.0.0.9"}
+    BenchmarkReport.objects.filter(pk=report.pk).update(
+        status=BenchmarkReport.Status.SUCCEEDED,
+        finished_at=timezone.now(),
+        results={
+            "conditions": {"client_host": "bench-host", "started_at": "2025-01-02 03:04 UTC"},
+            "levels": levels,
+        },
+    )
+    report.refresh_from_db()
+    return report

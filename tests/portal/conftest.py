@@ -20,6 +20,9 @@ from tests.portal.billing import billing, stripe_fake  # noqa: F401 (the Stripe 
 
 # A deployed endpoint's rows for the continual loop's tests (its model_root is the requesting module's).
 from tests.portal.loop import deployed  # noqa: F401
+
+# Alice's world of one object of every tenant kind (the isolation sweep, safe methods, API fuzz).
+from tests.portal.sweep import world  # noqa: F401
 from tests.workers import require_postgres
 
 

@@ -41,7 +41,7 @@ from schemathesis.checks import CHECKS
 from schemathesis.core.failures import FailureGroup
 
 from portal.accounts import services as account_services
-from tests.portal.test_isolation_sweep import World, world  # noqa: F401 (the world fixture)
+from tests.portal.sweep import World
 
 pytestmark = pytest.mark.django_db
 
@@ -246,7 +246,7 @@ def _fuzz_negative(strategy: Any, exercise: Any) -> bool:
 
 
 def test_api_fuzz_schema_conformance_and_tenant_replay(
-    world: World,  # noqa: F811 (the fixture imported above)
+    world: World,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     w = world

@@ -26,7 +26,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from compliance.models import AuditEvent
-from compliance.storage import seal
 from portal.accounts.models import User
 from portal.benchmarks import charts, measure, services
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
@@ -40,6 +39,8 @@ from tests.portal.benchmarks import (
     FakeOpenAI,
     benchmark_form,
     closed_port_url,
+    finished_report,
+    report_view,
     target_spec,
 )
 
@@ -277,50 +278,8 @@ def test_load_plan_parsing_names_the_field() -> None:
 # --- Charts -------------------------------------------------------------------------------------
 
 
-def _cell(p50: float, p95: float, *, ok: bool = True, cost: float | None = 1.0) -> dict[str, Any]:
-    if not ok:
-        cell = measure.failed_cell(num_requests=10, reason="x")
-        cell["errors"] = {"connection_refused": 10}
-        return cell
-    return {
-        "num_requests": 10,
-        "num_ok": 10,
-        "num_errors": 0,
-        "error_rate": 0.0,
-        "errors": {},
-        "ttft_ms": {"p50": p50, "p95": p95},
-        "tpot_ms": {"p50": 5.0, "p95": 9.0},
-        "ttft_p50_ci_ms": [p50 - 10, p50 + 20],
-        "ttft_p95_ci_ms": [p95 - 30, p95 + 40],
-        "ttft_cdf_ms": [p50 * q / 50 for q in range(measure.CDF_POINTS)],
-        "tpot_cdf_ms": [5.0 + q / 100 for q in range(measure.CDF_POINTS)],
-        "request_throughput_rps": 2.0,
-        "output_throughput_tps": 40.0 * p50 / 100,
-        "cost_per_mtok_usd": cost,
-    }
-
-
-def _view() -> dict[str, Any]:
-    targets = [{"id": "t1", "name": "Tuned"}, {"id": "t2", "name": "Provider"}, {"id": "t3", "name": "Down"}]
-    levels = []
-    for multiplier, rate, scale in ((0.5, 1.5, 1.0), (1.0, 3.0, 2.0)):
-        cells = [
-            _cell(100 * scale, 200 * scale),
-            _cell(300 * scale, 900 * scale, cost=2.5),
-            _cell(0, 0, ok=False),
-        ]
-        levels.append(
-            {
-                "multiplier": multiplier,
-                "rate_rps": rate,
-                "rows": [{"target": t, "cell": c} for t, c in zip(targets, cells, strict=True)],
-            }
-        )
-    return {"targets": targets, "levels": levels}
-
-
 def test_cdf_chart_has_one_curve_per_target_with_data_and_names_the_rest() -> None:
-    fig = charts.cdf_figure(_view(), 1, "ttft")
+    fig = charts.cdf_figure(report_view(), 1, "ttft")
     assert [t["name"] for t in fig["data"]] == ["Tuned", "Provider"]
     tuned = fig["data"][0]
     assert tuned["x"][50] == pytest.approx(200.0) and tuned["y"][0] == 0 and tuned["y"][-1] == 1
@@ -329,13 +288,13 @@ def test_cdf_chart_has_one_curve_per_target_with_data_and_names_the_rest() -> No
     assert layout["yaxis"]["range"] == [0, 1] and layout["yaxis"]["tickformat"] == ".0%"
     assert "1\u00d7 peak (3.00 req/s)" in layout["title"]["text"]
     assert "No successful requests: Down" in layout["annotations"][0]["text"]
-    tpot = charts.cdf_figure(_view(), 0, "tpot")
+    tpot = charts.cdf_figure(report_view(), 0, "tpot")
     assert tpot["layout"]["xaxis"]["title"]["text"].startswith("time per output token")
     assert tpot["data"][0]["x"][0] == pytest.approx(5.0)
 
 
 def test_latency_vs_load_chart_has_p50_and_p95_with_confidence_bars() -> None:
-    fig = charts.latency_vs_load_figure(_view())
+    fig = charts.latency_vs_load_figure(report_view())
     names = [t["name"] for t in fig["data"]]
     assert names == ["Tuned p50", "Tuned p95", "Provider p50", "Provider p95"]  # "Down" has nothing
     tuned_p95 = fig["data"][1]
@@ -351,7 +310,7 @@ def test_latency_vs_load_chart_has_p50_and_p95_with_confidence_bars() -> None:
 
 
 def test_throughput_cost_and_error_charts() -> None:
-    view = _view()
+    view = report_view()
     throughput = charts.throughput_figure(view)
     assert [t["name"] for t in throughput["data"]] == ["Tuned", "Provider", "Down"]
     assert throughput["data"][0]["y"] == [40.0, 80.0] and throughput["data"][2]["y"] == [0.0, 0.0]
@@ -384,68 +343,11 @@ def test_throughput_cost_and_error_charts() -> None:
 # --- Who may do what ------------------------------------------------------------------------------
 
 
-def _finished_report(sam: User, sample: TrafficSample) -> BenchmarkReport:
-    """A report as a finished run leaves it (the run itself has its own tests above); made
-    directly, so that no run starts (a transactional test would start one at commit)."""
-    report = BenchmarkReport.objects.create(
-        organization=sample.organization,
-        name="Acme: Tuned vs Provider",
-        traffic_sample=sample,
-        sample_name=sample.name,
-        sample_summary={"num_requests": 180, "duration_s": 59.5, "peak_rps_60s": 3.0},
-        peak_rps=3.0,
-        load_multipliers=[0.5, 1.0],
-        duration_s=30,
-        created_by=sam,
-    )
-    for position, (name, url) in enumerate(
-        (
-            ("Tuned", "http://10.0.0.5:8000/v1"),
-            ("Provider", "https://api.provider.example/v1"),
-            ("Down", "http://10.0.0.9:8000/v1"),
-        )
-    ):
-        target = BenchmarkTarget(
-            organization=sample.organization,
-            report=report,
-            position=position,
-            name=name,
-            base_url=url,
-            model="acme-chat",
-            pricing=BenchmarkTarget.Pricing.HOURLY,
-            price_per_hour_usd=Decimal("4.50"),
-        )
-        target.api_key_sealed = seal(API_KEY.encode(), purpose=services._key_purpose(target))
-        target.save()
-    view = _view()
-    ids = [str(t.id) for t in report.targets.all()]
-    levels = [
-        {
-            "multiplier": level["multiplier"],
-            "rate_rps": level["rate_rps"],
-            "num_requests_planned": 10,
-            "cells": {ids[i]: row["cell"] for i, row in enumerate(level["rows"])},
-        }
-        for level in view["levels"]
-    ]
-    levels[0]["cells"][ids[2]]["error_examples"] = {"connection_refused": "Connect call failed 10.0.0.9"}
-    BenchmarkReport.objects.filter(pk=report.pk).update(
-        status=BenchmarkReport.Status.SUCCEEDED,
-        finished_at=timezone.now(),
-        results={
-            "conditions": {"client_host": "bench-host", "started_at": "2025-01-02 03:04 UTC"},
-            "levels": levels,
-        },
-    )
-    report.refresh_from_db()
-    return report
-
-
 @pytest.mark.django_db
 def test_only_sales_engineers_and_platform_admins_see_benchmarks(
     alice, alice_client, sam, sam_client, sample
 ) -> None:  # type: ignore[no-untyped-def]
-    report = _finished_report(sam, sample)
+    report = finished_report(sam, sample)
     urls = [
         reverse("benchmarks:list"),
         reverse("benchmarks:create"),
@@ -568,7 +470,7 @@ def test_the_form_creates_a_queued_report_with_sealed_keys(sam, sam_client, samp
 def test_a_share_link_works_anonymously_until_it_expires_or_is_revoked(
     alice_client, sam, sam_client, sample
 ) -> None:  # type: ignore[no-untyped-def]
-    report = _finished_report(sam, sample)
+    report = finished_report(sam, sample)
     share_url = reverse("benchmarks:share", args=[report.id])
     assert sam_client.post(share_url, {"days": "31"}).status_code == 400
     assert alice_client.post(share_url, {"days": "7"}).status_code == 404
@@ -660,7 +562,7 @@ def test_unfinished_reports_are_not_shared_and_a_lost_sample_fails_the_run_clean
 
 @pytest.mark.django_db
 def test_public_traces_are_attributed_in_the_report(sam, sam_client, sample) -> None:  # type: ignore[no-untyped-def]
-    report = _finished_report(sam, sample)
+    report = finished_report(sam, sample)
     own = sam_client.get(reverse("benchmarks:detail", args=[report.id])).content.decode()
     assert "Acme Voice's own requests" in own and "CC-BY" not in own
     BenchmarkReport.objects.filter(pk=report.pk).update(traffic_source="azure2023_conv")
@@ -721,7 +623,7 @@ _watched = watched
 @pytest.mark.browser
 @pytest.mark.django_db(transaction=True)
 def test_the_report_page_draws_every_chart_in_chromium(live_server, page_factory, sam, sample) -> None:  # type: ignore[no-untyped-def]
-    report = _finished_report(sam, sample)
+    report = finished_report(sam, sample)
     _link, secret = services.benchmark_share_create(actor=sam, report=report, days=1)
     problems: list[str] = []
     page = _watched(page_factory(), problems)

@@ -4,239 +4,28 @@ offline HTML download, the PDF, a job with nothing to show, and the page drawn i
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.urls import reverse
 
-from portal.accounts.models import Organization, User
 from portal.jobs import charts, selectors
-from portal.jobs.models import ServedModel, Trial, TuningJob
-from portal.traffic.models import TrafficSample
+from portal.jobs.models import Trial, TuningJob
 from tests.conftest import PASSWORD
-from tuning.search import gates
-from tuning.search.selection import Candidate, select
-from tuning.search.trial import LoadPoint, TrialResult, ttft_sample
-
-SLO = "ttft_p50_ms<=600,ttft_p95_ms<=1500"
-PEAK_RPS, HEADROOM = 2.0, 1.25  # target 2.5 req/s
-TARGET_RPS = PEAK_RPS * HEADROOM
-
-
-def _point(multiple: float, p50: float, p95: float, *, met: bool, repeat: int = 0) -> LoadPoint:
-    return LoadPoint(
-        rate_multiple=multiple,
-        repeat=repeat,
-        num_requests=50,
-        num_errors=0,
-        ttft_p50_ms=p50,
-        ttft_p95_ms=p95,
-        tpot_p50_ms=30.0,
-        tokens_per_s=900.0 * multiple,
-        slo_met=met,
-        violations=() if met else (f"ttft_p95_ms {p95:,.0f} > 1,500",),
-        send_lateness_p99_ms=2.0,
-    )
-
-
-def _result(
-    p50: float,
-    p95: float,
-    *,
-    cost: float | None,
-    sustainable: float,
-    change_type: str = "lossless",
-    correctness_ok: bool = True,
-    sample: bool = True,
-    predicted: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A result in exactly the shape run_trial stores: built from its own dataclasses."""
-    steps = [_point(1.0, p50, p95, met=True, repeat=r) for r in (0, 1)]
-    multiple = 1.0
-    for multiple in (1.5, 2.0):
-        met = multiple <= sustainable
-        steps.append(_point(multiple, p50 * multiple, p95 * multiple * (1 if met else 2), met=met))
-        if not met:
-            break
-    # A spread of TTFTs whose p50/p95 sit near the stated ones.
-    ttfts = [p50 * (0.5 + i / 100) for i in range(100)] + [p95] * 6
-    correctness = gates.CorrectnessVerdict(
-        passed=correctness_ok,
-        change_type=change_type,
-        top1_agreement=1.0 if correctness_ok else 0.81,
-        mean_kl=0.0 if correctness_ok else 0.21,
-        greedy_exact=correctness_ok,
-        positions=376,
-        reasons=() if correctness_ok else ("top-1 agreement 0.810 < 0.9", "mean KL 0.2100 nats > 0.05"),
-    )
-    reliability = gates.ReliabilityVerdict(
-        passed=True, num_errors=0, engine_survived=True, preemptions=0.0, p50_cv=0.04, reasons=()
-    )
-    result = TrialResult(
-        config={"dtype": "auto"},
-        status="ok",
-        error=None,
-        load=tuple(steps),
-        ttft_p50_ms=p50,
-        ttft_p95_ms=p95,
-        ttft_p95_ci_ms=(p95 * 0.9, p95 * 1.1),
-        tpot_p50_ms=30.0,
-        slo_met=True,
-        slo_violations=(),
-        sustainable_multiple=sustainable,
-        cost_per_mtok_usd=cost,
-        correctness=correctness.to_dict(),
-        reliability=reliability.to_dict(),
-        capture=None,
-        ttft_sample_ms=ttft_sample(ttfts) if sample else (),
-        gate_thresholds=asdict(gates.Thresholds()),
-    ).to_dict()
-    if not sample:
-        # Recorded before trials stored a sample or their thresholds.
-        del result["ttft_sample_ms"], result["gate_thresholds"]
-    if predicted is not None:
-        result["predicted"] = predicted
-    return result
-
-
-def _failed_result(error: str) -> dict[str, Any]:
-    return {
-        "config": {},
-        "status": "failed",
-        "error": error,
-        "load": [],
-        "ttft_p50_ms": None,
-        "ttft_p95_ms": None,
-        "ttft_p95_ci_ms": [None, None],
-        "slo_met": False,
-        "slo_violations": [],
-        "sustainable_multiple": 0.0,
-        "cost_per_mtok_usd": None,
-        "correctness": None,
-        "reliability": None,
-    }
-
-
-NONE = {"dtype": None, "max_num_seqs": None, "max_num_batched_tokens": None}
-# number -> (assignment, label, result)
-TRIALS: dict[int, tuple[dict[str, Any], str, dict[str, Any]]] = {
-    0: ({**NONE, "dtype": "float32"}, "dtype=float32", _result(500, 1400, cost=2.0, sustainable=1.5)),
-    1: (NONE, "vLLM defaults", _result(550, 1450, cost=1.5, sustainable=1.0, sample=False)),
-    2: (
-        {**NONE, "max_num_seqs": 8},
-        "max_num_seqs=8",
-        _result(
-            400,
-            900,
-            cost=1.2,
-            sustainable=2.0,
-            predicted={
-                "ttft_p50_ms": 420.0,
-                "ttft_p95_ms": 1000.0,
-                "tpot_mean_ms": None,
-                "source": "calibrated",
-            },
-        ),
-    ),
-    3: (
-        {**NONE, "max_num_batched_tokens": 512},
-        "max_num_batched_tokens=512",
-        _result(
-            350,
-            700,
-            cost=1.8,
-            sustainable=1.5,
-            predicted={
-                "ttft_p50_ms": 300.0,
-                "ttft_p95_ms": 820.0,
-                "tpot_mean_ms": 31.0,
-                "source": "datasheet",
-            },
-        ),
-    ),
-    # Fast and cheap, but it changed the model's answers: never on the frontier, never the winner.
-    4: (
-        {**NONE, "dtype": "bfloat16"},
-        "dtype=bfloat16",
-        _result(300, 600, cost=0.9, sustainable=2.0, change_type="precision", correctness_ok=False),
-    ),
-    5: (
-        {**NONE, "max_num_seqs": 64},
-        "max_num_seqs=64",
-        _failed_result("engine did not start: out of memory"),
-    ),
-}
-
-
-def _selection() -> dict[str, Any]:
-    candidates = []
-    for number, (assignment, label, r) in TRIALS.items():
-        ok = r["status"] == "ok"
-        candidates.append(
-            Candidate(
-                trial=number,
-                label=label,
-                num_changed_knobs=sum(v is not None for v in assignment.values()),
-                slo_met=bool(r["slo_met"]),
-                slo_violations=tuple(r["slo_violations"]),
-                gates_passed=ok and r["correctness"]["passed"] and r["reliability"]["passed"],
-                gate_reasons=tuple(r["correctness"]["reasons"]) if ok else (),
-                cost_per_mtok_usd=r["cost_per_mtok_usd"],
-                ttft_p50_ms=r["ttft_p50_ms"] if ok else float("nan"),
-                ttft_p95_ms=r["ttft_p95_ms"] if ok else float("nan"),
-                ttft_p95_ci_ms=tuple(r["ttft_p95_ci_ms"]) if ok else (float("nan"), float("nan")),
-                error=None if ok else r["error"],
-            )
-        )
-    return select(candidates).to_dict()
-
-
-def _job(
-    org: Organization, user: User, trials: dict[int, tuple[dict[str, Any], str, dict[str, Any]]]
-) -> TuningJob:
-    sample = TrafficSample.objects.create(
-        organization=org, name="calls.jsonl", status=TrafficSample.Status.READY, created_by=user
-    )
-    model = ServedModel.objects.get_or_create(
-        organization=org, name="llama-xs", defaults={"path": "/models/llama-xs"}
-    )[0]
-    selection = _selection() if trials is TRIALS else None
-    job = TuningJob.objects.create(
-        organization=org,
-        name="voice agent tuning",
-        traffic_sample=sample,
-        served_model=model,
-        spec={
-            "slo": SLO,
-            "peak_rps": PEAK_RPS,
-            "headroom": HEADROOM,
-            "hardware": "local-cpu",
-            "strategy": "tpe",
-            "budget_trials": 6,
-        },
-        status=TuningJob.Status.SUCCEEDED,
-        report={"selection": selection} if selection else None,
-        winner_trial=selection["winner"] if selection else None,
-        created_by=user,
-    )
-    for number, (assignment, label, result) in trials.items():
-        Trial.objects.create(
-            organization=org,
-            job=job,
-            number=number,
-            assignment=assignment,
-            label=label,
-            status=Trial.Status.DONE,
-            result=result,
-        )
-    return job
+from tests.portal.job_rows import (
+    NONE,
+    TARGET_RPS,
+    TRIALS,
+    failed_trial_result,
+    report_job_with,
+)
+from tuning.search.trial import ttft_sample
 
 
 @pytest.fixture
 def report_job(alice, alice_org) -> TuningJob:  # type: ignore[no-untyped-def]
-    return _job(alice_org, alice, TRIALS)
+    return report_job_with(alice_org, alice, TRIALS)
 
 
 def _trace(figure: dict[str, Any], name: str) -> dict[str, Any]:
@@ -521,15 +310,15 @@ def test_pdf_without_chromium_says_so(report_job, alice_client, settings) -> Non
 
 @pytest.mark.django_db
 def test_a_job_without_a_successful_trial_says_so(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    failed = _job(
-        alice_org, alice, {0: (NONE, "dtype=float32", _failed_result("engine did not start: bad flag"))}
+    failed = report_job_with(
+        alice_org, alice, {0: (NONE, "dtype=float32", failed_trial_result("engine did not start: bad flag"))}
     )
     for name in ("jobs:report", "jobs:report_html"):
         html = alice_client.get(reverse(name, args=[failed.id])).content.decode()
         assert "No trial of this job finished successfully" in html
         assert "engine did not start: bad flag" in html
         assert 'class="chart"' not in html and 'id="plotly-figures"' not in html
-    empty = _job(alice_org, alice, {})
+    empty = report_job_with(alice_org, alice, {})
     page = alice_client.get(reverse("jobs:report", args=[empty.id]))
     assert page.status_code == 200
     assert "No trials have run for this job yet" in page.content.decode()

@@ -22,14 +22,13 @@ from compliance.middleware import TWO_FACTOR_KEY
 from compliance.models import AuditEvent
 from portal.accounts.reauth import SESSION_KEY as REAUTH_KEY
 from portal.accounts.tenancy import SESSION_KEY
-from tests.portal.test_isolation_sweep import (  # noqa: F401 (the world fixture)
+from tests.portal.sweep import (
     API_PREFIX,
     PUBLIC_ROUTES,
     ROUTES,
     World,
     alice_digest,
     resolver_routes,
-    world,
 )
 
 pytestmark = pytest.mark.django_db
@@ -126,7 +125,7 @@ def _no_write_is_accepted_without_the_csrf_token(w: World) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_no_state_change_on_get_and_none_without_the_csrf_token(world: World) -> None:  # noqa: F811
+def test_no_state_change_on_get_and_none_without_the_csrf_token(world: World) -> None:
     # One world for both sweeps: building it is most of the time.
     _no_route_changes_anything_on_get(world)
     _no_write_is_accepted_without_the_csrf_token(world)
