@@ -22,33 +22,24 @@ from portal.endpoints.models import Endpoint, LoopIteration
 from portal.sla import services as sla_services
 from portal.sla.services import sla_windows_close
 from tests.conftest import PASSWORD
-from tests.portal.dashboard import (
-    NOW,
-    POLICY_URL,
-    SLO,
-    dashboard_endpoint,
-    dashboard_job,
-    gap_snapshot,
-    loop_iteration,
-    revision_history,
-    snapshot,
-)
+from tests.factories import deployed_endpoint, finished_job, metric_snapshot
+from tests.portal.dashboard import NOW, POLICY_URL, SLO, gap_snapshot, loop_iteration, revision_history
 
 # --- Series: gaps are gaps ------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
 def test_the_last_hour_keeps_every_scrape_and_its_gaps_as_none(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     start = NOW - timedelta(minutes=30)
-    snapshot(endpoint, start, p50=310.0, p95=950.0)
-    snapshot(endpoint, start + timedelta(seconds=15), p50=320.0, p95=960.0)
+    metric_snapshot(endpoint, start, p50=310.0, p95=950.0)
+    metric_snapshot(endpoint, start + timedelta(seconds=15), p50=320.0, p95=960.0)
     gap_snapshot(endpoint, start + timedelta(seconds=30))
-    snapshot(endpoint, start + timedelta(seconds=45), p50=None, p95=None, requests_per_s=0.0)  # idle
-    snapshot(endpoint, start + timedelta(seconds=60), p50=330.0, p95=970.0)
+    metric_snapshot(endpoint, start + timedelta(seconds=45), p50=None, p95=None, requests_per_s=0.0)  # idle
+    metric_snapshot(endpoint, start + timedelta(seconds=60), p50=330.0, p95=970.0)
     # Ten silent minutes (the scraper was away), then scrapes again.
-    snapshot(endpoint, start + timedelta(minutes=11), p50=340.0, p95=980.0)
-    snapshot(endpoint, NOW - timedelta(hours=2))  # outside the range
+    metric_snapshot(endpoint, start + timedelta(minutes=11), p50=340.0, p95=980.0)
+    metric_snapshot(endpoint, NOW - timedelta(hours=2))  # outside the range
 
     series = selectors.snapshot_series(endpoint=endpoint, range_name="1h", now=NOW)
 
@@ -69,10 +60,10 @@ def test_the_last_hour_keeps_every_scrape_and_its_gaps_as_none(alice, alice_org)
 
 @pytest.mark.django_db
 def test_longer_ranges_are_bucketed_worst_p95_and_empty_buckets_break(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     bucket_start = datetime(2026, 11, 30, 11, 0, 0, tzinfo=UTC)  # a 5-minute boundary
     for i, (p50, p95) in enumerate([(300.0, 900.0), (320.0, 1900.0), (310.0, 950.0)]):
-        snapshot(
+        metric_snapshot(
             endpoint, bucket_start + timedelta(seconds=15 * i + 5), p50=p50, p95=p95, requests_per_s=1.0 + i
         )
     gap_snapshot(endpoint, bucket_start + timedelta(minutes=5, seconds=5))
@@ -258,7 +249,7 @@ def test_history_chart_is_the_measured_sequence_annotated_with_its_triggers() ->
 
 @pytest.mark.django_db
 def test_history_computes_diffs_gains_and_loop_triggers(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     revisions = revision_history(endpoint)
     loop_iteration(
         endpoint,
@@ -287,14 +278,14 @@ def test_history_computes_diffs_gains_and_loop_triggers(alice, alice_org) -> Non
 
 @pytest.mark.django_db
 def test_slo_comes_from_the_job_and_an_unreadable_one_says_why(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     assert selectors.endpoint_slo(endpoint=endpoint) == {
         "text": SLO,
         "ttft_p50_ms": 600.0,
         "ttft_p95_ms": 1500.0,
         "problem": None,
     }
-    broken = dashboard_endpoint(alice_org, alice, port=59102, slo="fast please")
+    broken = deployed_endpoint(alice_org, alice, port=59102, slo="fast please")
     slo = selectors.endpoint_slo(endpoint=broken)
     assert slo["ttft_p95_ms"] is None and "cannot be read" in slo["problem"]
     compliance = selectors.sla_compliance(endpoint=broken, slo=slo, range_name="1h", now=NOW)
@@ -305,11 +296,11 @@ def test_slo_comes_from_the_job_and_an_unreadable_one_says_why(alice, alice_org)
 @pytest.mark.django_db
 def test_without_sla_terms_each_hour_is_judged_against_the_jobs_p95(alice, alice_org, settings) -> None:  # type: ignore[no-untyped-def]
     settings.COMPLIANCE_SLA_MAX_INTERVAL_S = 120
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     hour = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
     # 10:00-11:00: 40 one-minute intervals, the last 10 over the 1500 ms p95 target.
     for minute in range(41):
-        snapshot(endpoint, hour + timedelta(minutes=minute), p95=2000.0 if minute > 30 else 900.0)
+        metric_snapshot(endpoint, hour + timedelta(minutes=minute), p95=2000.0 if minute > 30 else 900.0)
     slo = selectors.endpoint_slo(endpoint=endpoint)
     compliance = selectors.sla_compliance(endpoint=endpoint, slo=slo, range_name="24h", now=NOW)
     assert compliance["source"] == "slo" and compliance["target_ms"] == 1500.0
@@ -333,7 +324,7 @@ def test_without_sla_terms_each_hour_is_judged_against_the_jobs_p95(alice, alice
 
 @pytest.mark.django_db
 def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, alice_org) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     Endpoint.objects.filter(pk=endpoint.pk).update(created_at=datetime(2026, 10, 1, tzinfo=UTC))
     endpoint.refresh_from_db()
     sla_services.sla_terms_set(
@@ -343,9 +334,11 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
         target_ms=1000.0,
     )
     for minute in range(0, 60, 1):
-        snapshot(endpoint, datetime(2026, 10, 15, 8, 0, tzinfo=UTC) + timedelta(minutes=minute), p95=900.0)
+        metric_snapshot(
+            endpoint, datetime(2026, 10, 15, 8, 0, tzinfo=UTC) + timedelta(minutes=minute), p95=900.0
+        )
     for minute in range(0, 60, 1):
-        snapshot(endpoint, NOW - timedelta(minutes=60 - minute), p95=1200.0 if minute % 2 else 800.0)
+        metric_snapshot(endpoint, NOW - timedelta(minutes=60 - minute), p95=1200.0 if minute % 2 else 800.0)
     assert sla_windows_close(now=NOW) == 1  # October, frozen by the monthly close (portal.sla)
 
     compliance = selectors.sla_compliance(
@@ -369,9 +362,9 @@ def test_with_sla_terms_the_compliance_apps_monthly_windows_are_shown(alice, ali
 def test_alice_sees_health_configuration_charts_history_and_iterations(
     alice, alice_org, alice_client
 ) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice, status_detail="engine restarted after exit code -9")
+    endpoint = deployed_endpoint(alice_org, alice, status_detail="engine restarted after exit code -9")
     revisions = revision_history(endpoint)
-    retune = dashboard_job(alice_org, alice, name="live traffic re-tune")
+    retune = finished_job(alice_org, alice, name="live traffic re-tune")
     loop_iteration(
         endpoint,
         1,
@@ -405,9 +398,9 @@ def test_alice_sees_health_configuration_charts_history_and_iterations(
         error="the re-tuning job was refused: budget",
     )
     now = timezone.now()
-    snapshot(endpoint, now - timedelta(minutes=2))
+    metric_snapshot(endpoint, now - timedelta(minutes=2))
     gap_snapshot(endpoint, now - timedelta(seconds=90))
-    snapshot(endpoint, now - timedelta(seconds=75))
+    metric_snapshot(endpoint, now - timedelta(seconds=75))
 
     response = alice_client.get(reverse("endpoints:detail", args=[endpoint.id]))
     assert response.status_code == 200
@@ -447,7 +440,7 @@ def test_alice_sees_health_configuration_charts_history_and_iterations(
 
 @pytest.mark.django_db
 def test_the_htmx_refresh_is_the_live_panel_only(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     url = reverse("endpoints:detail", args=[endpoint.id])
     fragment = alice_client.get(url + "?range=15m", HTTP_HX_REQUEST="true")
     html = fragment.content.decode()
@@ -463,7 +456,7 @@ def test_the_htmx_refresh_is_the_live_panel_only(alice, alice_org, alice_client)
 
 @pytest.mark.django_db
 def test_an_unknown_range_falls_back_to_the_hour_and_says_so(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     response = alice_client.get(reverse("endpoints:detail", args=[endpoint.id]) + "?range=3y")
     assert response.status_code == 200
     assert "Unknown range “3y”: choose one of 15m, 1h, 6h, 24h or 7d." in response.content.decode()
@@ -472,7 +465,7 @@ def test_an_unknown_range_falls_back_to_the_hour_and_says_so(alice, alice_org, a
 
 @pytest.mark.django_db
 def test_charlie_gets_404_for_the_page_and_the_policy(alice, alice_org, charlie, charlie_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     before = (policy.policy_values(endpoint), AuditEvent.objects.count())
     assert charlie_client.get(reverse("endpoints:detail", args=[endpoint.id])).status_code == 404
     assert (
@@ -503,7 +496,7 @@ def _policy_post(**overrides: Any) -> dict[str, Any]:
 
 @pytest.mark.django_db
 def test_bob_reads_the_page_but_cannot_change_the_policy(alice, alice_org, bob, bob_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     page = bob_client.get(reverse("endpoints:detail", args=[endpoint.id]))
     html = page.content.decode()
     assert page.status_code == 200
@@ -531,7 +524,7 @@ def test_bob_reads_the_page_but_cannot_change_the_policy(alice, alice_org, bob, 
 def test_policy_out_of_range_values_are_field_errors_and_nothing_changes(
     alice, alice_org, alice_client
 ) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     url = reverse(POLICY_URL, args=[endpoint.id])
     before = (policy.policy_values(endpoint), AuditEvent.objects.count())
     response = alice_client.post(
@@ -579,7 +572,7 @@ def test_policy_out_of_range_values_are_field_errors_and_nothing_changes(
 
 @pytest.mark.django_db
 def test_alice_changes_the_policy_and_it_is_audited(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     url = reverse(POLICY_URL, args=[endpoint.id])
     response = alice_client.post(
         url,
@@ -639,11 +632,11 @@ def test_the_dashboard_draws_and_refreshes_in_chromium(  # type: ignore[no-untyp
     alice,
     alice_org,
 ) -> None:
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     revision_history(endpoint)
     now = timezone.now()
     for i in range(8):
-        snapshot(endpoint, now - timedelta(seconds=15 * (10 - i)), p50=300.0 + i, p95=900.0 + 10 * i)
+        metric_snapshot(endpoint, now - timedelta(seconds=15 * (10 - i)), p50=300.0 + i, p95=900.0 + 10 * i)
     gap_snapshot(endpoint, now - timedelta(seconds=15))
     charts_ids = ("chart-ttft", "chart-rates", "chart-prefix", "chart-sla", "chart-history")
     page = page_factory()
@@ -669,7 +662,7 @@ def test_the_dashboard_draws_and_refreshes_in_chromium(  # type: ignore[no-untyp
     assert page.evaluate("document.getElementById('chart-ttft').data[1].y[8]") is None
 
     # A refresh, as the 15-second poll does it: the same chart elements get the new snapshot.
-    snapshot(endpoint, timezone.now(), p50=350.0, p95=1000.0)
+    metric_snapshot(endpoint, timezone.now(), p50=350.0, p95=1000.0)
     page.evaluate("document.getElementById('chart-ttft').setAttribute('data-rendered', 'old')")
     page.evaluate("window.__kept = document.getElementById('chart-ttft')")
     page.evaluate(

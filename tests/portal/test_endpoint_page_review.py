@@ -16,14 +16,8 @@ from django.utils import timezone
 from portal.endpoints import charts, selectors
 from portal.endpoints.models import Endpoint, LoopIteration
 from portal.jobs.models import Trial, TuningJob
-from tests.portal.dashboard import (
-    NOW,
-    dashboard_endpoint,
-    dashboard_job,
-    loop_iteration,
-    revision_history,
-    snapshot,
-)
+from tests.factories import deployed_endpoint, finished_job, metric_snapshot
+from tests.portal.dashboard import NOW, loop_iteration, revision_history
 
 SECTIONS = ["overview", "metrics", "sla", "configuration", "loop"]
 
@@ -63,7 +57,7 @@ def _page(client: Any, endpoint: Endpoint, query: str = "") -> str:
 
 @pytest.mark.django_db
 def test_the_page_is_in_sections_with_an_overview_to_copy_from(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     html = _page(alice_client, endpoint)
     # The sections, in order, each with its heading, and a table of contents linking them.
     found = re.findall(r'<section id="(\w+)">\s*<h2>', html)
@@ -96,7 +90,7 @@ def test_the_page_is_in_sections_with_an_overview_to_copy_from(alice, alice_org,
 
 @pytest.mark.django_db
 def test_the_model_clients_send_is_stated_and_explained(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    served_as_path = dashboard_endpoint(alice_org, alice)
+    served_as_path = deployed_endpoint(alice_org, alice)
     html = _page(alice_client, served_as_path)
     assert '<code id="endpoint-model">/models/llama-xs</code>' in html
     note = re.search(r'<span class="muted" id="endpoint-model-note">(.*?)</span></dd>', html, re.S)
@@ -105,7 +99,7 @@ def test_the_model_clients_send_is_stated_and_explained(alice, alice_org, alice_
     assert "llama-xs, served under its folder's path" in note.group(1)
     assert f"GET http://127.0.0.1:{served_as_path.port}/v1/models" in note.group(1)
     # Where the engine serves the short name, that is the name shown and put in the snippet.
-    short = dashboard_endpoint(
+    short = deployed_endpoint(
         alice_org, alice, port=59102, config={"max_num_seqs": 128, "served_model_name": "llama-xs"}
     )
     html = _page(alice_client, short)
@@ -119,7 +113,7 @@ def test_the_model_clients_send_is_stated_and_explained(alice, alice_org, alice_
 
 @pytest.mark.django_db
 def test_before_the_host_reports_an_address_there_is_nothing_to_copy(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice, port=None, status=Endpoint.Status.STARTING)
+    endpoint = deployed_endpoint(alice_org, alice, port=None, status=Endpoint.Status.STARTING)
     html = _page(alice_client, endpoint)
     assert 'id="endpoint-url-pending"' in html and 'data-copy="endpoint-url"' not in html
     assert 'id="snippet-python"' not in html
@@ -129,14 +123,14 @@ def test_before_the_host_reports_an_address_there_is_nothing_to_copy(alice, alic
 def test_the_metrics_offer_15_minutes_1_hour_6_hours_24_hours_and_7_days(
     alice, alice_org, alice_client
 ) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
+    endpoint = deployed_endpoint(alice_org, alice)
     assert list(selectors.RANGES) == ["15m", "1h", "6h", "24h", "7d"]
     html = _page(alice_client, endpoint, "?range=15m")
     assert '<strong aria-current="page">last 15 minutes</strong>' in html
     for key in ("1h", "6h", "24h", "7d"):
         assert f'<a href="?range={key}#metrics" data-range="{key}">' in html
-    snapshot(endpoint, NOW - timedelta(minutes=20))
-    snapshot(endpoint, NOW - timedelta(minutes=10))
+    metric_snapshot(endpoint, NOW - timedelta(minutes=20))
+    metric_snapshot(endpoint, NOW - timedelta(minutes=10))
     series = selectors.snapshot_series(endpoint=endpoint, range_name="15m", now=NOW)
     assert series["range_label"] == "last 15 minutes" and series["num_snapshots"] == 1
     assert series["bucket_s"] is None  # every scrape a point
@@ -144,10 +138,10 @@ def test_the_metrics_offer_15_minutes_1_hour_6_hours_24_hours_and_7_days(
 
 @pytest.mark.django_db
 def test_every_live_percentile_states_the_requests_behind_it(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice)
-    snapshot(endpoint, NOW - timedelta(minutes=3), window=_window(12))
-    snapshot(endpoint, NOW - timedelta(minutes=2), window=_window(1))
-    snapshot(endpoint, NOW - timedelta(minutes=1))  # scraped before windows were kept: not counted
+    endpoint = deployed_endpoint(alice_org, alice)
+    metric_snapshot(endpoint, NOW - timedelta(minutes=3), window=_window(12))
+    metric_snapshot(endpoint, NOW - timedelta(minutes=2), window=_window(1))
+    metric_snapshot(endpoint, NOW - timedelta(minutes=1))  # scraped before windows were kept: not counted
     series = selectors.snapshot_series(endpoint=endpoint, range_name="1h", now=NOW)
     assert series["num_requests"] == [12.0, 1.0, None] and series["total_requests"] == 13
     figure = charts.ttft_figure(series, selectors.endpoint_slo(endpoint=endpoint))
@@ -159,25 +153,25 @@ def test_every_live_percentile_states_the_requests_behind_it(alice, alice_org, a
     day = selectors.snapshot_series(endpoint=endpoint, range_name="24h", now=NOW)
     assert sum(n for n in day["num_requests"] if n is not None) == 13 and day["total_requests"] == 13
 
-    recent = dashboard_endpoint(alice_org, alice, port=59103)
-    snapshot(recent, timezone.now() - timedelta(minutes=1), window=_window(7))
+    recent = deployed_endpoint(alice_org, alice, port=59103)
+    metric_snapshot(recent, timezone.now() - timedelta(minutes=1), window=_window(7))
     html = _page(alice_client, recent)
     assert "7 requests finished, and each point's p50 and p95 rest on the requests of its interval" in html
 
 
 @pytest.mark.django_db
 def test_history_and_loop_percentiles_state_their_requests(alice, alice_org, alice_client) -> None:  # type: ignore[no-untyped-def]
-    endpoint = dashboard_endpoint(alice_org, alice, detect_window_s=600)
+    endpoint = deployed_endpoint(alice_org, alice, detect_window_s=600)
     revisions = revision_history(endpoint)
     assert endpoint.job is not None
     _trial(endpoint.job, 2, 300.0, 40, 38)  # generation 3's trial
-    retune = dashboard_job(alice_org, alice, name="live traffic re-tune")
+    retune = finished_job(alice_org, alice, name="live traffic re-tune")
     _trial(retune, 0, 400.0, 50, 50)  # the running configuration, in the re-tuning job
     _trial(retune, 1, 300.0, 45, 44)  # the candidate
     promoted = timezone.now() - timedelta(hours=1)
-    snapshot(endpoint, promoted - timedelta(minutes=5), window=_window(30))  # before the switch
-    snapshot(endpoint, promoted + timedelta(minutes=15), window=_window(20))  # after it settled
-    snapshot(endpoint, promoted + timedelta(minutes=16), window=_window(5))
+    metric_snapshot(endpoint, promoted - timedelta(minutes=5), window=_window(30))  # before the switch
+    metric_snapshot(endpoint, promoted + timedelta(minutes=15), window=_window(20))  # after it settled
+    metric_snapshot(endpoint, promoted + timedelta(minutes=16), window=_window(5))
     loop_iteration(
         endpoint,
         1,
