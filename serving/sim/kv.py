@@ -28,7 +28,8 @@ class BlockPool:
         # `fresh` to `num_blocks - 1` in order (vLLM's queue starts as every block in id order,
         # and a used block can only rejoin behind them); then the blocks freed since, least
         # recently freed first (values unused). Kept as a counter, the first part costs nothing
-        # to build: a pool of 100,000 blocks is made for every simulated configuration.
+        # to build: a pool is made for every simulated configuration, with one entry per block of
+        # the whole KV cache.
         self.fresh = 0
         self.free: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0  # cached blocks reused for other content

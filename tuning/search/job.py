@@ -373,7 +373,7 @@ def _keep_ranked(
     ranked: tuple[dict[str, Any], ...],
 ) -> None:
     """Stores the ranking for the job's later steps: simulating the sampled candidates again on
-    every step costs about a second here and grows with the trace."""
+    every step costs CPU time that grows with the trace and the space."""
     path = work_dir / RANKED_FILE
     data = {"key": _ranked_key(spec, sim_note, calibration), "points": list(ranked)}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
