@@ -28,7 +28,8 @@ import numpy as np
 from serving.catalog.fit import check_fit
 from serving.catalog.hardware import Hardware
 from serving.catalog.models import ModelSpec
-from serving.engine.config import EngineConfig, InvalidEngineConfig
+from serving.engine.config import CPU_BIND_ENV, EngineConfig, InvalidEngineConfig
+from serving.engine.host import parse_cpu_list
 from serving.loadgen.arrivals import trace_offsets_s
 from serving.loadgen.results import SLO, ReplaySummary, RequestResult, summarize
 from serving.loadgen.traces import TraceRequest
@@ -256,14 +257,13 @@ def cpu_compute_parallelism(config: EngineConfig) -> float:
     """Cores the CPU engine's worker computes on (VLLM_CPU_OMP_THREADS_BIND) over vLLM's own
     choice, every core of this machine but one (the calibration's engine ran with that)."""
     default = max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else 1
-    bound = dict(config.extra_env).get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    bound = dict(config.extra_env).get(CPU_BIND_ENV, "auto")
     if bound in ("auto", "nobind", ""):
         return 1.0
-    cores: set[int] = set()
-    for part in bound.split("|")[0].split(","):
-        first, _, last = part.strip().partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            cores.update(range(int(first), int(last or first) + 1))
+    try:
+        cores = parse_cpu_list(bound.split("|")[0].replace(" ", ""))
+    except ValueError:  # not a list vLLM would take: its own choice
+        return 1.0
     return len(cores) / default if cores else 1.0
 
 
