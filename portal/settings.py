@@ -314,6 +314,8 @@ LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=Fa
 TUNING_REDISPATCH_INTERVAL_S = env.int("TUNING_REDISPATCH_INTERVAL_S", 30, minimum=1)
 TUNING_REDISPATCH_AFTER_S = env.int("TUNING_REDISPATCH_AFTER_S", 900, minimum=1)
 TUNING_MAX_INTERRUPTIONS = env.int("TUNING_MAX_INTERRUPTIONS", 3, minimum=1)
+# A job on a pool measures up to this many search trials at once, one per idle host.
+TUNING_MAX_PARALLEL_TRIALS = min(env.int("TUNING_MAX_PARALLEL_TRIALS", 8, minimum=1), 64)
 TRAFFIC_REDISPATCH_AFTER_S = env.int("TRAFFIC_REDISPATCH_AFTER_S", 60, minimum=1)
 CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
     "task": "portal.jobs.tasks.jobs_redispatch",

@@ -49,6 +49,9 @@ class TuningJob(models.Model):
         PENDING = "pending", "Waiting for the task queue"
         SENT = "sent", "In the task queue"
         TAKEN = "taken", "Taken by a worker"
+        # A batch of its trials is out on the pool's hosts (one per host, each a task with its
+        # own lease); the last of them to finish owes the job's next step.
+        TRIALS = "trials", "Trials out on the pool's hosts"
 
     TERMINAL: ClassVar[set[str]] = {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}
 
@@ -169,6 +172,16 @@ class Trial(models.Model):
     # measures it (`trial_engine_log_record`: bounded, server paths replaced), so the job page can
     # show them whichever host runs the engine.
     engine_log = models.TextField(blank=True, default="")
+    # A trial of a batch measured at once on a pool's hosts (its own task, not the job's step):
+    # what to measure (`tuning.search.job.PlannedTrial`, as a dict), the number of the batch's
+    # first trial (it is measured against the history before the batch, whichever sibling ends
+    # first), the host measuring it, and its own lease and outbox time, as the job's step has.
+    planned = models.JSONField(null=True, blank=True)
+    batch = models.IntegerField(null=True, blank=True)
+    host = models.ForeignKey("pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering: ClassVar = ["number"]

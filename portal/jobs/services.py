@@ -21,7 +21,9 @@ import re
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +56,12 @@ from tuning.search.job import (
     MIN_REQUESTS_FOR_P95,
     JobSpec,
     JobSpecError,
+    PlannedTrial,
     ReferenceFailedError,
     TrialRecord,
     caps_for,
     execute,
-    next_trial,
+    next_trials,
     plan_job,
     report,
     validate,
@@ -465,6 +468,7 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
             )
             logger.warning("tuning job %s: its step stopped without finishing; sending it again", job_id)
         send(str(job_id), "died")
+    counts.update(_trials_redispatch(now))
     return counts
 
 
@@ -496,6 +500,9 @@ def _claim(job_id: str, owner: str) -> bool:
     stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
     return bool(
         TuningJob.objects.filter(id=job_id, status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING])
+        # A job whose batch of trials is out waits for them: only the batch's last trial owes
+        # its next step, so a stray copy of an earlier step's message does nothing.
+        .exclude(dispatch=TuningJob.Dispatch.TRIALS)
         .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
         .update(lease_owner=owner, lease_heartbeat_at=now, dispatch=TuningJob.Dispatch.TAKEN)
     )
@@ -506,24 +513,24 @@ def _release(job_id: str, owner: str) -> None:
 
 
 class _Heartbeat:
-    """Keeps the lease fresh from a thread for the whole step (a trial can take minutes, and
-    planning on a large trace a while too). A database that drops the thread's connection
-    (restart, failover) costs one beat: the next one reconnects."""
+    """Keeps a lease (a job's step, or one trial of a batch) fresh from a thread for the whole
+    step (a trial can take minutes, and planning on a large trace a while too). A database that
+    drops the thread's connection (restart, failover) costs one beat: the next one reconnects."""
 
-    def __init__(self, job_id: str, owner: str) -> None:
-        self.job_id, self.owner = job_id, owner
+    def __init__(self, model: type[TuningJob] | type[Trial], pk: Any, owner: str) -> None:
+        self.model, self.pk, self.owner = model, pk, owner
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{job_id}")
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{model.__name__}-{pk}")
 
     def _run(self) -> None:
         try:
             while not self.stop.wait(_HEARTBEAT_S):
                 try:
-                    TuningJob.objects.filter(id=self.job_id, lease_owner=self.owner).update(
+                    self.model.objects.filter(pk=self.pk, lease_owner=self.owner).update(
                         lease_heartbeat_at=timezone.now()
                     )
                 except DatabaseError as exc:
-                    logger.warning("tuning job %s: heartbeat not recorded (%s)", self.job_id, exc)
+                    logger.warning("%s %s: heartbeat not recorded (%s)", self.model.__name__, self.pk, exc)
                     connection.close()
         finally:
             connection.close()
@@ -700,7 +707,7 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
     if not _claim(job_id, owner):
         return "busy-or-done"
     try:
-        with _Heartbeat(job_id, owner):
+        with _Heartbeat(TuningJob, job_id, owner):
             return _step(job_id, owner)
     except Exception:
         try:
@@ -738,13 +745,16 @@ def _step(job_id: str, owner: str) -> str:
         return "cancelled"
     history = _history(job)
     try:
-        planned = next_trial(prepared, history)
+        batch = next_trials(prepared, history, slots=_slots(job))
     except ReferenceFailedError as exc:
         _finish(job, TuningJob.Status.FAILED, prepared=prepared, error=f"{exc}. No candidate was judged.")
         return "failed"
-    if planned is None:
+    if not batch:
         _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
         return "finished"
+    if len(batch) > 1:
+        return _batch_send(job, history, batch, owner)
+    planned = batch[0]
     assignment = planned.assignment
     number = len(history)
     trial, created = Trial.objects.get_or_create(
@@ -804,6 +814,235 @@ def _step(job_id: str, owner: str) -> str:
         )
         transaction.on_commit(lambda: _step_send(job_id))
     return f"trial {number}"
+
+
+# --- A batch of trials at once on a pool's hosts ------------------------------------------------
+#
+# With several idle hosts in its pool, the job's step plans a batch of search trials (the
+# search's batch mode, `tuning.search.job.next_trials`) instead of measuring one itself: it
+# writes one row per trial (what to measure, the batch it belongs to), owes one task per trial
+# to the pool's queue and lets the job wait (`Dispatch.TRIALS`). Each trial task claims its row
+# with its own lease, measures on the host that took it and records the result; the last of the
+# batch to finish owes the job's next step (the outbox again), which then sees the whole batch in
+# trial-number order, whichever host was faster. A trial whose host died is sent again (another
+# host takes it) until TUNING_MAX_INTERRUPTIONS, then recorded as failed with the host named.
+
+
+def _slots(job: TuningJob) -> int:
+    """How many trials the job may measure at once: its pool's idle live hosts, this step's own
+    host included (at most TUNING_MAX_PARALLEL_TRIALS); 1 without a pool."""
+    if job.pool is None:
+        return 1
+    live = pool_selectors.hosts_live(pool=job.pool)
+    idle = set(live.filter(current_task="").values_list("id", flat=True))
+    here = pool_selectors.host_here()
+    if here is not None and live.filter(id=here.id).exists():
+        idle.add(here.id)
+    return max(1, min(len(idle), settings.TUNING_MAX_PARALLEL_TRIALS))
+
+
+def _batch_send(
+    job: TuningJob, history: Sequence[TrialRecord], batch: Sequence[PlannedTrial], owner: str
+) -> str:
+    first = len(history)
+    numbers = list(range(first, first + len(batch)))
+    with transaction.atomic():
+        if not TuningJob.objects.select_for_update().filter(id=job.id, lease_owner=owner).exists():
+            return "lease-lost"
+        for number, planned in zip(numbers, batch, strict=True):
+            Trial.objects.update_or_create(
+                job=job,
+                number=number,
+                defaults={
+                    "organization": job.organization,
+                    "assignment": planned.assignment,
+                    "label": describe(planned.assignment),
+                    "planned": asdict(planned),
+                    "batch": first,
+                    "status": Trial.Status.RUNNING,
+                    "result": None,
+                    "host": None,
+                    "lease_owner": "",
+                    "lease_heartbeat_at": None,
+                    "dispatched_at": None,
+                },
+            )
+        TuningJob.objects.filter(id=job.id).update(
+            lease_owner="",
+            lease_heartbeat_at=None,
+            dispatch=TuningJob.Dispatch.TRIALS,
+            interruptions=0,
+            phase=f"trials {first}-{numbers[-1]} at once on the hosts of pool {job.pool.name if job.pool else ''}",
+        )
+        transaction.on_commit(lambda: [_trial_send(str(job.id), n) for n in numbers])
+    return f"trials {first}-{numbers[-1]}"
+
+
+def _trial_send(job_id: str, number: int) -> bool:
+    """Hands one trial of a batch to its pool's queue; never raises for a broker that is down
+    (the trial's `dispatched_at` stays empty and `jobs_redispatch` sends it later)."""
+    from portal.jobs.tasks import tuning_trial_run
+
+    trial = Trial.objects.select_related("job__pool").filter(job__id=job_id, number=number).first()
+    if trial is None or trial.job.pool is None:
+        return False
+    try:
+        tuning_trial_run.apply_async(
+            (str(trial.pk),), {"pool": trial.job.pool.name}, retry=True, retry_policy=SEND_RETRY_POLICY
+        )
+    except (BrokerError, OSError) as exc:
+        logger.warning("tuning job %s: the task queue did not take trial %s (%s)", job_id, number, exc)
+        return False
+    Trial.objects.filter(pk=trial.pk, status=Trial.Status.RUNNING).update(dispatched_at=timezone.now())
+    return True
+
+
+def _trial_claim(trial_id: int, owner: str) -> bool:
+    stale = timezone.now() - timedelta(seconds=settings.TUNING_LEASE_S)
+    return bool(
+        Trial.objects.filter(
+            pk=trial_id,
+            status=Trial.Status.RUNNING,
+            batch__isnull=False,
+            job__status=TuningJob.Status.RUNNING,
+            job__dispatch=TuningJob.Dispatch.TRIALS,
+        )
+        .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
+        .update(
+            lease_owner=owner,
+            lease_heartbeat_at=timezone.now(),
+            host=pool_selectors.host_here(),
+        )
+    )
+
+
+def tuning_trial_run(*, trial_id: int, owner: str) -> str:
+    """Measure one trial of a batch on this host (the pool's agent took its task). Idempotent: a
+    trial that another live task holds, or that has its result, is left alone."""
+    if not _trial_claim(trial_id, owner):
+        return "busy-or-done"
+    try:
+        with _Heartbeat(Trial, trial_id, owner):
+            return _trial_measure(trial_id, owner)
+    except Exception:
+        try:
+            Trial.objects.filter(pk=trial_id, lease_owner=owner).update(
+                lease_owner="", lease_heartbeat_at=None
+            )
+        except DatabaseError:
+            logger.warning("trial %s: task %s lost the database; its lease will run out", trial_id, owner)
+        raise
+
+
+def _batch_history(job: TuningJob, batch: int) -> list[TrialRecord]:
+    return [r for r in _history(job) if r.number < batch]
+
+
+def _trial_measure(trial_id: int, owner: str) -> str:
+    trial = Trial.objects.select_related("job__organization", "job__served_model", "host").get(pk=trial_id)
+    job, batch = trial.job, int(trial.batch or 0)
+    planned = PlannedTrial(**(trial.planned or {"phase": "unknown", "assignment": trial.assignment}))
+    here = pool_selectors.host_here()
+    where = f"host {here.name}" if here is not None else "this machine"
+    trial_dir = selectors.job_work_dir(job) / f"trial-{trial.number}"
+    try:
+        prepared = plan_job(job.job_spec(), selectors.job_work_dir(job), calibration=_calibration_pairs(job))
+    except JobSpecError as exc:
+        result: dict[str, Any] = {"status": "failed", "error": f"on {where}: {exc}", **planned.stamp()}
+    else:
+        with _EngineLogWatch(trial, trial_dir / ENGINE_LOG_NAME, _log_replacements(job)):
+            result = execute(
+                prepared,
+                planned,
+                _batch_history(job, batch),
+                trial_dir,
+                holder=f"tuning job {job.id} trial {trial.number}",
+            )
+    if here is not None:
+        result = {**result, "host": pool_selectors.host_summary(here)}
+    _reconnect_if_lost()
+    return _trial_record(job, trial, result, owner=owner)
+
+
+def _trial_record(job: TuningJob, trial: Trial, result: dict[str, Any], *, owner: str | None) -> str:
+    """Store one batch trial's result; the batch's last owes the job's next step. `owner`: the
+    task that must still hold the trial's lease (None: the redispatcher, which holds the row)."""
+    with transaction.atomic():
+        # The job's row first: two siblings finishing together agree on which one was last.
+        TuningJob.objects.select_for_update().filter(id=job.id).first()
+        held = Trial.objects.select_for_update().filter(pk=trial.pk, status=Trial.Status.RUNNING)
+        if owner is not None:
+            held = held.filter(lease_owner=owner)
+        if not held.exists():
+            logger.warning("tuning job %s: trial %s lost its lease", job.id, trial.number)
+            return "lease-lost"
+        Trial.objects.filter(pk=trial.pk).update(
+            status=Trial.Status.DONE,
+            result=result,
+            finished_at=timezone.now(),
+            lease_owner="",
+            lease_heartbeat_at=None,
+        )
+        if job.trials.filter(status=Trial.Status.RUNNING).exists():
+            return f"trial {trial.number}"
+        TuningJob.objects.filter(id=job.id, dispatch=TuningJob.Dispatch.TRIALS).update(
+            dispatch=TuningJob.Dispatch.PENDING, phase=""
+        )
+        transaction.on_commit(lambda: _step_send(str(job.id)))
+    return f"trial {trial.number} (last of its batch)"
+
+
+def _trials_redispatch(now: datetime) -> dict[str, int]:
+    """The batch trials the broker should hold but may not: never sent (broker down), sent long
+    ago and never claimed (lost), or claimed by a task whose lease ran out (its host died)."""
+    counts = {"trials_sent": 0, "trials_died": 0, "trials_failed": 0}
+    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
+    lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
+    out = Trial.objects.filter(
+        status=Trial.Status.RUNNING,
+        batch__isnull=False,
+        job__status=TuningJob.Status.RUNNING,
+        job__dispatch=TuningJob.Dispatch.TRIALS,
+    )
+    unsent = out.filter(lease_owner="").filter(
+        Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=lost_before)
+    )
+    for job_id, number in unsent.values_list("job_id", "number"):
+        counts["trials_sent"] += int(_trial_send(str(job_id), number))
+    for pk in out.exclude(lease_owner="").filter(lease_heartbeat_at__lt=stale).values_list("pk", flat=True):
+        with transaction.atomic():
+            trial = (
+                out.select_for_update(skip_locked=True, of=("self",))
+                .select_related("job", "host")
+                .filter(pk=pk, lease_heartbeat_at__lt=stale)
+                .first()
+            )
+            if trial is None:
+                continue
+            host = trial.host
+            named = f"host {host.name}" if host is not None else "its host"
+            if trial.attempts >= settings.TUNING_MAX_INTERRUPTIONS:
+                planned = PlannedTrial(
+                    **(trial.planned or {"phase": "unknown", "assignment": trial.assignment})
+                )
+                result = {
+                    "status": "failed",
+                    "error": f"{named} stopped while it measured this trial, {trial.attempts} time(s) in a row",
+                    **planned.stamp(),
+                    **({"host": pool_selectors.host_summary(host)} if host is not None else {}),
+                }
+                _trial_record(trial.job, trial, result, owner=None)
+                counts["trials_failed"] += 1
+                continue
+            Trial.objects.filter(pk=pk).update(
+                lease_owner="", lease_heartbeat_at=None, attempts=F("attempts") + 1, dispatched_at=None
+            )
+            logger.warning(
+                "tuning job %s: trial %s stopped on %s; sending it again", trial.job_id, trial.number, named
+            )
+            transaction.on_commit(partial(_trial_send, str(trial.job_id), trial.number))
+            counts["trials_died"] += 1
+    return counts
 
 
 # --- Organization deletion (registered with compliance.holders) ---------------------------------

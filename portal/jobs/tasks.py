@@ -15,6 +15,12 @@ def tuning_job_step(self, job_id: str, pool: str | None = None) -> str:  # type:
     return services.tuning_job_step(job_id=job_id, owner=str(self.request.id))
 
 
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+def tuning_trial_run(self, trial_id: str, pool: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    # One trial of a batch measured at once on a pool's hosts; `pool` routes it to the pool's queue.
+    return services.tuning_trial_run(trial_id=int(trial_id), owner=str(self.request.id))
+
+
 @shared_task
 def jobs_redispatch() -> str:
     # Beat: background work the broker never got (it was down) or lost, and job steps whose

@@ -82,9 +82,9 @@ def _send_through(broker: str, settings) -> None:  # type: ignore[no-untyped-def
 
 
 def _agent(  # type: ignore[no-untyped-def]
-    pool: str, name: str, broker: str, tmp_path: Path, settings, host: _NetnsHost | None = None
+    pool: str, name: str, broker: str, tmp_path: Path, settings, host: _NetnsHost | None = None, **extra: str
 ) -> subprocess.Popen[str]:
-    env = dict(os.environ)
+    env = dict(os.environ, **extra)
     # Each agent is its own engine host: its own measuring lock (serving.engine.host.lock_path).
     env["TAILGUARD_HOST_LOCK"] = str(tmp_path / f"{name}.lock")
     database, broker_url = _database_url(), broker
@@ -486,3 +486,189 @@ def test_an_endpoint_is_started_served_and_stopped_by_its_hosts_agent(
                 os.killpg(int(pid), signal.SIGKILL)
         second_host.close()
     assert "endpoint_start" in output and "endpoint_stop" in output
+
+
+def _pool_job(alice, alice_org, settings, tmp_path, shared_traces, capture, pool: str):  # type: ignore[no-untyped-def]
+    """A ready sample, the tiny model and a pool of that name: what a pool's job needs."""
+    settings.TRAFFIC_STAGING_DIR = tmp_path / "staging"
+    settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
+    settings.TUNING_WORK_DIR = tmp_path / "jobs"
+    from serving.models.tiny import build_tiny_model
+
+    build_tiny_model(arch="llama", size="xs", out_dir=tmp_path / "models" / "llama-xs", seed=0)
+    settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
+    ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
+    made = services.pool_create(actor=ops, name=pool, region="local", accelerator="local-cpu")
+    sample = ready_sample(alice_org, alice, shared_traces / "azure2023_conv.csv", capture)
+    model = job_services.served_model_register(
+        actor=alice, organization=alice_org, name="llama-xs", path=str(tmp_path / "models" / "llama-xs")
+    )
+    return made, sample, model
+
+
+def _with_reference(job: TuningJob) -> None:
+    """Record the job's reference as captured (as a resumed job's would be), so the first thing
+    left is the search."""
+    from portal.jobs import selectors as job_selectors
+    from portal.jobs.models import Trial
+    from tuning.search.job import REFERENCE, plan_job
+
+    prepared = plan_job(job.job_spec(), job_selectors.job_work_dir(job))
+    Trial.objects.create(
+        job=job,
+        organization=job.organization,
+        number=0,
+        assignment=dict(prepared.reference),
+        label="reference",
+        status=Trial.Status.DONE,
+        result={"status": "ok", "capture": {"prompt_logprobs": [], "greedy": []}, "phase": REFERENCE},
+    )
+
+
+def test_a_pool_job_measures_a_batch_at_once_one_trial_per_host(  # type: ignore[no-untyped-def]
+    alice, alice_org, broker, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks
+) -> None:
+    """Two idle hosts: the job's step sends its two search trials out at once, each host takes
+    one, and the job goes on once both are back. The hosts are two agents on this machine; their
+    "engine" is tests/tuning/pool_rendezvous.py, which exits with status 3 only when both engines
+    were started together (no vLLM starts and nothing is timed)."""
+    from django.db import transaction
+
+    from portal.jobs.models import Trial
+
+    pool, sample, model = _pool_job(
+        alice, alice_org, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks, "cpu-pair"
+    )
+    _send_through(broker, settings)
+    rendezvous = tmp_path / "rendezvous"
+    engine = {
+        "TAILGUARD_ENGINE_COMMAND": f"{sys.executable} -m tests.tuning.pool_rendezvous",
+        "TAILGUARD_TEST_RENDEZVOUS": str(rendezvous),
+        "TAILGUARD_TEST_RENDEZVOUS_N": "2",
+    }
+    agents = [_agent("cpu-pair", f"colocated-{x}", broker, tmp_path, settings, **engine) for x in "ab"]
+    outputs: list[str] = []
+    try:
+        _await(
+            lambda: Host.objects.filter(pool=pool, state=Host.State.ACTIVE).count() == 2,
+            agents[0],
+            "both hosts registering",
+        )
+        with transaction.atomic():
+            job = job_services.tuning_job_create(
+                actor=alice,
+                organization=alice_org,
+                name="",
+                traffic_sample=sample,
+                served_model=model,
+                slo=LOOSE_SLO,
+                peak_rps=1.0,
+                pool=pool.name,
+                budget_trials=2,
+                confirm_repeats=0,
+                duration_s=5,
+                repeats=1,
+            )
+            _with_reference(job)
+        _await(
+            lambda: not TuningJob.objects.get(pk=job.pk).is_active,
+            agents[1],
+            "the job ending",
+        )
+    finally:
+        outputs = [_stop(a) for a in agents]
+    job.refresh_from_db()
+    trials = list(Trial.objects.filter(job=job).order_by("number"))
+    assert [t.number for t in trials] == [0, 1, 2], [(t.number, t.result) for t in trials]
+    search = trials[1:]
+    # One batch, measured by its own tasks: each host took one trial, and both engines were up
+    # together (the rendezvous's status 3, not 4).
+    assert all(t.batch == 1 and t.status == Trial.Status.DONE for t in search)
+    assert {t.result["host"]["name"] for t in search} == {"colocated-a", "colocated-b"}, [
+        t.result for t in search
+    ]
+    for t in search:
+        assert "engine exited with status 3 during start-up" in t.result["error"], t.result["error"]
+    assert len(list(rendezvous.glob("engine-*"))) == 2
+    # The batch's last trial owed the job's next step, which found the search done and ended it.
+    assert job.status in TuningJob.TERMINAL and job.dispatch != TuningJob.Dispatch.TRIALS, (
+        job.status,
+        job.error,
+    )
+    assert [t["number"] for t in (job.report or {}).get("trials", [])] == [0, 1, 2]
+    assert sum("tuning_trial_run" in output for output in outputs) == 2, outputs
+
+
+def test_batch_trials_whose_host_died_are_sent_again_then_failed_with_the_host_named(  # type: ignore[no-untyped-def]
+    alice, alice_org, broker, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks
+) -> None:
+    import redis
+
+    from portal.jobs.models import Trial
+
+    pool, sample, model = _pool_job(
+        alice, alice_org, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks, "cpu-gone"
+    )
+    _send_through(broker, settings)
+    queue = redis.Redis.from_url(broker, socket_timeout=5)
+    with django_capture_on_commit_callbacks(execute=True):
+        job = job_services.tuning_job_create(
+            actor=alice,
+            organization=alice_org,
+            name="",
+            traffic_sample=sample,
+            served_model=model,
+            slo=LOOSE_SLO,
+            peak_rps=1.0,
+            pool=pool.name,
+            budget_trials=2,
+            confirm_repeats=0,
+        )
+    queue.delete("pool.cpu-gone")
+    host = Host.objects.create(
+        pool=pool, name="engine-gone", state=Host.State.ACTIVE, last_heartbeat_at=timezone.now()
+    )
+    # A batch is out: trial 1 never reached the broker, trial 2's host stopped mid-trial.
+    TuningJob.objects.filter(pk=job.pk).update(
+        status=TuningJob.Status.RUNNING, dispatch=TuningJob.Dispatch.TRIALS
+    )
+    long_ago = timezone.now() - timedelta(seconds=settings.TUNING_LEASE_S + 5)
+    planned = {"phase": "search", "assignment": {}}
+    common = {
+        "job": job,
+        "organization": alice_org,
+        "assignment": {},
+        "label": "x",
+        "planned": planned,
+        "batch": 1,
+    }
+    first = Trial.objects.create(number=1, **common)
+    second = Trial.objects.create(
+        number=2, host=host, lease_owner="task-2", lease_heartbeat_at=long_ago, **common
+    )
+    # A stray copy of the job's step while its batch is out does nothing.
+    assert job_services.tuning_job_step(job_id=str(job.id), owner="stray") == "busy-or-done"
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = job_services.tuning_jobs_redispatch()
+    assert counts["trials_sent"] == 1 and counts["trials_died"] == 1, counts
+    assert queue.llen("pool.cpu-gone") == 2  # both trials, on the pool's queue for any live host
+    second.refresh_from_db()
+    assert second.attempts == 2 and second.lease_owner == "" and second.dispatched_at is not None
+    # Each dies again on its host, up to the limit: then it is recorded as failed, the host named,
+    # and the batch's last owes the job's next step.
+    Trial.objects.filter(pk__in=[first.pk, second.pk]).update(
+        attempts=settings.TUNING_MAX_INTERRUPTIONS, host=host, lease_owner="task", lease_heartbeat_at=long_ago
+    )
+    queue.delete("pool.cpu-gone")
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = job_services.tuning_jobs_redispatch()
+    assert counts["trials_failed"] == 2, counts
+    for trial in (first, second):
+        trial.refresh_from_db()
+        assert trial.status == Trial.Status.DONE and trial.result["status"] == "failed"
+        assert trial.result["error"].startswith("host engine-gone stopped while it measured this trial")
+        assert trial.result["host"]["name"] == "engine-gone"
+    job.refresh_from_db()
+    assert job.dispatch == TuningJob.Dispatch.SENT
+    messages = [m.decode(errors="replace") for m in queue.lrange("pool.cpu-gone", 0, -1)]
+    assert len(messages) == 1 and "tuning_job_step" in messages[0]
