@@ -37,6 +37,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from compliance.holders import DataHolder
 from compliance.selectors import allowed_regions
 from compliance.services import audit_record
+from portal import leases
 from portal.accounts import rls
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
@@ -416,9 +417,8 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
     Only jobs that no live step holds are touched.
     """
     now = now or timezone.now()
-    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
     unheld = TuningJob.objects.filter(status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING]).filter(
-        Q(lease_owner="") | Q(lease_heartbeat_at__isnull=True) | Q(lease_heartbeat_at__lt=stale)
+        leases.free_or_stale(settings.TUNING_LEASE_S, now)
     )
     counts = {"pending": 0, "lost": 0, "died": 0, "failed": 0, "unsent": 0}
 
@@ -463,8 +463,7 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
             TuningJob.objects.filter(id=job_id).update(
                 dispatch=TuningJob.Dispatch.PENDING,
                 interruptions=F("interruptions") + 1,
-                lease_owner="",
-                lease_heartbeat_at=None,
+                **leases.FREE,
             )
             logger.warning("tuning job %s: its step stopped without finishing; sending it again", job_id)
         send(str(job_id), "died")
@@ -496,52 +495,19 @@ def _claim(job_id: str, owner: str) -> bool:
     the broker re-delivers it after the visibility timeout (longer than the lease), by when the
     heartbeat is stale and the re-delivered step takes over.
     """
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
-    return bool(
+    return leases.take(
         TuningJob.objects.filter(id=job_id, status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING])
         # A job whose batch of trials is out waits for them: only the batch's last trial owes
         # its next step, so a stray copy of an earlier step's message does nothing.
-        .exclude(dispatch=TuningJob.Dispatch.TRIALS)
-        .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
-        .update(lease_owner=owner, lease_heartbeat_at=now, dispatch=TuningJob.Dispatch.TAKEN)
+        .exclude(dispatch=TuningJob.Dispatch.TRIALS),
+        owner,
+        lease_s=settings.TUNING_LEASE_S,
+        dispatch=TuningJob.Dispatch.TAKEN,
     )
 
 
 def _release(job_id: str, owner: str) -> None:
-    TuningJob.objects.filter(id=job_id, lease_owner=owner).update(lease_owner="", lease_heartbeat_at=None)
-
-
-class _Heartbeat:
-    """Keeps a lease (a job's step, or one trial of a batch) fresh from a thread for the whole
-    step (a trial can take minutes, and planning on a large trace a while too). A database that
-    drops the thread's connection (restart, failover) costs one beat: the next one reconnects."""
-
-    def __init__(self, model: type[TuningJob] | type[Trial], pk: Any, owner: str) -> None:
-        self.model, self.pk, self.owner = model, pk, owner
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{model.__name__}-{pk}")
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.wait(_HEARTBEAT_S):
-                try:
-                    self.model.objects.filter(pk=self.pk, lease_owner=self.owner).update(
-                        lease_heartbeat_at=timezone.now()
-                    )
-                except DatabaseError as exc:
-                    logger.warning("%s %s: heartbeat not recorded (%s)", self.model.__name__, self.pk, exc)
-                    connection.close()
-        finally:
-            connection.close()
-
-    def __enter__(self) -> _Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
+    leases.drop(TuningJob.objects.filter(id=job_id), owner)
 
 
 # --- The running trial's engine log, for the job page ------------------------------------------
@@ -687,8 +653,7 @@ def _finish(job: TuningJob, status: str, *, prepared: Any = None, error: str = "
             finished_at=timezone.now(),
             winner_trial=(data or {}).get("selection", {}).get("winner"),
             phase="",
-            lease_owner="",
-            lease_heartbeat_at=None,
+            **leases.FREE,
         )
         audit_record(actor=None, organization=job.organization, action=f"tuning_job.{status}", target=job)
 
@@ -707,7 +672,9 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
     if not _claim(job_id, owner):
         return "busy-or-done"
     try:
-        with _Heartbeat(TuningJob, job_id, owner):
+        with leases.Heartbeat(
+            TuningJob.objects.filter(id=job_id), owner, every_s=_HEARTBEAT_S, name=f"job-{job_id}"
+        ):
             return _step(job_id, owner)
     except Exception:
         try:
@@ -796,7 +763,7 @@ def _step(job_id: str, owner: str) -> str:
     with transaction.atomic():
         # Fenced by the lease: a step that lost it (its heartbeats stopped reaching the database
         # for longer than the lease, and a new step took the job over) drops its late result.
-        if not TuningJob.objects.select_for_update().filter(id=job_id, lease_owner=owner).exists():
+        if not leases.held(TuningJob.objects.filter(id=job_id), owner):
             logger.warning("tuning job %s: step %s lost its lease during trial %s", job_id, owner, number)
             return "lease-lost"
         Trial.objects.filter(pk=trial.pk).update(
@@ -805,8 +772,7 @@ def _step(job_id: str, owner: str) -> str:
         # The next step is owed from this commit on (the outbox), sent right after it. The report
         # is kept current as trials arrive (caps, confirmation progress, the running selection).
         TuningJob.objects.filter(id=job_id).update(
-            lease_owner="",
-            lease_heartbeat_at=None,
+            **leases.FREE,
             dispatch=TuningJob.Dispatch.PENDING,
             interruptions=0,
             report=live_report,
@@ -847,7 +813,7 @@ def _batch_send(
     first = len(history)
     numbers = list(range(first, first + len(batch)))
     with transaction.atomic():
-        if not TuningJob.objects.select_for_update().filter(id=job.id, lease_owner=owner).exists():
+        if not leases.held(TuningJob.objects.filter(id=job.id), owner):
             return "lease-lost"
         for number, planned in zip(numbers, batch, strict=True):
             Trial.objects.update_or_create(
@@ -862,14 +828,12 @@ def _batch_send(
                     "status": Trial.Status.RUNNING,
                     "result": None,
                     "host": None,
-                    "lease_owner": "",
-                    "lease_heartbeat_at": None,
+                    **leases.FREE,
                     "dispatched_at": None,
                 },
             )
         TuningJob.objects.filter(id=job.id).update(
-            lease_owner="",
-            lease_heartbeat_at=None,
+            **leases.FREE,
             dispatch=TuningJob.Dispatch.TRIALS,
             interruptions=0,
             phase=f"trials {first}-{numbers[-1]} at once on the hosts of pool {job.pool.name if job.pool else ''}",
@@ -898,21 +862,17 @@ def _trial_send(job_id: str, number: int) -> bool:
 
 
 def _trial_claim(trial_id: int, owner: str) -> bool:
-    stale = timezone.now() - timedelta(seconds=settings.TUNING_LEASE_S)
-    return bool(
+    return leases.take(
         Trial.objects.filter(
             pk=trial_id,
             status=Trial.Status.RUNNING,
             batch__isnull=False,
             job__status=TuningJob.Status.RUNNING,
             job__dispatch=TuningJob.Dispatch.TRIALS,
-        )
-        .filter(Q(lease_owner="") | Q(lease_heartbeat_at__lt=stale) | Q(lease_heartbeat_at__isnull=True))
-        .update(
-            lease_owner=owner,
-            lease_heartbeat_at=timezone.now(),
-            host=pool_selectors.host_here(),
-        )
+        ),
+        owner,
+        lease_s=settings.TUNING_LEASE_S,
+        host=pool_selectors.host_here(),
     )
 
 
@@ -922,13 +882,13 @@ def tuning_trial_run(*, trial_id: int, owner: str) -> str:
     if not _trial_claim(trial_id, owner):
         return "busy-or-done"
     try:
-        with _Heartbeat(Trial, trial_id, owner):
+        with leases.Heartbeat(
+            Trial.objects.filter(pk=trial_id), owner, every_s=_HEARTBEAT_S, name=f"trial-{trial_id}"
+        ):
             return _trial_measure(trial_id, owner)
     except Exception:
         try:
-            Trial.objects.filter(pk=trial_id, lease_owner=owner).update(
-                lease_owner="", lease_heartbeat_at=None
-            )
+            leases.drop(Trial.objects.filter(pk=trial_id), owner)
         except DatabaseError:
             logger.warning("trial %s: task %s lost the database; its lease will run out", trial_id, owner)
         raise
@@ -970,18 +930,15 @@ def _trial_record(job: TuningJob, trial: Trial, result: dict[str, Any], *, owner
     with transaction.atomic():
         # The job's row first: two siblings finishing together agree on which one was last.
         TuningJob.objects.select_for_update().filter(id=job.id).first()
-        held = Trial.objects.select_for_update().filter(pk=trial.pk, status=Trial.Status.RUNNING)
-        if owner is not None:
-            held = held.filter(lease_owner=owner)
-        if not held.exists():
+        row = Trial.objects.filter(pk=trial.pk, status=Trial.Status.RUNNING)
+        if not (leases.held(row, owner) if owner is not None else row.select_for_update().exists()):
             logger.warning("tuning job %s: trial %s lost its lease", job.id, trial.number)
             return "lease-lost"
         Trial.objects.filter(pk=trial.pk).update(
             status=Trial.Status.DONE,
             result=result,
             finished_at=timezone.now(),
-            lease_owner="",
-            lease_heartbeat_at=None,
+            **leases.FREE,
         )
         if job.trials.filter(status=Trial.Status.RUNNING).exists():
             return f"trial {trial.number}"
@@ -996,7 +953,7 @@ def _trials_redispatch(now: datetime) -> dict[str, int]:
     """The batch trials the broker should hold but may not: never sent (broker down), sent long
     ago and never claimed (lost), or claimed by a task whose lease ran out (its host died)."""
     counts = {"trials_sent": 0, "trials_died": 0, "trials_failed": 0}
-    stale = now - timedelta(seconds=settings.TUNING_LEASE_S)
+    stale = leases.stale_before(settings.TUNING_LEASE_S, now)
     lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
     out = Trial.objects.filter(
         status=Trial.Status.RUNNING,
@@ -1034,9 +991,7 @@ def _trials_redispatch(now: datetime) -> dict[str, int]:
                 _trial_record(trial.job, trial, result, owner=None)
                 counts["trials_failed"] += 1
                 continue
-            Trial.objects.filter(pk=pk).update(
-                lease_owner="", lease_heartbeat_at=None, attempts=F("attempts") + 1, dispatched_at=None
-            )
+            Trial.objects.filter(pk=pk).update(**leases.FREE, attempts=F("attempts") + 1, dispatched_at=None)
             logger.warning(
                 "tuning job %s: trial %s stopped on %s; sending it again", trial.job_id, trial.number, named
             )

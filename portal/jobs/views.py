@@ -96,7 +96,9 @@ def model_register(request: AuthenticatedRequest) -> HttpResponse:
 def _job_context(job: TuningJob) -> dict[str, object]:
     selection = (job.report or {}).get("selection") or {}
     reasons = selection.get("reasons") or {}
-    trials = [{"trial": t, "reason": reasons.get(str(t.number), "")} for t in job.trials.select_related("host")]
+    trials = [
+        {"trial": t, "reason": reasons.get(str(t.number), "")} for t in job.trials.select_related("host")
+    ]
     return {
         "job": job,
         "trials": trials,
