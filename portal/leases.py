@@ -17,11 +17,25 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, models
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 logger = logging.getLogger(__name__)
+
+
+class Leased(models.Model):
+    """The fields of a row that background work leases (an abstract base of the run models)."""
+
+    # The holder (e.g. its Celery task id); empty: nobody holds it.
+    lease_owner = models.CharField(max_length=200, blank=True)
+    # When the holder last said it was alive: another worker takes over only when it is older
+    # than the lease (a killed worker).
+    lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
 
 # The field values of a free lease (an `update(**FREE)` drops whoever held it).
 FREE: dict[str, Any] = {"lease_owner": "", "lease_heartbeat_at": None}

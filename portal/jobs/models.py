@@ -8,6 +8,7 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from portal.leases import Leased
 from tuning.search.job import JobSpec
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
 
@@ -37,7 +38,7 @@ class ServedModel(models.Model):
         return self.name
 
 
-class TuningJob(models.Model):
+class TuningJob(Leased):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         RUNNING = "running", "Running"
@@ -78,10 +79,8 @@ class TuningJob(models.Model):
     # trials, caps, confirmation, selection, reasons.
     report = models.JSONField(null=True, blank=True)
     winner_trial = models.IntegerField(null=True, blank=True)
-    # The worker step that holds the job, and when it last said it was alive: another worker
-    # takes over only when the heartbeat is older than TUNING_LEASE_S (a killed worker).
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The worker step that holds the job (`Leased`: its lease owner and heartbeat; another worker
+    # takes over only when the heartbeat is older than TUNING_LEASE_S, a killed worker).
     # A transactional outbox for the job's next step. The row says a step is owed (PENDING) in
     # the transaction that makes it due; the message goes to the broker after the commit and is
     # marked SENT only once the broker took it; the step that claims the job marks it TAKEN.
@@ -151,7 +150,7 @@ class TuningJob(models.Model):
             return None
 
 
-class Trial(models.Model):
+class Trial(Leased):
     class Status(models.TextChoices):
         RUNNING = "running", "Running"
         DONE = "done", "Done"
@@ -179,8 +178,6 @@ class Trial(models.Model):
     planned = models.JSONField(null=True, blank=True)
     batch = models.IntegerField(null=True, blank=True)
     host = models.ForeignKey("pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_heartbeat_at = models.DateTimeField(null=True, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
