@@ -13,8 +13,10 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from portal.leases import Leased
 
-class BenchmarkReport(models.Model):
+
+class BenchmarkReport(Leased):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         RUNNING = "running", "Running"
@@ -55,8 +57,8 @@ class BenchmarkReport(models.Model):
     # a cell is written as soon as its replay ends, so a resumed run skips it.
     results = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
-    # Refreshed after each replay; a run whose heartbeat is older than its lease is taken over.
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The run's worker holds the report (`Leased`: owner and heartbeat, kept fresh while it runs);
+    # a run whose heartbeat is older than `lease_s` (a killed worker) is taken over.
     attempts = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"

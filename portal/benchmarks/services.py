@@ -23,6 +23,7 @@ import platform
 import shutil
 import socket
 import tempfile
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,12 +37,12 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import F
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from compliance.services import audit_record
 from compliance.storage import StorageError, seal, unseal
-from portal import outbound
+from portal import leases, outbound
 from portal.accounts import rls, tokens
 from portal.accounts.models import User
 from portal.benchmarks import measure
@@ -62,6 +63,8 @@ MAX_MULTIPLIER = 10.0
 MAX_TOKENS_CAP = TUNING_MAX_TOKENS
 SHARE_DAYS_MIN, SHARE_DAYS_MAX = 1, 30
 SEED = 0
+# How often a running report says its worker is alive (its lease is `BenchmarkReport.lease_s`).
+_HEARTBEAT_S = 10.0
 _KEY_PURPOSE = "benchmark-target-api-key"
 # Written into a tokenizer folder this app built, so reports can say the tokenizer is a stand-in.
 STAND_IN_MARKER = "tailguard-stand-in.txt"
@@ -387,29 +390,26 @@ def benchmark_tokenizer_dir() -> Path:
     return path
 
 
-def _claim(report_id: str) -> bool:
-    """Takes the report if it is queued, or running with a stale heartbeat (a killed worker)."""
-    report = BenchmarkReport.objects.filter(id=report_id).first()
+def _claim(report_id: str, owner: str) -> bool:
+    """Takes the report if it is queued, or running with a stale lease (a killed worker)."""
+    report = BenchmarkReport.objects.filter(id=report_id).only("duration_s", "request_timeout_s").first()
     if report is None:
         return False
-    now = timezone.now()
-    rows = BenchmarkReport.objects.filter(id=report_id, status=report.status)
-    stale = report.status == BenchmarkReport.Status.RUNNING and (
-        report.heartbeat_at is None or report.heartbeat_at < now - timedelta(seconds=report.lease_s)
+    return leases.take(
+        BenchmarkReport.objects.filter(
+            id=report_id, status__in=[BenchmarkReport.Status.QUEUED, BenchmarkReport.Status.RUNNING]
+        ),
+        owner,
+        lease_s=report.lease_s,
+        status=BenchmarkReport.Status.RUNNING,
+        started_at=Coalesce(F("started_at"), Now()),
+        attempts=F("attempts") + 1,
     )
-    if stale:
-        # Only if no other worker renewed the heartbeat meanwhile.
-        rows = rows.filter(heartbeat_at=report.heartbeat_at)
-    elif report.status != BenchmarkReport.Status.QUEUED:
-        return False
-    return bool(
-        rows.update(
-            status=BenchmarkReport.Status.RUNNING,
-            heartbeat_at=now,
-            started_at=Coalesce(F("started_at"), now),
-            attempts=F("attempts") + 1,
-        )
-    )
+
+
+class _LeaseLost(Exception):
+    """Another worker took the report over (this one's heartbeats stopped reaching the database
+    for longer than the lease): its late results are dropped."""
 
 
 def _conditions(tokenizer: Path) -> dict[str, Any]:
@@ -426,15 +426,16 @@ def _conditions(tokenizer: Path) -> dict[str, Any]:
     }
 
 
-def _update_results(report_id: str, change: Callable[[dict[str, Any]], None]) -> None:
-    """Applies `change` to the stored results under a row lock and refreshes the heartbeat."""
+def _update_results(report_id: str, owner: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Applies `change` to the stored results under a row lock, fenced by `owner`'s lease."""
     with transaction.atomic():
-        report = BenchmarkReport.objects.select_for_update().get(id=report_id)
+        report = BenchmarkReport.objects.select_for_update().filter(id=report_id, lease_owner=owner).first()
+        if report is None:
+            raise _LeaseLost(report_id)
         results = copy.deepcopy(report.results or {})
         change(results)
         report.results = results
-        report.heartbeat_at = timezone.now()
-        report.save(update_fields=["results", "heartbeat_at"])
+        report.save(update_fields=["results"])
 
 
 def _price(target: BenchmarkTarget) -> measure.Price:
@@ -508,28 +509,36 @@ def _fail(report_id: str, message: str) -> str:
         report.status = BenchmarkReport.Status.FAILED
         report.error = message
         report.finished_at = timezone.now()
-        report.save(update_fields=["status", "error", "finished_at"])
+        report.lease_owner, report.lease_heartbeat_at = "", None
+        report.save(update_fields=["status", "error", "finished_at", "lease_owner", "lease_heartbeat_at"])
         audit_record(
             actor=None, organization=report.organization_id, action="benchmark_report.failed", target=report
         )
     return BenchmarkReport.Status.FAILED
 
 
-def benchmark_report_run(*, report_id: str) -> str:
+def benchmark_report_run(*, report_id: str, owner: str | None = None) -> str:
     """Runs (or resumes) one report. Idempotent: a report another worker holds is skipped.
 
-    Returns the report's final status, or "skipped". Never raises for what a target does; an
+    `owner` names this run's lease (the task's id; a fresh name when None). Returns the report's
+    final status, "skipped", or "lease-lost" (another worker took over). Never raises for what a target does; an
     unexpected error fails the report with a message rather than leaving it running."""
-    if not _claim(report_id):
+    owner = owner or f"run-{uuid.uuid4()}"
+    if not _claim(report_id, owner):
         return "skipped"
+    rows = BenchmarkReport.objects.filter(id=report_id)
     try:
-        return _run(report_id)
+        with leases.Heartbeat(rows, owner, every_s=_HEARTBEAT_S, name=f"benchmark-{report_id}"):
+            return _run(report_id, owner)
+    except _LeaseLost:
+        logger.warning("benchmark %s: run %s lost its lease; its late results are dropped", report_id, owner)
+        return "lease-lost"
     except Exception as exc:
         logger.exception("benchmark %s: run crashed", report_id)
         return _fail(report_id, f"Internal error while running the benchmark ({type(exc).__name__}).")
 
 
-def _run(report_id: str) -> str:
+def _run(report_id: str, owner: str) -> str:
     from tuning.workload import TraceError, ingest_path, synthesize, write_mooncake_jsonl
 
     report = BenchmarkReport.objects.select_related("traffic_sample").get(id=report_id)
@@ -557,7 +566,9 @@ def _run(report_id: str) -> str:
             {"multiplier": m, "rate_rps": report.peak_rps * m, "num_requests_planned": None, "cells": {}}
             for m in report.load_multipliers
         ]
-        _update_results(report_id, lambda results: results.update(conditions=conditions, levels=levels))
+        _update_results(
+            report_id, owner, lambda results: results.update(conditions=conditions, levels=levels)
+        )
         report.refresh_from_db(fields=["results"])
     done = {(i, t) for i, level in enumerate(report.results["levels"]) for t in level.get("cells", {})}
 
@@ -577,26 +588,29 @@ def _run(report_id: str) -> str:
             with path.open("wb") as out:
                 write_mooncake_jsonl(trace, out)
             planned = trace.num_requests
-            _update_results(report_id, functools.partial(_set_planned, index=index, planned=planned))
+            _update_results(report_id, owner, functools.partial(_set_planned, index=index, planned=planned))
             for target in order:
                 if (index, str(target.id)) in done:
                     continue
                 cell = _replay_cell(report, target, path, tokenizer, level=index, planned=planned)
                 _update_results(
-                    report_id, functools.partial(_set_cell, index=index, target_id=str(target.id), cell=cell)
+                    report_id,
+                    owner,
+                    functools.partial(_set_cell, index=index, target_id=str(target.id), cell=cell),
                 )
 
     finished = timezone.now()
     _update_results(
         report_id,
+        owner,
         lambda results: results.setdefault("conditions", {}).update(
             finished_at=finished.strftime("%Y-%m-%d %H:%M UTC")
         ),
     )
     with transaction.atomic():
-        updated = BenchmarkReport.objects.filter(id=report_id, status=BenchmarkReport.Status.RUNNING).update(
-            status=BenchmarkReport.Status.SUCCEEDED, finished_at=finished
-        )
+        updated = BenchmarkReport.objects.filter(
+            id=report_id, status=BenchmarkReport.Status.RUNNING, lease_owner=owner
+        ).update(status=BenchmarkReport.Status.SUCCEEDED, finished_at=finished, **leases.FREE)
         if updated:
             audit_record(
                 actor=None,

@@ -7,6 +7,6 @@ from celery import shared_task
 from portal.benchmarks import services
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
-def benchmark_report_run(report_id: str) -> str:
-    return services.benchmark_report_run(report_id=report_id)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+def benchmark_report_run(self, report_id: str) -> str:  # type: ignore[no-untyped-def]
+    return services.benchmark_report_run(report_id=report_id, owner=str(self.request.id))

@@ -194,21 +194,30 @@ def test_a_duplicate_delivery_is_skipped_and_a_killed_run_resumes_where_it_stopp
     kept = measure.failed_cell(num_requests=3, reason="recorded before the worker died")
     BenchmarkReport.objects.filter(pk=report.pk).update(
         status=BenchmarkReport.Status.RUNNING,
-        heartbeat_at=timezone.now(),
+        lease_owner="a worker that died",
+        lease_heartbeat_at=timezone.now(),
         results={
             "conditions": {"client_host": "before"},
             "levels": [{"multiplier": 1.0, "rate_rps": report.peak_rps, "cells": {str(a.id): kept}}],
         },
     )
     assert services.benchmark_report_run(report_id=str(report.id)) == "skipped"  # a live worker holds it
-    BenchmarkReport.objects.filter(pk=report.pk).update(heartbeat_at=timezone.now() - timedelta(hours=2))
+    BenchmarkReport.objects.filter(pk=report.pk).update(
+        lease_heartbeat_at=timezone.now() - timedelta(hours=2)
+    )
     assert services.benchmark_report_run(report_id=str(report.id)) == BenchmarkReport.Status.SUCCEEDED
     report.refresh_from_db()
     cells = report.results["levels"][0]["cells"]
     assert cells[str(a.id)] == kept and first.received == []  # the finished replay was not repeated
     assert cells[str(b.id)]["num_ok"] > 0 and second.received
-    assert report.attempts == 1
+    assert report.attempts == 1 and report.lease_owner == ""  # the lease was given back
     assert services.benchmark_report_run(report_id=str(report.id)) == "skipped"  # finished: a no-op
+    # Writes are fenced by the lease: a run that lost it (another worker took over) writes nothing.
+    BenchmarkReport.objects.filter(pk=report.pk).update(lease_owner="the worker that took over")
+    with pytest.raises(services._LeaseLost):
+        services._update_results(str(report.id), "the slow worker", lambda results: results.clear())
+    report.refresh_from_db()
+    assert report.results["levels"][0]["cells"][str(a.id)] == kept
 
 
 # --- Pure parts ---------------------------------------------------------------------------------
