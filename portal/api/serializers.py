@@ -12,7 +12,10 @@ from portal.restkit import fields as api_fields
 from portal.traffic.models import TrafficSample
 from tuning.search.job import (
     BUDGET_MIN_ERROR,
+    DEFAULT_CAPACITY_STEPS,
     MAX_BUDGET_TRIALS,
+    MAX_CAPACITY_MULTIPLE,
+    MAX_CAPACITY_STEPS,
     MAX_CONFIRM_REPEATS,
     MAX_PEAK_RPS,
     MAX_TOKENS,
@@ -239,6 +242,12 @@ class TuningJobCreateSerializer(serializers.Serializer):
         min_value=0,
         max_value=MAX_CONFIRM_REPEATS,
         help_text="Interleaved confirmation rounds (3 or more; 0 skips confirmation: the result is unconfirmed).",
+    )
+    capacity_steps = serializers.ListField(
+        child=serializers.FloatField(min_value=1.0, max_value=MAX_CAPACITY_MULTIPLE),
+        max_length=MAX_CAPACITY_STEPS,
+        default=list(DEFAULT_CAPACITY_STEPS),
+        help_text="Load multiples of the target tried in each trial while the SLO holds, rising ([] skips the probe).",
     )
     max_prompt_tokens = serializers.IntegerField(
         required=False,

@@ -16,6 +16,8 @@ from tuning.search.job import (
     MAX_PEAK_RPS,
     MAX_TOKENS,
     MIN_BUDGET_TRIALS,
+    JobSpecError,
+    parse_capacity_steps,
 )
 from tuning.workload.synth import MIN_LENGTH_SCALE
 
@@ -81,6 +83,15 @@ class TuningJobForm(forms.Form):
             "(the result is then marked unconfirmed); otherwise 3 or more."
         ),
     )
+    capacity_steps = forms.CharField(
+        required=False,
+        max_length=60,
+        label="Load steps beyond the target (optional; default 1.5, 2, 3, 4)",
+        help_text=(
+            "Multiples of the target rate each trial also replays, one after another while the SLO "
+            "holds, to find how much more load it sustains: fewer steps, shorter trials. 'none' skips it."
+        ),
+    )
     max_prompt_tokens = forms.IntegerField(
         required=False,
         min_value=1,
@@ -120,12 +131,22 @@ class TuningJobForm(forms.Form):
             (p.name, f"{p.name} ({p.accelerator} x{p.devices_per_host}, {p.region})") for p in pools
         ]
 
+    def clean_capacity_steps(self) -> tuple[float, ...] | None:
+        text = self.cleaned_data.get("capacity_steps") or ""
+        if not text.strip():
+            return None
+        try:
+            return parse_capacity_steps(text)
+        except JobSpecError as exc:
+            raise forms.ValidationError(exc.message) from None
+
     def trial_length(self) -> dict[str, Any]:
         """The trial-length settings the user gave (the service defaults the rest)."""
         keys = (
             "duration_s",
             "repeats",
             "confirm_repeats",
+            "capacity_steps",
             "max_prompt_tokens",
             "max_output_tokens",
             "max_model_len",

@@ -52,6 +52,7 @@ from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from serving.engine.launcher import read_log_tail
 from tuning.search.job import (
+    DEFAULT_CAPACITY_STEPS,
     HARDWARE,
     MIN_BUDGET_TRIALS,
     MIN_REQUESTS_FOR_P95,
@@ -157,7 +158,7 @@ def tuning_job_create(
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
     max_model_len: int | None = None,
-    capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0),
+    capacity_steps: Sequence[float] = DEFAULT_CAPACITY_STEPS,
     confirm_repeats: int = 3,
     finalists: int = 2,
     pool: str | None = None,
@@ -251,7 +252,7 @@ def _job_create(
     max_prompt_tokens: int | None,
     max_output_tokens: int | None,
     max_model_len: int | None,
-    capacity_steps: tuple[float, ...],
+    capacity_steps: Sequence[float],
     confirm_repeats: int = 3,
     finalists: int = 2,
     incumbent: dict[str, Any] | None = None,
@@ -325,7 +326,7 @@ def _job_create(
         max_output_tokens=caps.max_output_tokens,
         max_model_len=caps.max_model_len,
         length_scale=length_scale,
-        capacity_steps=capacity_steps,
+        capacity_steps=tuple(capacity_steps),
         confirm_repeats=confirm_repeats,
         finalists=finalists,
         incumbent=incumbent,

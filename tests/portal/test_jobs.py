@@ -89,6 +89,9 @@ def test_submission_is_checked_before_any_engine(
         ({"peak_rps": 0.0}, "peak_rps"),
         ({"hardware": "mi355x-moon"}, "hardware"),
         ({"duration_s": 1.0}, "duration_s"),
+        ({"capacity_steps": (2.0, 1.5)}, "capacity_steps"),
+        ({"capacity_steps": (1.5, 2, 3, 4, 5, 6, 7)}, "capacity_steps"),
+        ({"capacity_steps": (0.5,)}, "capacity_steps"),
     ]:
         with pytest.raises(ValidationError) as info:
             services.tuning_job_create(**{**base, **changes})
@@ -285,6 +288,8 @@ def test_a_job_runs_end_to_end_in_the_portal(
                 "duration_s": 5,
                 "repeats": 1,
                 "strategy": "tpe",
+                # One load step past the target (the form's default probes four).
+                "capacity_steps": "1.5",
             },
         )
     assert response.status_code == 302, response.content.decode()[-1500:]

@@ -210,7 +210,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             page.click("button:has-text('Register model')")
             page.wait_for_selector("text=Registered llama-xs.")
 
-            def fill_job_form(duration_s: str = "8") -> None:
+            def fill_job_form(duration_s: str = "8", capacity_steps: str = "1.5") -> None:
                 page.fill("#job-form [name=name]", "clinic voice agent")
                 page.select_option("#job-form [name=traffic_sample]", label="clinic calls")
                 page.select_option("#job-form [name=served_model]", label="llama-xs")
@@ -225,12 +225,17 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
                 page.fill("#job-form [name=confirm_repeats]", "0")
                 page.fill("#job-form [name=duration_s]", duration_s)
                 page.fill("#job-form [name=repeats]", "1")
+                page.fill("#job-form [name=capacity_steps]", capacity_steps)
                 page.click("button:has-text('Start tuning job')")
 
-            # A trial length out of range is named on its field; nothing is created.
-            fill_job_form(duration_s="2")
+            # A trial length out of range, and load steps that do not rise, are named on their
+            # fields; nothing is created.
+            fill_job_form(duration_s="2", capacity_steps="2, 1.5")
             assert "greater than or equal to 5" in (
                 page.text_content("#job-form [data-field='duration_s']") or ""
+            )
+            assert "load steps must rise" in (
+                page.text_content("#job-form [data-field='capacity_steps']") or ""
             )
             # On US-only residency this machine's engine is refused, naming the rule.
             fill_job_form()

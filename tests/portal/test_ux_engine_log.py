@@ -129,7 +129,9 @@ def test_a_step_keeps_the_log_current_while_its_trial_runs(  # type: ignore[no-u
     monkeypatch.setattr(services, "_ENGINE_LOG_POLL_S", 0.05)
     monkeypatch.setattr(services.JobSpec, "from_dict", classmethod(lambda cls, data: None))
     monkeypatch.setattr(services, "plan_job", lambda *a, **k: object())
-    monkeypatch.setattr(services, "next_trials", lambda prepared, history, slots: [] if history else [planned])
+    monkeypatch.setattr(
+        services, "next_trials", lambda prepared, history, slots: [] if history else [planned]
+    )
     monkeypatch.setattr(services, "report", lambda prepared, history: {})
     monkeypatch.setattr(services, "_step_send", lambda job_id: True)
     seen: list[str] = []

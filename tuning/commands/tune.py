@@ -35,6 +35,7 @@ from tuning.search.job import (
     TrialExecutor,
     TrialRecord,
     caps_for,
+    parse_capacity_steps,
     plan_job,
     report,
     run_trials,
@@ -88,6 +89,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="interleaved rounds re-measuring the finalists and the baselines (3-10; 0 skips: unconfirmed)",
     )
     p.add_argument("--finalists", type=int, default=2, help="search candidates confirmed (1-4)")
+    p.add_argument(
+        "--capacity-steps",
+        default="1.5,2,3,4",
+        help="load multiples of the target tried in each trial while the SLO holds (e.g. '1.5,2'; 'none': no capacity probe)",
+    )
     p.add_argument(
         "--contention-cores",
         type=float,
@@ -173,6 +179,7 @@ def spec_from_args(
         hardware=hardware,
         confirm_repeats=args.confirm_repeats,
         finalists=args.finalists,
+        capacity_steps=parse_capacity_steps(args.capacity_steps),
         contention_cores=args.contention_cores,
         max_prompt_tokens=caps.max_prompt_tokens,
         max_output_tokens=caps.max_output_tokens,
@@ -205,7 +212,7 @@ def run(
         return 1
     try:
         spec = spec_from_args(args, hardware=hardware, price_per_hour_usd=price_per_hour_usd)
-    except (TraceError, ModelLoadError, OSError) as exc:
+    except (TraceError, ModelLoadError, OSError, JobSpecError) as exc:
         print(f"tailguard tune: {exc}", file=sys.stderr)
         return 1
     work_dir = work_dir_for(args)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -69,6 +70,10 @@ BUDGET_MIN_ERROR = (
 )
 MAX_CONFIRM_REPEATS = 10
 MAX_FINALISTS = 4
+# Load multiples tried beyond the target while the SLO holds (each a replay of its own).
+DEFAULT_CAPACITY_STEPS = (1.5, 2.0, 3.0, 4.0)
+MAX_CAPACITY_STEPS = 6
+MAX_CAPACITY_MULTIPLE = 10.0
 MAX_TOKENS = 1_000_000
 
 # Phases of a job's trials, in order. The reference is captured (golden-set answers only, no
@@ -108,7 +113,7 @@ class JobSpec:
     strategy: str = "tpe"  # "tpe" or "grid"
     duration_s: float = 20.0  # length of the synthesised workload at the target rate
     repeats: int = 2
-    capacity_steps: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)
+    capacity_steps: tuple[float, ...] = DEFAULT_CAPACITY_STEPS
     # Caps on the replayed lengths and the engine's context. Never silent: `caps_for` derives
     # them from the sample's profile and the hardware, and every report states the share of
     # requests they clip.
@@ -154,7 +159,7 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
         values = dict(data)
-        values["capacity_steps"] = tuple(values.get("capacity_steps", (1.5, 2.0, 3.0, 4.0)))
+        values["capacity_steps"] = tuple(values.get("capacity_steps", DEFAULT_CAPACITY_STEPS))
         values["frozen_knobs"] = tuple(values.get("frozen_knobs", ()))
         return cls(**values)
 
@@ -203,6 +208,37 @@ def validate_budget(budget_trials: int) -> None:
         )
 
 
+def parse_capacity_steps(text: str) -> tuple[float, ...]:
+    """ "1.5, 2, 3" as the load multiples; "none" (or "0") for no capacity probe. Raises
+    JobSpecError naming what is wrong."""
+    words = [w for w in re.split(r"[,\s]+", text.strip().lower()) if w]
+    if words in (["none"], ["0"]):
+        return ()
+    try:
+        steps = tuple(float(w.rstrip("x")) for w in words)
+    except ValueError:
+        raise JobSpecError(
+            "capacity_steps",
+            f"load steps are multiples of the target rate such as '1.5, 2, 3' (or 'none'), not {text!r}",
+        ) from None
+    validate_capacity_steps(steps)
+    return steps
+
+
+def validate_capacity_steps(steps: Sequence[float]) -> None:
+    if len(steps) > MAX_CAPACITY_STEPS:
+        raise JobSpecError("capacity_steps", f"use at most {MAX_CAPACITY_STEPS} load steps beyond the target")
+    if not all(
+        isinstance(m, (int, float)) and math.isfinite(m) and 1.0 < m <= MAX_CAPACITY_MULTIPLE for m in steps
+    ):
+        raise JobSpecError(
+            "capacity_steps",
+            f"each load step must be a multiple of the target rate above 1 and at most {MAX_CAPACITY_MULTIPLE:g}",
+        )
+    if list(steps) != sorted(set(steps)):
+        raise JobSpecError("capacity_steps", "load steps must rise, each once (e.g. 1.5, 2, 3)")
+
+
 def validate(
     spec: JobSpec, *, allowed_regions: Sequence[str] | None = None, region: str | None = None
 ) -> tuple[SLOTarget, HardwareTarget]:
@@ -221,6 +257,7 @@ def validate(
         raise JobSpecError("headroom", "the headroom factor must be between 1 and 10")
     if not (math.isfinite(spec.duration_s) and 5 <= spec.duration_s <= 3600):
         raise JobSpecError("duration_s", "the load per level must last 5 to 3600 seconds")
+    validate_capacity_steps(spec.capacity_steps)
     top = spec.target_rps * max((1.0, *spec.capacity_steps)) * spec.duration_s
     if top > MAX_REQUESTS_PER_LEVEL:
         raise JobSpecError(
