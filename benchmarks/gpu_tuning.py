@@ -285,7 +285,11 @@ def _job(
     history = [TrialRecord(**t) for t in state.get(key, {}).get("trials", [])]
     durations: list[float] = list(state.get(key, {}).get("durations", []))
     while (planned := next_trial(prepared, history)) is not None:
-        estimate = max(durations) * 1.1 if durations else FIRST_TRIAL_ESTIMATE_S
+        # The longest of the last three measured trials, with a margin: the reference capture
+        # (the first engine start, compiling cold) and the early trials overstate later ones,
+        # whose engines start from the compile cache.
+        measured = durations[1:] if len(durations) > 1 else durations
+        estimate = max(measured[-3:]) * 1.1 if measured else FIRST_TRIAL_ESTIMATE_S
         if not clock.fits(estimate):
             log(
                 f"[{name}] stopping before trial {len(history)}: ~{estimate:.0f} s needed, {clock.left():.0f} s left"
