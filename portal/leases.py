@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, models
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Leased(models.Model):
@@ -99,3 +101,18 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=30)
+
+
+def hold(queryset: QuerySet[Any], owner: str, work: Callable[[], T], *, every_s: float, name: str) -> T:
+    """Runs `work` while keeping `owner`'s lease fresh. Work that raises gives the lease back, so
+    the next delivery need not wait for it to run out; a database that is away then (restart,
+    failover) cannot take it back, and the lease runs out instead."""
+    try:
+        with Heartbeat(queryset, owner, every_s=every_s, name=name):
+            return work()
+    except Exception:
+        try:
+            drop(queryset, owner)
+        except DatabaseError:
+            logger.warning("%s: %s lost the database; its lease will run out", name, owner)
+        raise

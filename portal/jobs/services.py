@@ -507,10 +507,6 @@ def _claim(job_id: str, owner: str) -> bool:
     )
 
 
-def _release(job_id: str, owner: str) -> None:
-    leases.drop(TuningJob.objects.filter(id=job_id), owner)
-
-
 # --- The running trial's engine log, for the job page ------------------------------------------
 
 ENGINE_LOG_LINES = 20
@@ -672,19 +668,16 @@ def tuning_job_step(*, job_id: str, owner: str) -> str:
     """Run the job's next trial (or finish it). Returns what the step did."""
     if not _claim(job_id, owner):
         return "busy-or-done"
-    try:
-        with leases.Heartbeat(
-            TuningJob.objects.filter(id=job_id), owner, every_s=_HEARTBEAT_S, name=f"job-{job_id}"
-        ):
-            return _step(job_id, owner)
-    except Exception:
-        try:
-            _release(job_id, owner)
-        except DatabaseError:
-            # The database went away (restart, failover): the lease runs out after
-            # TUNING_LEASE_S and `jobs_redispatch` hands the job to a new step then.
-            logger.warning("tuning job %s: step %s lost the database; its lease will run out", job_id, owner)
-        raise
+    # A step that raises gives the job back at once; one that lost the database (restart,
+    # failover) leaves the lease to run out after TUNING_LEASE_S, when `jobs_redispatch` hands
+    # the job to a new step.
+    return leases.hold(
+        TuningJob.objects.filter(id=job_id),
+        owner,
+        lambda: _step(job_id, owner),
+        every_s=_HEARTBEAT_S,
+        name=f"tuning job {job_id}",
+    )
 
 
 def _reconnect_if_lost() -> None:
@@ -882,17 +875,13 @@ def tuning_trial_run(*, trial_id: int, owner: str) -> str:
     trial that another live task holds, or that has its result, is left alone."""
     if not _trial_claim(trial_id, owner):
         return "busy-or-done"
-    try:
-        with leases.Heartbeat(
-            Trial.objects.filter(pk=trial_id), owner, every_s=_HEARTBEAT_S, name=f"trial-{trial_id}"
-        ):
-            return _trial_measure(trial_id, owner)
-    except Exception:
-        try:
-            leases.drop(Trial.objects.filter(pk=trial_id), owner)
-        except DatabaseError:
-            logger.warning("trial %s: task %s lost the database; its lease will run out", trial_id, owner)
-        raise
+    return leases.hold(
+        Trial.objects.filter(pk=trial_id),
+        owner,
+        lambda: _trial_measure(trial_id, owner),
+        every_s=_HEARTBEAT_S,
+        name=f"trial {trial_id}",
+    )
 
 
 def _batch_history(job: TuningJob, batch: int) -> list[TrialRecord]:

@@ -506,6 +506,23 @@ def _pool_job(alice, alice_org, settings, tmp_path, shared_traces, capture, pool
     return made, sample, model
 
 
+def _smallest_job(alice, sample, model, pool, **extra):  # type: ignore[no-untyped-def]
+    """The smallest search on the pool: the competent baseline and one candidate, no confirmation."""
+    return job_services.tuning_job_create(
+        actor=alice,
+        organization=sample.organization,
+        name="",
+        traffic_sample=sample,
+        served_model=model,
+        slo=LOOSE_SLO,
+        peak_rps=1.0,
+        pool=pool.name,
+        budget_trials=2,
+        confirm_repeats=0,
+        **extra,
+    )
+
+
 def _with_reference(job: TuningJob) -> None:
     """Record the job's reference as captured (as a resumed job's would be), so the first thing
     left is the search."""
@@ -555,20 +572,7 @@ def test_a_pool_job_measures_a_batch_at_once_one_trial_per_host(  # type: ignore
             "both hosts registering",
         )
         with transaction.atomic():
-            job = job_services.tuning_job_create(
-                actor=alice,
-                organization=alice_org,
-                name="",
-                traffic_sample=sample,
-                served_model=model,
-                slo=LOOSE_SLO,
-                peak_rps=1.0,
-                pool=pool.name,
-                budget_trials=2,
-                confirm_repeats=0,
-                duration_s=5,
-                repeats=1,
-            )
+            job = _smallest_job(alice, sample, model, pool, duration_s=5, repeats=1)
             _with_reference(job)
         _await(
             lambda: not TuningJob.objects.get(pk=job.pk).is_active,
@@ -612,18 +616,7 @@ def test_batch_trials_whose_host_died_are_sent_again_then_failed_with_the_host_n
     _send_through(broker, settings)
     queue = redis.Redis.from_url(broker, socket_timeout=5)
     with django_capture_on_commit_callbacks(execute=True):
-        job = job_services.tuning_job_create(
-            actor=alice,
-            organization=alice_org,
-            name="",
-            traffic_sample=sample,
-            served_model=model,
-            slo=LOOSE_SLO,
-            peak_rps=1.0,
-            pool=pool.name,
-            budget_trials=2,
-            confirm_repeats=0,
-        )
+        job = _smallest_job(alice, sample, model, pool)
     queue.delete("pool.cpu-gone")
     host = Host.objects.create(
         pool=pool, name="engine-gone", state=Host.State.ACTIVE, last_heartbeat_at=timezone.now()
