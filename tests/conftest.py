@@ -16,6 +16,21 @@ from tests.browser import browser, page_factory  # noqa: F401 (the browser tests
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _own_redis_database(name: str, default: str) -> None:
+    """Under pytest-xdist each worker process gets a Redis database of its own (the tests that
+    use Redis flush it), counting down from the configured one in steps of two (the suite's two
+    Redis URLs, 15 and 14 by default, never meet: gw0 gets 13 and 12, gw1 11 and 10)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    base, _, db = os.environ.get(name, default).rpartition("/")
+    os.environ[name] = f"{base}/{(int(db or 0) - 2 * (1 + int(worker[2:]))) % 16}"
+
+
+_own_redis_database("TAILGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+_own_redis_database("TAILGUARD_TEST_FAULTS_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
 def _truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 

@@ -43,7 +43,9 @@ from tests.portal.sweep import (
     schema_methods,
 )
 
-pytestmark = pytest.mark.django_db
+# Database roles are the PostgreSQL cluster's, not one test database's: every test that makes
+# them runs on one xdist worker (`--dist loadgroup`), never two at once.
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("db_roles")]
 
 
 def test_every_route_is_mapped_or_public() -> None:

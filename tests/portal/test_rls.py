@@ -25,7 +25,9 @@ from psycopg import errors, sql
 from portal.accounts import rls
 from portal.accounts.models import Membership, Role
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Database roles are the PostgreSQL cluster's, not one test database's: every test that makes
+# them runs on one xdist worker (`--dist loadgroup`), never two at once.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("db_roles")]
 
 ROLE = rls.DEFAULT_APP_ROLE
 APP_ALIAS = "rls_app"
