@@ -465,7 +465,7 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
 ) -> None:
     """A real engine runs trial 0 while the worker's sessions are terminated and the database
     refuses new ones for a few seconds. The heartbeat reconnects (the lease holds), the step
-    replaces its dead session before writing, and the job ends with each trial once."""
+    replaces its dead session before writing, the trial is recorded once, and the next step runs."""
     settings.TUNING_MODEL_ROOTS = [model_root]
     sample = ready_sample(
         alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
@@ -492,17 +492,16 @@ def test_a_database_restart_during_a_live_trial_keeps_its_measurement(
         with _database_refusing_connections():
             assert _terminate_other_backends() >= 1
             time.sleep(3)
+        # Cancelled while trial 0 still runs: the trial ends and records its result, and the next
+        # step (owed by that commit) ends the job; later trials would repeat what other tests show.
+        services.tuning_job_cancel(actor=alice, job=TuningJob.objects.get(pk=job.pk))
         wait_for(lambda: not TuningJob.objects.get(pk=job.pk).is_active, log, "the job's end", timeout_s=900)
     job.refresh_from_db()
-    assert job.status == TuningJob.Status.SUCCEEDED, job.error
+    assert job.status == TuningJob.Status.CANCELLED, job.error
     trials = list(job.trials.order_by("number"))
-    assert [(t.number, t.status, t.attempts) for t in trials] == [
-        (0, "done", 1),
-        (1, "done", 1),
-        (2, "done", 1),
-    ]
-    assert all(t.result["status"] == "ok" for t in trials), [t.result.get("error") for t in trials]
+    assert [(t.number, t.status, t.attempts) for t in trials] == [(0, "done", 1)]
+    assert trials[0].result["status"] == "ok", trials[0].result.get("error")
     assert job.interruptions == 0
-    assert _audit_actions(job) == ["tuning_job.create", "tuning_job.succeeded"]
+    assert _audit_actions(job) == ["tuning_job.create", "tuning_job.cancel", "tuning_job.cancelled"]
     leftovers = subprocess.run(["pgrep", "-f", str(model_root)], capture_output=True, text=True, check=False)
     assert leftovers.stdout.strip() == "", leftovers.stdout

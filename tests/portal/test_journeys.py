@@ -210,7 +210,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
             page.click("button:has-text('Register model')")
             page.wait_for_selector("text=Registered llama-xs.")
 
-            def fill_job_form(duration_s: str = "8", capacity_steps: str = "1.5") -> None:
+            def fill_job_form(duration_s: str = "5", capacity_steps: str = "1.5") -> None:
                 page.fill("#job-form [name=name]", "clinic voice agent")
                 page.select_option("#job-form [name=traffic_sample]", label="clinic calls")
                 page.select_option("#job-form [name=served_model]", label="llama-xs")
@@ -220,7 +220,7 @@ def test_healthcare_customer_from_signup_to_a_watched_endpoint(  # type: ignore[
                 page.select_option("#job-form [name=hardware]", "local-cpu")
                 # The smallest search the form takes: the competent baseline (vLLM's defaults
                 # with this host's fastest dtype) and one candidate, each judged against the
-                # captured reference, without confirmation rounds. 8 s per load level, once.
+                # captured reference, without confirmation rounds. 5 s per load level (the least), once.
                 page.fill("#job-form [name=budget_trials]", "2")
                 page.fill("#job-form [name=confirm_repeats]", "0")
                 page.fill("#job-form [name=duration_s]", duration_s)
