@@ -234,20 +234,8 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
 ) -> None:  # type: ignore[no-untyped-def]
     import redis
 
-    settings.TRAFFIC_STAGING_DIR = tmp_path / "staging"
-    settings.TRAFFIC_WORKLOAD_DIR = tmp_path / "workloads"
-    settings.TUNING_WORK_DIR = tmp_path / "jobs"
-    from serving.models.tiny import build_tiny_model
-
-    build_tiny_model(arch="llama", size="xs", out_dir=tmp_path / "models" / "llama-xs", seed=0)
-    settings.TUNING_MODEL_ROOTS = [tmp_path / "models"]
-    ops = User.objects.create_superuser(email="ops@tailguard.test", password="x" * 20)
-    pool = services.pool_create(actor=ops, name="cpu-a", region="local", accelerator="local-cpu")
-    sample = ready_sample(
-        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
-    )
-    model = job_services.served_model_register(
-        actor=alice, organization=alice_org, name="llama-xs", path=str(tmp_path / "models" / "llama-xs")
+    pool, sample, model = _pool_job(
+        alice, alice_org, settings, tmp_path, shared_traces, django_capture_on_commit_callbacks, "cpu-a"
     )
     _send_through(broker, settings)
     with django_capture_on_commit_callbacks(execute=True):
