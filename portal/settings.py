@@ -307,21 +307,21 @@ LOOP_MIN_LIVE_SPAN_S = env.int("LOOP_MIN_LIVE_SPAN_S", 600, minimum=30)
 # the live traffic disturb each other. Off unless the operator allows it (its trials then record
 # the live traffic as foreign load and are excluded when contended).
 LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=False)
-# `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps and sample
-# ingests the broker never got or lost, and replaces steps whose worker died; a step the broker
-# took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S, a queued sample after
-# TRAFFIC_REDISPATCH_AFTER_S; a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails.
+# `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps the broker
+# never got or lost, replaces steps whose worker died and queues again sample ingests whose worker
+# died (their messages, like every other app's, go through the task outbox and its beat); a step
+# the broker took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S; a job whose
+# step dies TUNING_MAX_INTERRUPTIONS times in a row fails.
 TUNING_REDISPATCH_INTERVAL_S = env.int("TUNING_REDISPATCH_INTERVAL_S", 30, minimum=1)
 TUNING_REDISPATCH_AFTER_S = env.int("TUNING_REDISPATCH_AFTER_S", 900, minimum=1)
 TUNING_MAX_INTERRUPTIONS = env.int("TUNING_MAX_INTERRUPTIONS", 3, minimum=1)
 # A job on a pool measures up to this many search trials at once, one per idle host.
 TUNING_MAX_PARALLEL_TRIALS = min(env.int("TUNING_MAX_PARALLEL_TRIALS", 8, minimum=1), 64)
-TRAFFIC_REDISPATCH_AFTER_S = env.int("TRAFFIC_REDISPATCH_AFTER_S", 60, minimum=1)
 CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
     "task": "portal.jobs.tasks.jobs_redispatch",
     "schedule": float(TUNING_REDISPATCH_INTERVAL_S),
 }
-# The task outbox (portal/outbox): endpoint operations, benchmark runs, invitations and billing
+# The task outbox (portal/outbox): sample ingests, endpoint operations, benchmark runs, invitations and billing
 # notices are recorded with the change that makes them due and sent after the commit; this beat
 # sends what the broker did not take (it was down), at most OUTBOX_BATCH a run, and deletes
 # messages sent more than OUTBOX_KEEP_SENT_DAYS ago.

@@ -23,8 +23,8 @@ def tuning_trial_run(self, trial_id: str, pool: str | None = None) -> str:  # ty
 
 @shared_task
 def jobs_redispatch() -> str:
-    # Beat: background work the broker never got (it was down) or lost, and job steps whose
-    # worker died; the traffic app's sample ingests are covered by the same beat.
+    # Beat: job steps the broker never got (it was down) or lost, and work whose worker died:
+    # job steps, and sample ingests (queued again through the task outbox).
     jobs = services.tuning_jobs_redispatch()
     samples = traffic_services.traffic_samples_redispatch()
-    return f"jobs {jobs}; samples sent {samples}"
+    return f"jobs {jobs}; samples queued again {samples}"

@@ -22,8 +22,6 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from kombu.exceptions import ChannelError
-from kombu.exceptions import OperationalError as BrokerError
 
 from compliance import services as compliance
 from compliance.holders import DataHolder, RetentionCutoffs
@@ -31,6 +29,7 @@ from compliance.models import StoredObject
 from compliance.services import audit_record
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
+from portal.outbox.services import outbox_enqueue
 from portal.traffic.models import TrafficSample
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import IngestLimits, IngestResult, ingest
@@ -100,51 +99,26 @@ def traffic_sample_create(
                 target=sample,
                 data={"name": name, "size_bytes": sample.size_bytes, "format": trace_format},
             )
-            sample_id = str(sample.id)
-            # Never raises: with the broker down the sample stays queued (the row and the stored
-            # upload are committed) and `traffic_samples_redispatch` sends it later.
-            transaction.on_commit(lambda: _ingest_send(sample_id))
+            # Sent after the commit, or by the outbox's beat if the broker is down then: the
+            # sample stays queued with its stored upload, never lost.
+            _ingest_enqueue(sample)
     except Exception:
         compliance.sample_upload_discard(reference=sample.staging_name)
         raise
     return sample
 
 
-# One quick second try inside the request; `traffic_samples_redispatch` is the real retry.
-_SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
+INGEST_TASK = "portal.traffic.tasks.traffic_sample_ingest"
 
 
-def _ingest_send(sample_id: str) -> bool:
-    from portal.traffic.tasks import traffic_sample_ingest as ingest_task
-
-    try:
-        ingest_task.apply_async((sample_id,), retry=True, retry_policy=_SEND_RETRY_POLICY)
-    except (BrokerError, OSError) as exc:
-        logger.warning(
-            "traffic sample %s: the task queue did not take it (%s); it stays queued", sample_id, exc
-        )
-        return False
-    return True
-
-
-def _broker_queue_empty() -> bool | None:
-    """Whether the task queue holds no message at all; None when the broker cannot be asked."""
-    from portal.celery import app
-
-    try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1)
-            try:
-                _name, count, _consumers = conn.default_channel.queue_declare(
-                    queue=settings.CELERY_TASK_DEFAULT_QUEUE, passive=True
-                )
-            except ChannelError:
-                # Redis and the embedded broker drop a queue with no message in it.
-                return True
-            return int(count) == 0
-    except (BrokerError, OSError) as exc:
-        logger.warning("traffic samples: the task queue cannot be asked (%s)", exc)
-        return None
+def _ingest_enqueue(sample: TrafficSample) -> None:
+    """Records the sample's ingest in the task outbox, inside the caller's transaction: one
+    message per claim (`ingest_attempts` so far), so a recovered sample is sent again once."""
+    outbox_enqueue(
+        task=INGEST_TASK,
+        kwargs={"sample_id": str(sample.id)},
+        key=f"traffic_sample.ingest:{sample.id}:{sample.ingest_attempts}",
+    )
 
 
 def _ingest_limits() -> IngestLimits:
@@ -172,7 +146,7 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
     """Samples left "validating" by an ingest whose worker died (killed, out of memory, time
     limit): their decrypted copies are removed, and each is queued again, or failed after
     TRAFFIC_INGEST_MAX_ATTEMPTS claims (a file that kills every worker reading it). Returns the
-    ids queued again, to be sent."""
+    ids queued again (their ingest recorded in the task outbox with the requeue)."""
     now = now or timezone.now()
     stuck = TrafficSample.objects.select_related("organization").filter(
         status=TrafficSample.Status.VALIDATING, claimed_at__lt=_ingest_stale_before(now)
@@ -188,6 +162,7 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
         if sample.ingest_attempts < settings.TRAFFIC_INGEST_MAX_ATTEMPTS:
             with transaction.atomic():
                 if claim.update(status=TrafficSample.Status.QUEUED, progress_bytes=0):
+                    _ingest_enqueue(sample)
                     audit_record(
                         actor=None,
                         organization=sample.organization,
@@ -222,23 +197,11 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
 
 
 def traffic_samples_redispatch(*, now: datetime | None = None) -> int:
-    """Sends again the ingests of samples still queued TRAFFIC_REDISPATCH_AFTER_S after upload
-    while the broker's queue is empty: their messages never reached it (it was down) or it lost
-    them. A queue with messages in it may still hold theirs, so nothing is sent then (no pile of
-    copies behind a long backlog); a copy that does go out twice is a no-op, since the ingest
-    claims a queued sample once. Samples whose ingest died mid-read are recovered first
-    (`traffic_samples_recover`) and sent at once. Returns how many were sent."""
-    now = now or timezone.now()
-    recovered = traffic_samples_recover(now=now)
-    sent = sum(_ingest_send(sample_id) for sample_id in recovered)
-    waiting = TrafficSample.objects.filter(
-        status=TrafficSample.Status.QUEUED,
-        created_at__lt=now - timedelta(seconds=settings.TRAFFIC_REDISPATCH_AFTER_S),
-    ).values_list("id", flat=True)
-    waiting = waiting.exclude(id__in=recovered)
-    if not waiting.exists() or not _broker_queue_empty():
-        return sent
-    return sent + sum(_ingest_send(str(sample_id)) for sample_id in waiting)
+    """The beat's part for samples: those whose ingest died mid-read are recovered
+    (`traffic_samples_recover`) and their ingest recorded again in the outbox, which sends it.
+    A sample whose message the broker never took needs nothing here: the outbox's own beat sends
+    it. Returns how many were queued again."""
+    return len(traffic_samples_recover(now=now))
 
 
 def traffic_sample_ingest(*, sample_id: str) -> str:

@@ -24,7 +24,7 @@ from tests.workers import redis_or_skip, running_worker, worker_env
 FAST_RECOVERY = {
     "TUNING_LEASE_S": "10",
     "TUNING_REDISPATCH_INTERVAL_S": "1",
-    "TRAFFIC_REDISPATCH_AFTER_S": "1",
+    "OUTBOX_REDISPATCH_INTERVAL_S": "1",
 }
 
 

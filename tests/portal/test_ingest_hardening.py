@@ -16,6 +16,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from compliance.models import AuditEvent
+from portal.outbox.models import OutboxMessage
 from portal.traffic import services
 from portal.traffic.models import TrafficSample
 from tuning.workload.errors import TraceError
@@ -125,14 +126,24 @@ def _killed_mid_read(sample: TrafficSample, settings, *, attempts: int = 1) -> P
 
 
 @pytest.mark.django_db
-def test_killed_ingest_is_recovered_and_its_plaintext_removed(alice, alice_org, settings) -> None:  # type: ignore[no-untyped-def]
+def test_killed_ingest_is_recovered_and_its_plaintext_removed(  # type: ignore[no-untyped-def]
+    alice, alice_org, settings, django_capture_on_commit_callbacks
+) -> None:
     sample = _sample(alice, alice_org, _mooncake(3))
     copy = _killed_mid_read(sample, settings)
     # The redelivered message finds the sample claimed and skips it: it was stuck for good.
     assert services.traffic_sample_ingest(sample_id=str(sample.id)) == "skipped"
 
-    # The beat's redispatch recovers it: the copy goes, the ingest runs again (eager here).
-    assert services.traffic_samples_redispatch() == 1
+    # The beat's redispatch recovers it: the copy goes, and the ingest is recorded again in the
+    # task outbox with the requeue (one message per claim), sent after the commit (eager here).
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.traffic_samples_redispatch() == 1
+    messages = OutboxMessage.objects.filter(task=services.INGEST_TASK).order_by("id")
+    assert [m.key for m in messages] == [
+        f"traffic_sample.ingest:{sample.id}:0",
+        f"traffic_sample.ingest:{sample.id}:1",
+    ]
+    assert all(m.kwargs == {"sample_id": str(sample.id)} for m in messages)
     sample.refresh_from_db()
     assert sample.status == TrafficSample.Status.READY, sample.error
     assert sample.ingest_attempts == 2

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.core import mail
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -38,6 +39,7 @@ from portal.outbox import services
 from portal.outbox.models import OutboxMessage
 from portal.pools.models import Host, Pool
 from portal.pools.routing import host_queue, pool_queue
+from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.factories import ENDPOINT_CONFIG, deployed_endpoint
 from tests.portal.benchmarks import FakeOpenAI, target_spec
@@ -73,9 +75,10 @@ def _during_an_outage(
     settings: Any, capture: Any, redis_url: str, action: Callable[[], object]
 ) -> OutboxMessage:
     """Runs `action` (and its after-commit work) with the broker unreachable; returns its message."""
+    before = set(OutboxMessage.objects.values_list("id", flat=True))  # e.g. a sample's ingest, sent
     with sending_to(unreachable_broker_url(), settings.REDIS_BROKER_TIMEOUTS), capture(execute=True):
         action()
-    message = OutboxMessage.objects.get()
+    message = OutboxMessage.objects.exclude(id__in=before).get()
     assert message.status == OutboxMessage.Status.PENDING and message.sent_at is None
     # The after-commit try was made, failed, and says why.
     assert message.attempts == 1 and "Connection refused" in message.last_error, message.last_error
@@ -194,6 +197,44 @@ def test_a_configuration_switched_during_an_outage_is_applied_on_the_host_once_t
     assert _broker_back(settings, redis_url, message) == [
         (host_queue(str(host.id)), "portal.endpoints.tasks.endpoint_apply", kwargs)
     ]
+
+
+# --- Traffic samples -----------------------------------------------------------------------------
+
+
+def test_a_sample_uploaded_during_an_outage_is_read_once_after_it(
+    alice: User,
+    alice_org: Organization,
+    settings: Any,
+    redis_url: str,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    lines = b"".join(
+        b'{"timestamp": %d, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n' % (i * 1000)
+        for i in range(5)
+    )
+
+    def upload() -> object:
+        return traffic_services.traffic_sample_create(
+            actor=alice,
+            organization=alice_org,
+            name="during the outage",
+            upload=SimpleUploadedFile("during.jsonl", lines, content_type="application/json"),
+        )
+
+    message = _during_an_outage(settings, django_capture_on_commit_callbacks, redis_url, upload)
+    sample = TrafficSample.objects.get()
+    # Kept, with its stored upload, until the broker is back.
+    assert sample.status == TrafficSample.Status.QUEUED and sample.staging_name
+    kwargs = {"sample_id": str(sample.id)}
+    assert _broker_back(settings, redis_url, message) == [
+        (settings.CELERY_TASK_DEFAULT_QUEUE, "portal.traffic.tasks.traffic_sample_ingest", kwargs)
+    ]
+    # Delivered twice (a sender died after the broker took it): the sample is read once.
+    assert traffic_services.traffic_sample_ingest(**kwargs) == TrafficSample.Status.READY
+    assert traffic_services.traffic_sample_ingest(**kwargs) == "skipped"
+    sample.refresh_from_db()
+    assert sample.status == TrafficSample.Status.READY and sample.ingest_attempts == 1
 
 
 # --- Benchmark reports ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 
 from compliance.models import AuditEvent
 from portal.accounts.models import Organization, User
+from portal.outbox.models import OutboxMessage
 from portal.plotting import PLOTLY_JS
 from portal.traffic.models import TrafficSample
 from tuning.workload.ingest import ingest_path
@@ -100,24 +101,17 @@ def test_prompt_text_is_kept_nowhere(
     log.write_text("\n".join(lines) + "\n")
     good = tmp_path / "good.jsonl.gz"
     good.write_bytes(gzip.compress(("\n".join(lines[:-1]) + "\n").encode()))
-    sent: list[tuple[object, ...]] = []
-    from portal.traffic import tasks
-
-    original = tasks.traffic_sample_ingest.delay
-    tasks.traffic_sample_ingest.delay = lambda *a, **k: (
-        sent.append(a + tuple(k.values())),
-        original(*a, **k),
-    )[1]  # type: ignore[method-assign]
-    try:
-        with caplog.at_level(logging.DEBUG):
-            _upload(alice_client, log, name="bad", capture=django_capture_on_commit_callbacks)
-            _upload(alice_client, good, name="good", capture=django_capture_on_commit_callbacks)
-    finally:
-        tasks.traffic_sample_ingest.delay = original  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG):
+        _upload(alice_client, log, name="bad", capture=django_capture_on_commit_callbacks)
+        _upload(alice_client, good, name="good", capture=django_capture_on_commit_callbacks)
     statuses = dict(TrafficSample.objects.values_list("name", "status"))
     assert statuses == {"bad": "failed", "good": "ready"}
-    # Celery messages carried ids only.
-    assert all(len(args) == 1 and len(str(args[0])) == 36 for args in sent)
+    # The task messages (recorded in the outbox, then sent) carried the sample ids only.
+    messages = OutboxMessage.objects.filter(task="portal.traffic.tasks.traffic_sample_ingest")
+    assert sorted(m.kwargs["sample_id"] for m in messages) == sorted(
+        str(i) for i in TrafficSample.objects.values_list("id", flat=True)
+    )
+    assert all(list(m.kwargs) == ["sample_id"] and m.status == OutboxMessage.Status.SENT for m in messages)
     # Not in the database (every table, every text column), the logs, or the error shown.
     with connection.cursor() as cursor:
         for table in connection.introspection.table_names():
