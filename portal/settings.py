@@ -284,9 +284,13 @@ TRAFFIC_MAX_LINE_BYTES = env.int("TRAFFIC_MAX_LINE_BYTES", 16 << 20, minimum=102
 TRAFFIC_MAX_LINES = env.int("TRAFFIC_MAX_LINES", 50_000_000, minimum=1000)
 TRAFFIC_MAX_BLANK_LINES = env.int("TRAFFIC_MAX_BLANK_LINES", 100_000, minimum=0)
 TRAFFIC_INGEST_MAX_S = env.int("TRAFFIC_INGEST_MAX_S", 900, minimum=10)
-# A sample still validating this long after its ingest's deadline lost its worker: the redispatch
-# queues it again (removing its decrypted copy), and fails it after TRAFFIC_INGEST_MAX_ATTEMPTS.
+# The ingest task's hard time limit is TRAFFIC_INGEST_MAX_S + this (the backstop for a read stuck
+# outside its own checks).
 TRAFFIC_INGEST_GRACE_S = env.int("TRAFFIC_INGEST_GRACE_S", 300, minimum=10)
+# An ingest holds its sample under a lease (portal/leases.py) kept fresh while it reads: a sample
+# still validating with a lease this old lost its worker, and the redispatch queues it again
+# (removing its decrypted copy), or fails it after TRAFFIC_INGEST_MAX_ATTEMPTS.
+TRAFFIC_INGEST_LEASE_S = env.int("TRAFFIC_INGEST_LEASE_S", 60, minimum=10)
 TRAFFIC_INGEST_MAX_ATTEMPTS = env.int("TRAFFIC_INGEST_MAX_ATTEMPTS", 3, minimum=1)
 # Private folder where an upload waits for the ingest task (deleted once read).
 TRAFFIC_STAGING_DIR = Path(env.str("TRAFFIC_STAGING_DIR", str(VAR_DIR / "staging")) or "")

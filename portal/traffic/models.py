@@ -12,8 +12,10 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
+from portal.leases import Leased
 
-class TrafficSample(models.Model):
+
+class TrafficSample(Leased):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         VALIDATING = "validating", "Validating"
@@ -50,9 +52,8 @@ class TrafficSample(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
-    # When an ingest last claimed the sample, and how many ingests have claimed it: a sample
-    # still validating long after its claim lost its worker and is recovered by the redispatch.
-    claimed_at = models.DateTimeField(null=True, blank=True)
+    # How many ingests have claimed the sample (each under the lease of `Leased`: a sample still
+    # validating under a stale lease lost its worker and is recovered by the redispatch).
     ingest_attempts = models.PositiveSmallIntegerField(default=0)
     finished_at = models.DateTimeField(null=True, blank=True)
 

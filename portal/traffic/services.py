@@ -27,6 +27,7 @@ from compliance import services as compliance
 from compliance.holders import DataHolder, RetentionCutoffs
 from compliance.models import StoredObject
 from compliance.services import audit_record
+from portal import leases
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.outbox.services import outbox_enqueue
@@ -138,8 +139,8 @@ def _decrypted_copies(sample_id: object) -> list[Path]:
 
 
 def _ingest_stale_before(now: datetime) -> datetime:
-    # An ingest stops itself at TRAFFIC_INGEST_MAX_S; one claimed well before that is dead.
-    return now - timedelta(seconds=settings.TRAFFIC_INGEST_MAX_S + settings.TRAFFIC_INGEST_GRACE_S)
+    # A live ingest renews its lease every quarter of TRAFFIC_INGEST_LEASE_S.
+    return leases.stale_before(settings.TRAFFIC_INGEST_LEASE_S, now)
 
 
 def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
@@ -149,19 +150,22 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
     ids queued again (their ingest recorded in the task outbox with the requeue)."""
     now = now or timezone.now()
     stuck = TrafficSample.objects.select_related("organization").filter(
-        status=TrafficSample.Status.VALIDATING, claimed_at__lt=_ingest_stale_before(now)
+        leases.free_or_stale(settings.TRAFFIC_INGEST_LEASE_S, now), status=TrafficSample.Status.VALIDATING
     )
     requeued = []
     for sample in stuck:
         for path in _decrypted_copies(sample.id):
             path.unlink(missing_ok=True)
-        # Conditional on the claim seen: an ingest that claimed it again meanwhile keeps it.
+        # Conditional on the lease seen: an ingest that took it again meanwhile keeps it.
         claim = TrafficSample.objects.filter(
-            id=sample.id, status=TrafficSample.Status.VALIDATING, claimed_at=sample.claimed_at
+            id=sample.id,
+            status=TrafficSample.Status.VALIDATING,
+            lease_owner=sample.lease_owner,
+            lease_heartbeat_at=sample.lease_heartbeat_at,
         )
         if sample.ingest_attempts < settings.TRAFFIC_INGEST_MAX_ATTEMPTS:
             with transaction.atomic():
-                if claim.update(status=TrafficSample.Status.QUEUED, progress_bytes=0):
+                if claim.update(status=TrafficSample.Status.QUEUED, progress_bytes=0, **leases.FREE):
                     _ingest_enqueue(sample)
                     audit_record(
                         actor=None,
@@ -181,6 +185,7 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
                 ),
                 staging_name="",
                 finished_at=now,
+                **leases.FREE,
             )
             if failed:
                 audit_record(
@@ -204,19 +209,32 @@ def traffic_samples_redispatch(*, now: datetime | None = None) -> int:
     return len(traffic_samples_recover(now=now))
 
 
-def traffic_sample_ingest(*, sample_id: str) -> str:
-    """Validates and profiles one queued sample. Idempotent: only a queued sample is claimed.
+def traffic_sample_ingest(*, sample_id: str, owner: str | None = None) -> str:
+    """Validates and profiles one queued sample. Idempotent: only a queued sample is claimed,
+    under a lease held by `owner` (the task's id) and kept fresh while the file is read.
 
-    Returns the sample's final status (or "skipped" when another worker had it).
+    Returns the sample's final status ("skipped" when another worker had it, "lease-lost" when
+    this one was taken for dead meanwhile and its result dropped).
     """
-    claimed = TrafficSample.objects.filter(id=sample_id, status=TrafficSample.Status.QUEUED).update(
+    owner = owner or f"ingest-{uuid.uuid4()}"
+    row = TrafficSample.objects.filter(id=sample_id)
+    claimed = leases.take(
+        row.filter(status=TrafficSample.Status.QUEUED),
+        owner,
+        lease_s=settings.TRAFFIC_INGEST_LEASE_S,
         status=TrafficSample.Status.VALIDATING,
         progress_bytes=0,
-        claimed_at=timezone.now(),
         ingest_attempts=F("ingest_attempts") + 1,
     )
     if not claimed:
         return "skipped"
+    with leases.Heartbeat(
+        row, owner, every_s=settings.TRAFFIC_INGEST_LEASE_S / 4, name=f"ingest-{sample_id}"
+    ):
+        return _ingest_claimed(sample_id, owner)
+
+
+def _ingest_claimed(sample_id: str, owner: str) -> str:
     sample = TrafficSample.objects.select_related("organization").get(id=sample_id)
     last_reported = 0
 
@@ -280,8 +298,16 @@ def traffic_sample_ingest(*, sample_id: str) -> str:
         if compliance.is_object_reference(sample.staging_name):
             compliance.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
     with transaction.atomic():
-        TrafficSample.objects.filter(id=sample_id).update(
-            **updates, staging_name="", progress_bytes=sample.size_bytes, finished_at=timezone.now()
+        row = TrafficSample.objects.filter(id=sample_id)
+        if not leases.held(row, owner):
+            logger.warning("traffic sample %s: %s lost its lease; its result is dropped", sample_id, owner)
+            return "lease-lost"
+        row.update(
+            **updates,
+            staging_name="",
+            progress_bytes=sample.size_bytes,
+            finished_at=timezone.now(),
+            **leases.FREE,
         )
         audit_record(
             actor=None,
@@ -372,7 +398,7 @@ def staging_sweep(*, now: datetime | None = None) -> list[str]:
         for i in TrafficSample.objects.filter(
             id__in=list(by_sample),
             status=TrafficSample.Status.VALIDATING,
-            claimed_at__gte=_ingest_stale_before(now or timezone.now()),
+            lease_heartbeat_at__gte=_ingest_stale_before(now or timezone.now()),
         ).values_list("id", flat=True)
     }
     removed = []

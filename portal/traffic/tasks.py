@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from portal.traffic import services
@@ -10,9 +10,11 @@ from portal.traffic import services
 
 # The ingest stops itself at TRAFFIC_INGEST_MAX_S; the hard limit is the backstop for a read
 # stuck outside its checks (the worker process is replaced and `jobs_redispatch` recovers it).
-@shared_task(acks_late=True, time_limit=settings.TRAFFIC_INGEST_MAX_S + settings.TRAFFIC_INGEST_GRACE_S)
-def traffic_sample_ingest(sample_id: str) -> str:
-    return services.traffic_sample_ingest(sample_id=sample_id)
+@shared_task(
+    bind=True, acks_late=True, time_limit=settings.TRAFFIC_INGEST_MAX_S + settings.TRAFFIC_INGEST_GRACE_S
+)
+def traffic_sample_ingest(self: Task, sample_id: str) -> str:
+    return services.traffic_sample_ingest(sample_id=sample_id, owner=str(self.request.id))
 
 
 @shared_task

@@ -115,7 +115,8 @@ def _killed_mid_read(sample: TrafficSample, settings, *, attempts: int = 1) -> P
     decrypted upload in staging."""
     TrafficSample.objects.filter(id=sample.id).update(
         status=TrafficSample.Status.VALIDATING,
-        claimed_at=timezone.now() - timedelta(hours=2),
+        lease_owner="killed-worker",
+        lease_heartbeat_at=timezone.now() - timedelta(hours=2),
         ingest_attempts=attempts,
     )
     staging = Path(settings.TRAFFIC_STAGING_DIR)
@@ -169,7 +170,7 @@ def test_sweep_and_delete_remove_decrypted_copies_no_ingest_reads(alice, alice_o
     stale_copy = _killed_mid_read(stuck, settings)
     live = _sample(alice, alice_org, _mooncake(3), name="live")
     TrafficSample.objects.filter(id=live.id).update(
-        status=TrafficSample.Status.VALIDATING, claimed_at=timezone.now()
+        status=TrafficSample.Status.VALIDATING, lease_owner="live-worker", lease_heartbeat_at=timezone.now()
     )
     staging = Path(settings.TRAFFIC_STAGING_DIR)
     live_copy = staging / f"{live.id}.fedcba9876543210.upload"
@@ -187,3 +188,28 @@ def test_sweep_and_delete_remove_decrypted_copies_no_ingest_reads(alice, alice_o
     TrafficSample.objects.filter(id=live.id).update(status=TrafficSample.Status.FAILED)
     services.traffic_sample_delete(actor=alice, sample=TrafficSample.objects.get(id=live.id))
     assert not live_copy.exists()
+
+
+@pytest.mark.django_db
+def test_a_live_ingest_keeps_its_sample_and_one_taken_for_dead_drops_its_result(  # type: ignore[no-untyped-def]
+    alice, alice_org, settings, monkeypatch
+) -> None:
+    sample = _sample(alice, alice_org, _mooncake(3))
+    real_ingest = services.ingest
+
+    def read_while_taken_over(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # Mid-read, the redispatch must leave a sample whose lease is fresh alone ...
+        assert services.traffic_samples_recover() == []
+        # ... and once another worker holds it (this one was taken for dead), this one's
+        # result must not overwrite that worker's.
+        TrafficSample.objects.filter(id=sample.id).update(
+            lease_owner="successor", lease_heartbeat_at=timezone.now()
+        )
+        return real_ingest(*args, **kwargs)
+
+    monkeypatch.setattr(services, "ingest", read_while_taken_over)
+    assert services.traffic_sample_ingest(sample_id=str(sample.id), owner="first") == "lease-lost"
+    sample.refresh_from_db()
+    assert sample.status == TrafficSample.Status.VALIDATING and sample.lease_owner == "successor"
+    assert sample.ingest_attempts == 1 and sample.profile is None
+    assert _staging_copies(settings) == []
