@@ -30,8 +30,16 @@ class Clock:
         return self.left() >= estimate_s
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+# What `git_state` may write at the top of a state (an earlier stamp is replaced, never kept).
+_STAMP_KEYS = ("commit", "dirty", "source", "note")
+
+
+def load_state(path: Path, *, stamp: Mapping[str, Any]) -> dict[str, Any]:
+    """The state an earlier command kept, stamped at the top with `stamp` (the commit and dirty
+    flag of the command about to extend it, from `git_state`), so every saved state says which
+    tree last wrote it."""
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    return {**stamp, **{k: v for k, v in kept.items() if k not in _STAMP_KEYS}}
 
 
 def save_state(path: Path, data: Mapping[str, Any]) -> None:

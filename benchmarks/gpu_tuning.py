@@ -404,7 +404,7 @@ def main() -> int:
             parser.error("--write-shape needs --tokenizer-from")
         write_shape(args.write_shape, args.model_dir, args.tokenizer_from)
     clock = Clock(args.deadline_s)
-    state = load_state(args.state)
+    state = load_state(args.state, stamp=git_state(REPO))
     state.setdefault("device_seconds", 0.0)
     command_started = time.monotonic()
     names = [n for n in args.traces.split(",") if n]

@@ -762,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # The plan (simulated loads and step distributions) is made once and kept in the state, so a
     # resumed run measures against the same loads and spends no device time re-simulating.
-    state = {} if args.dry_run else load_state(args.state)
+    state = {} if args.dry_run else load_state(args.state, stamp=git_state(REPO))
     try:
         plan = (
             state["plan"] if _covers(state.get("plan"), args) else _merge(state.get("plan"), build_plan(args))

@@ -162,3 +162,17 @@ def test_the_engine_log_says_which_table_was_read(tmp_path: Path) -> None:
     )
     assert e2e.table_used(log).startswith("default")
     assert e2e.table_used(tmp_path / "absent.log").startswith("unknown")
+
+
+def test_a_resumed_state_carries_the_commit_of_the_command_that_extends_it(tmp_path: Path) -> None:
+    from benchmarks._resumable import load_state, save_state
+
+    path = tmp_path / "state.json"
+    assert load_state(path, stamp={"commit": "aaa", "dirty": False}) == {"commit": "aaa", "dirty": False}
+    earlier = {"commit": "aaa", "dirty": True, "source": "stated by the launcher", "device_seconds": 12.5}
+    save_state(path, earlier)
+    # A later command's stamp replaces the earlier one (no stale "source" left behind); the work
+    # kept is untouched.
+    resumed = load_state(path, stamp={"commit": "bbb", "dirty": False})
+    assert resumed == {"commit": "bbb", "dirty": False, "device_seconds": 12.5}
+    assert list(resumed)[:2] == ["commit", "dirty"]
