@@ -26,5 +26,5 @@ def jobs_redispatch() -> str:
     # Beat: job steps the broker never got (it was down) or lost, and work whose worker died:
     # job steps, and sample ingests (queued again through the task outbox).
     jobs = services.tuning_jobs_redispatch()
-    samples = traffic_services.traffic_samples_redispatch()
+    samples = len(traffic_services.traffic_samples_recover())
     return f"jobs {jobs}; samples queued again {samples}"

@@ -138,11 +138,6 @@ def _decrypted_copies(sample_id: object) -> list[Path]:
     return sorted(root.glob(f"{sample_id}.*.upload")) if root.is_dir() else []
 
 
-def _ingest_stale_before(now: datetime) -> datetime:
-    # A live ingest renews its lease every quarter of TRAFFIC_INGEST_LEASE_S.
-    return leases.stale_before(settings.TRAFFIC_INGEST_LEASE_S, now)
-
-
 def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
     """Samples left "validating" by an ingest whose worker died (killed, out of memory, time
     limit): their decrypted copies are removed, and each is queued again, or failed after
@@ -201,14 +196,6 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
     return requeued
 
 
-def traffic_samples_redispatch(*, now: datetime | None = None) -> int:
-    """The beat's part for samples: those whose ingest died mid-read are recovered
-    (`traffic_samples_recover`) and their ingest recorded again in the outbox, which sends it.
-    A sample whose message the broker never took needs nothing here: the outbox's own beat sends
-    it. Returns how many were queued again."""
-    return len(traffic_samples_recover(now=now))
-
-
 def traffic_sample_ingest(*, sample_id: str, owner: str | None = None) -> str:
     """Validates and profiles one queued sample. Idempotent: only a queued sample is claimed,
     under a lease held by `owner` (the task's id) and kept fresh while the file is read.
@@ -228,10 +215,13 @@ def traffic_sample_ingest(*, sample_id: str, owner: str | None = None) -> str:
     )
     if not claimed:
         return "skipped"
-    with leases.Heartbeat(
-        row, owner, every_s=settings.TRAFFIC_INGEST_LEASE_S / 4, name=f"ingest-{sample_id}"
-    ):
-        return _ingest_claimed(sample_id, owner)
+    return leases.hold(
+        row,
+        owner,
+        lambda: _ingest_claimed(sample_id, owner),
+        every_s=settings.TRAFFIC_INGEST_LEASE_S / 4,
+        name=f"ingest-{sample_id}",
+    )
 
 
 def _ingest_claimed(sample_id: str, owner: str) -> str:
@@ -395,11 +385,9 @@ def staging_sweep(*, now: datetime | None = None) -> list[str]:
         by_sample.setdefault(sample_id, []).append(path)
     reading = {
         str(i)
-        for i in TrafficSample.objects.filter(
-            id__in=list(by_sample),
-            status=TrafficSample.Status.VALIDATING,
-            lease_heartbeat_at__gte=_ingest_stale_before(now or timezone.now()),
-        ).values_list("id", flat=True)
+        for i in TrafficSample.objects.filter(id__in=list(by_sample), status=TrafficSample.Status.VALIDATING)
+        .exclude(leases.free_or_stale(settings.TRAFFIC_INGEST_LEASE_S, now))
+        .values_list("id", flat=True)
     }
     removed = []
     for sample_id, paths in sorted(by_sample.items()):

@@ -135,10 +135,10 @@ def test_killed_ingest_is_recovered_and_its_plaintext_removed(  # type: ignore[n
     # The redelivered message finds the sample claimed and skips it: it was stuck for good.
     assert services.traffic_sample_ingest(sample_id=str(sample.id)) == "skipped"
 
-    # The beat's redispatch recovers it: the copy goes, and the ingest is recorded again in the
+    # The beat (`jobs_redispatch`) recovers it: the copy goes, and the ingest is recorded again in the
     # task outbox with the requeue (one message per claim), sent after the commit (eager here).
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.traffic_samples_redispatch() == 1
+        assert len(services.traffic_samples_recover()) == 1
     messages = OutboxMessage.objects.filter(task=services.INGEST_TASK).order_by("id")
     assert [m.key for m in messages] == [
         f"traffic_sample.ingest:{sample.id}:0",
@@ -157,7 +157,7 @@ def test_a_sample_that_kills_every_worker_fails_after_the_attempts(alice, alice_
     settings.TRAFFIC_INGEST_MAX_ATTEMPTS = 3
     sample = _sample(alice, alice_org, _mooncake(3))
     copy = _killed_mid_read(sample, settings, attempts=3)
-    assert services.traffic_samples_redispatch() == 0
+    assert services.traffic_samples_recover() == []
     sample.refresh_from_db()
     assert sample.status == TrafficSample.Status.FAILED
     assert "stopped 3 times" in sample.error and sample.staging_name == ""
