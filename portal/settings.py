@@ -313,7 +313,7 @@ LOOP_MIN_LIVE_SPAN_S = env.int("LOOP_MIN_LIVE_SPAN_S", 600, minimum=30)
 LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=False)
 # `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps the broker
 # never got or lost, replaces steps whose worker died and queues again sample ingests whose worker
-# died (their messages, like every other app's, go through the task outbox and its beat); a step
+# died (their messages go through the task outbox and its beat); a step
 # the broker took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S; a job whose
 # step dies TUNING_MAX_INTERRUPTIONS times in a row fails.
 TUNING_REDISPATCH_INTERVAL_S = env.int("TUNING_REDISPATCH_INTERVAL_S", 30, minimum=1)
@@ -325,8 +325,8 @@ CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
     "task": "portal.jobs.tasks.jobs_redispatch",
     "schedule": float(TUNING_REDISPATCH_INTERVAL_S),
 }
-# The task outbox (portal/outbox): sample ingests, endpoint operations, benchmark runs, invitations and billing
-# notices are recorded with the change that makes them due and sent after the commit; this beat
+# The task outbox (portal/outbox): sample ingests, endpoint operations, benchmark runs,
+# invitations and billing notices are recorded with the change that makes them due and sent after the commit; this beat
 # sends what the broker did not take (it was down), at most OUTBOX_BATCH a run, and deletes
 # messages sent more than OUTBOX_KEEP_SENT_DAYS ago.
 OUTBOX_REDISPATCH_INTERVAL_S = env.int("OUTBOX_REDISPATCH_INTERVAL_S", 15, minimum=1)
