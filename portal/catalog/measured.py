@@ -19,8 +19,8 @@ from django.conf import settings
 GPU_RESULT_FILES = {
     "gpu_tuning_azure_conv.json": "a tuning job on a GPU engine, confirmed against vLLM's defaults",
     "gpu_tuning_mooncake.json": "a tuning job on a GPU engine, confirmed against vLLM's defaults",
-    "gpu_tuning_qwen3_32b_azure_conv.json": "a tuning job on a GPU engine, its confirmation not finished",
-    "gpu_tuning.json": "tuning jobs on a GPU engine",
+    "gpu_tuning_qwen3_32b_azure_conv.json": "a Qwen3-32B-shaped tuning job on a GPU engine, confirmed against vLLM's defaults",
+    "gpu_tuning.json": "tuning jobs on a GPU engine, their confirmation not finished",
 }
 MAX_RESULT_BYTES = 4 << 20  # a result file larger than this is not read on a page view
 

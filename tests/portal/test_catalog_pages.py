@@ -337,14 +337,14 @@ def test_h200_page_shows_the_live_gpu_runs_labelled_with_their_host(bob_client, 
         (Path(settings.BASE_DIR) / "benchmarks" / "results" / "gpu_tuning_mooncake.json").read_text()
     )
     assert mooncake["complete"] and mooncake["cases"]["mooncake"]["line"] in page
-    # The run whose confirmation did not finish says so: its line, never a verdict.
-    partial = json.loads(
+    qwen3 = json.loads(
         (
             Path(settings.BASE_DIR) / "benchmarks" / "results" / "gpu_tuning_qwen3_32b_azure_conv.json"
         ).read_text()
     )
-    assert not partial["complete"] and partial["cases"]["azure_conv"]["line"] in page
-    assert "its confirmation not finished" in page
+    assert qwen3["complete"] and qwen3["cases"]["azure_conv"]["line"] in page
+    # The run whose confirmation did not finish says so: its line, never a verdict.
+    assert not result["complete"] and "their confirmation not finished" in page
     other = _text(bob_client.get(reverse("catalog:hardware_detail", args=["b200"])))
     assert "tuning jobs on a GPU engine" not in other and "No live run" in other
 
