@@ -311,30 +311,32 @@ LOOP_MIN_LIVE_SPAN_S = env.int("LOOP_MIN_LIVE_SPAN_S", 600, minimum=30)
 # the live traffic disturb each other. Off unless the operator allows it (its trials then record
 # the live traffic as foreign load and are excluded when contended).
 LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=False)
-# `jobs_redispatch` (beat, every TUNING_REDISPATCH_INTERVAL_S) sends again job steps the broker
-# never got or lost, replaces steps whose worker died and queues again sample ingests whose worker
-# died (their messages go through the task outbox and its beat); a step
-# the broker took but nobody claimed is sent again after TUNING_REDISPATCH_AFTER_S; a job whose
-# step dies TUNING_MAX_INTERRUPTIONS times in a row fails.
-TUNING_REDISPATCH_INTERVAL_S = env.int("TUNING_REDISPATCH_INTERVAL_S", 30, minimum=1)
+# The one beat of background work, `redispatch` (portal/outbox), every REDISPATCH_INTERVAL_S:
+# - recovers what a dead worker or a lost message left, as each app registers it
+#   (portal.outbox.recovery): job steps the broker never got or lost, sent again (a step the broker
+#   took but nobody claimed after TUNING_REDISPATCH_AFTER_S), steps and trials whose worker died
+#   replaced (a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails); sample ingests
+#   and benchmark runs whose worker died, queued again;
+# - sends what the task outbox holds and the broker did not take (it was down): sample ingests,
+#   endpoint operations, benchmark runs, invitations and billing notices are recorded there with
+#   the change that makes them due, at most OUTBOX_BATCH a run; messages sent more than
+#   OUTBOX_KEEP_SENT_DAYS ago are deleted;
+# - then delivers the alerts that are due (webhooks and e-mail, which may be slow).
+REDISPATCH_INTERVAL_S = env.int("REDISPATCH_INTERVAL_S", 15, minimum=1)
+for _old in ("TUNING_REDISPATCH_INTERVAL_S", "OUTBOX_REDISPATCH_INTERVAL_S", "ALERT_REDISPATCH_INTERVAL_S"):
+    if env.is_set(_old):  # the three beats became one: a setting that would do nothing says so
+        raise ImproperlyConfigured(f"environment variable {_old} is gone: set REDISPATCH_INTERVAL_S")
 TUNING_REDISPATCH_AFTER_S = env.int("TUNING_REDISPATCH_AFTER_S", 900, minimum=1)
 TUNING_MAX_INTERRUPTIONS = env.int("TUNING_MAX_INTERRUPTIONS", 3, minimum=1)
+# A benchmark run whose worker died this many times in a row fails instead of being queued again.
+BENCHMARK_MAX_ATTEMPTS = env.int("BENCHMARK_MAX_ATTEMPTS", 3, minimum=1)
 # A job on a pool measures up to this many search trials at once, one per idle host.
 TUNING_MAX_PARALLEL_TRIALS = min(env.int("TUNING_MAX_PARALLEL_TRIALS", 8, minimum=1), 64)
-CELERY_BEAT_SCHEDULE["jobs-redispatch"] = {
-    "task": "portal.jobs.tasks.jobs_redispatch",
-    "schedule": float(TUNING_REDISPATCH_INTERVAL_S),
-}
-# The task outbox (portal/outbox): sample ingests, endpoint operations, benchmark runs,
-# invitations and billing notices are recorded with the change that makes them due and sent after the commit; this beat
-# sends what the broker did not take (it was down), at most OUTBOX_BATCH a run, and deletes
-# messages sent more than OUTBOX_KEEP_SENT_DAYS ago.
-OUTBOX_REDISPATCH_INTERVAL_S = env.int("OUTBOX_REDISPATCH_INTERVAL_S", 15, minimum=1)
 OUTBOX_BATCH = env.int("OUTBOX_BATCH", 100, minimum=1)
 OUTBOX_KEEP_SENT_DAYS = env.int("OUTBOX_KEEP_SENT_DAYS", 7, minimum=1)
-CELERY_BEAT_SCHEDULE["outbox-redispatch"] = {
-    "task": "portal.outbox.tasks.outbox_redispatch",
-    "schedule": float(OUTBOX_REDISPATCH_INTERVAL_S),
+CELERY_BEAT_SCHEDULE["redispatch"] = {
+    "task": "portal.outbox.tasks.redispatch",
+    "schedule": float(REDISPATCH_INTERVAL_S),
 }
 # Job report PDFs: the headless Chromium that prints them (a name on PATH or a path), and how
 # long one print may take before the request gives up with an error.
@@ -586,10 +588,6 @@ ALERT_MAX_ATTEMPTS = env.int("ALERT_MAX_ATTEMPTS", 6, minimum=1)
 ALERT_RETRY_BASE_S = env.int("ALERT_RETRY_BASE_S", 30, minimum=1)
 # How far back each scan looks for finished jobs, loop steps and payment failures.
 ALERT_SCAN_LOOKBACK_S = env.int("ALERT_SCAN_LOOKBACK_S", 86400, minimum=60)
-CELERY_BEAT_SCHEDULE["alerts-redispatch"] = {
-    "task": "portal.alerts.tasks.alert_deliveries_due",
-    "schedule": float(env.int("ALERT_REDISPATCH_INTERVAL_S", 30, minimum=5)),
-}
 CELERY_BEAT_SCHEDULE["alerts-scan"] = {
     "task": "portal.alerts.tasks.alerts_scan",
     "schedule": float(env.int("ALERT_SCAN_INTERVAL_S", 30, minimum=5)),

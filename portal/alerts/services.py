@@ -2,8 +2,8 @@
 
 `alert_raise` is called inside the transaction that observed the condition: it stores the alert
 and one delivery per subscribed channel there (the outbox), and asks a worker to send them after
-the commit. If that request is lost (broker down, worker killed), `alert_deliveries_due` (beat,
-every ALERT_REDISPATCH_INTERVAL_S) sends whatever is due, so nothing is lost and nothing is sent
+the commit. If that request is lost (broker down, worker killed), `alert_deliveries_due` (part of
+the one redispatch beat, portal.outbox.recovery, every REDISPATCH_INTERVAL_S) sends whatever is due, so nothing is lost and nothing is sent
 twice: a delivery is claimed with a conditional update before it is attempted.
 
 Failed attempts retry with exponential back-off (ALERT_RETRY_BASE_S x 2^n) up to

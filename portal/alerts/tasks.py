@@ -13,12 +13,6 @@ def alert_delivery_send(delivery_id: str) -> str:
 
 
 @shared_task(acks_late=True)
-def alert_deliveries_due() -> dict[str, int]:
-    # Scheduled (CELERY_BEAT_SCHEDULE["alerts-redispatch"]): retries and lost dispatches.
-    return services.alert_deliveries_due()
-
-
-@shared_task(acks_late=True)
 def alerts_scan() -> dict[str, int]:
     # Scheduled (CELERY_BEAT_SCHEDULE["alerts-scan"]).
     return watch.alerts_scan()

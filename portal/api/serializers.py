@@ -201,15 +201,15 @@ class TuningJobSerializer(api_fields.ModelSerializer):
 
     @extend_schema_field(NULLABLE_OBJECT)
     def get_selection(self, obj: TuningJob) -> dict[str, object] | None:
-        return (obj.report or {}).get("selection")
+        return obj.report_section("selection")
 
     @extend_schema_field(NULLABLE_OBJECT)
     def get_confirmation(self, obj: TuningJob) -> dict[str, object] | None:
-        return (obj.report or {}).get("confirmation")
+        return obj.report_section("confirmation")
 
     @extend_schema_field(NULLABLE_OBJECT)
     def get_caps(self, obj: TuningJob) -> dict[str, object] | None:
-        return (obj.report or {}).get("caps")
+        return obj.report_section("caps")
 
 
 class TuningJobCreateSerializer(serializers.Serializer):

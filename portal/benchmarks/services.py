@@ -48,6 +48,7 @@ from portal.accounts.models import User
 from portal.benchmarks import measure
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
 from portal.benchmarks.selectors import user_is_benchmark_staff
+from portal.outbox.models import OutboxMessage
 from portal.outbox.services import outbox_enqueue
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
@@ -343,11 +344,7 @@ def benchmark_report_create(
             },
         )
         # Sent after the commit, or by the outbox's beat if the broker is down then.
-        outbox_enqueue(
-            task="portal.benchmarks.tasks.benchmark_report_run",
-            kwargs={"report_id": str(report.id)},
-            key=f"benchmark_report.run:{report.id}",
-        )
+        _run_enqueue(report, "create")
     return report
 
 
@@ -515,6 +512,71 @@ def _fail(report_id: str, message: str) -> str:
             actor=None, organization=report.organization_id, action="benchmark_report.failed", target=report
         )
     return BenchmarkReport.Status.FAILED
+
+
+def _run_enqueue(report: BenchmarkReport, why: str) -> bool:
+    """Records the report's run in the task outbox, once per (report, why); False when it was."""
+    key = f"benchmark_report.run:{report.id}:{why}"
+    if OutboxMessage.objects.filter(key=key).exists():
+        return False
+    outbox_enqueue(
+        task="portal.benchmarks.tasks.benchmark_report_run", kwargs={"report_id": str(report.id)}, key=key
+    )
+    return True
+
+
+def benchmark_reports_recover(*, now: datetime | None = None) -> dict[str, int]:
+    """Reports that nothing is running (part of the one redispatch beat, portal.outbox.recovery):
+
+    - died: running, and its worker stopped heartbeating longer than the report's lease ago (killed,
+      out of memory, its host gone), and the broker's copy of the message went with it or came back
+      while the lease was still fresh. The run is queued again (it resumes after its last finished
+      cell), or the report fails after BENCHMARK_MAX_ATTEMPTS runs in a row that died;
+    - lost: still queued TUNING_REDISPATCH_AFTER_S after the broker took its message (a broker that
+      lost its data). In a merely long queue the copy is a no-op: a run claims the report by state.
+    Returns counts by case."""
+    now = now or timezone.now()
+    counts = {"died": 0, "lost": 0, "failed": 0}
+    # The shortest lease a report can have (duration and timeout 0): a younger heartbeat is live.
+    running = BenchmarkReport.objects.filter(status=BenchmarkReport.Status.RUNNING).filter(
+        leases.free_or_stale(300.0, now)
+    )
+    for report in running.only("id", "duration_s", "request_timeout_s", "attempts", "lease_heartbeat_at"):
+        beat = report.lease_heartbeat_at
+        if beat is not None and beat >= leases.stale_before(report.lease_s, now):
+            continue  # a long replay, still inside its lease
+        with transaction.atomic():
+            seen = (
+                BenchmarkReport.objects.select_for_update(skip_locked=True)
+                .filter(id=report.id, status=BenchmarkReport.Status.RUNNING, lease_heartbeat_at=beat)
+                .exists()
+            )
+            if not seen:
+                continue  # a run took it again meanwhile, or it ended
+            if report.attempts >= settings.BENCHMARK_MAX_ATTEMPTS:
+                _fail(
+                    str(report.id),
+                    f"Stopped after {report.attempts} runs in a row whose worker stopped before the "
+                    "report finished. Create the report again.",
+                )
+                counts["failed"] += 1
+            elif _run_enqueue(report, f"attempt-{report.attempts + 1}"):
+                # Once per run that died: the next run's claim counts one more attempt.
+                counts["died"] += 1
+    lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
+    sent_long_ago = OutboxMessage.objects.filter(
+        task="portal.benchmarks.tasks.benchmark_report_run",
+        status=OutboxMessage.Status.SENT,
+        sent_at__lt=lost_before,
+    )
+    window = int(now.timestamp() // settings.TUNING_REDISPATCH_AFTER_S)
+    for report in BenchmarkReport.objects.filter(status=BenchmarkReport.Status.QUEUED).only("id"):
+        if not sent_long_ago.filter(key__startswith=f"benchmark_report.run:{report.id}:").exists():
+            continue
+        with transaction.atomic():
+            # Once per redispatch window: a message the broker took and lost is sent again.
+            counts["lost"] += int(_run_enqueue(report, f"lost-{window}"))
+    return counts
 
 
 def benchmark_report_run(*, report_id: str, owner: str | None = None) -> str:

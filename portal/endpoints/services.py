@@ -695,7 +695,7 @@ def endpoint_start_again(*, actor: User, endpoint: Endpoint) -> tuple[Endpoint, 
             organization=endpoint.organization, name=endpoint.pool.name, doing="this endpoint"
         )
     else:
-        hardware = str(((endpoint.job.spec or {}) if endpoint.job else {}).get("hardware", "local-cpu"))
+        hardware = endpoint.job.hardware if endpoint.job else "local-cpu"
         residency_require_hardware(
             organization=endpoint.organization, hardware=hardware, doing="this endpoint"
         )

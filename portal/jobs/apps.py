@@ -12,3 +12,8 @@ class JobsConfig(AppConfig):
         from portal.jobs.services import JOBS_HOLDER
 
         holders.register(JOBS_HOLDER)
+        # Job steps and trials whose message was lost or whose worker died, for the one beat.
+        from portal.jobs.services import tuning_jobs_redispatch
+        from portal.outbox import recovery
+
+        recovery.register("tuning_jobs", lambda now: tuning_jobs_redispatch(now=now))

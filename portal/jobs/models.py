@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 from django.conf import settings
 from django.db import models
@@ -11,6 +11,9 @@ from django.db import models
 from portal.leases import Leased
 from tuning.search.job import JobSpec
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
+
+# The sections of a finished job's report that the portal reads (TuningJob.report_section).
+ReportSection = Literal["selection", "confirmation", "caps", "golden_set", "baselines"]
 
 
 class ServedModel(models.Model):
@@ -148,6 +151,18 @@ class TuningJob(Leased):
             return self.slo()
         except SLOParseError:
             return None
+
+    # Typed reads of the finished job's report (`tuning.search.job`'s report, stored whole): one
+    # place says which sections exist and that a missing or malformed one reads as None.
+
+    def report_section(self, name: ReportSection) -> dict[str, Any] | None:
+        section = (self.report or {}).get(name) if isinstance(self.report, dict) else None
+        return section if isinstance(section, dict) else None
+
+    @property
+    def selection(self) -> dict[str, Any]:
+        """Which trial won and why (`winner`, `reasons`, `outcome`, ...); empty before the end."""
+        return self.report_section("selection") or {}
 
 
 class Trial(Leased):

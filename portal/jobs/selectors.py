@@ -206,7 +206,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
     trial won and which is the baseline, and the selection's own words."""
     spec = job.spec or {}
     target_rps = float(spec.get("peak_rps", 0.0)) * float(spec.get("headroom", 1.0))
-    selection = (job.report or {}).get("selection") or {}
+    selection = job.selection
     reasons: dict[str, str] = selection.get("reasons") or {}
     winner = job.winner_trial if job.winner_trial is not None else selection.get("winner")
     rows: list[dict[str, Any]] = []
@@ -264,7 +264,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
     # The baseline the winner is compared with: the competent baseline (vLLM's defaults with the
     # host's fastest dtype) where the job recorded one, else vLLM started with no flags, else (jobs
     # recorded before either) the reference trial.
-    competent = ((job.report or {}).get("baselines") or {}).get("competent")
+    competent = (job.report_section("baselines") or {}).get("competent")
     baseline = (
         next((row for row in successful if competent is not None and row["assignment"] == competent), None)
         or next((row for row in successful if row["is_defaults"]), None)
@@ -304,8 +304,8 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
             if competent is not None and baseline["assignment"] == competent
             else ("defaults" if baseline["is_defaults"] else "reference")
         ),
-        "caps": (job.report or {}).get("caps"),
-        "golden_set": (job.report or {}).get("golden_set"),
+        "caps": job.report_section("caps"),
+        "golden_set": job.report_section("golden_set"),
         "confirmation": confirmation_rows(job=job),
         "outcome": selection.get("outcome", "unconfirmed"),
         "selection": {
@@ -319,7 +319,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
 def confirmation_rows(*, job: TuningJob) -> dict[str, Any] | None:
     """The confirmation as the job page shows it: one row per subject with each figure and its
     95% interval, the ratios to both baselines, the outcome line and the ablation."""
-    data = (job.report or {}).get("confirmation")
+    data = job.report_section("confirmation")
     if not data:
         return None
 

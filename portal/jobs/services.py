@@ -648,7 +648,7 @@ def _finish(job: TuningJob, status: str, *, prepared: Any = None, error: str = "
             report=data,
             error=error,
             finished_at=timezone.now(),
-            winner_trial=(data or {}).get("selection", {}).get("winner"),
+            winner_trial=((data or {}).get("selection") or {}).get("winner"),
             phase="",
             **leases.FREE,
         )

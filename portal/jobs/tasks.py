@@ -5,7 +5,6 @@ from __future__ import annotations
 from celery import shared_task
 
 from portal.jobs import services
-from portal.traffic import services as traffic_services
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -19,12 +18,3 @@ def tuning_job_step(self, job_id: str, pool: str | None = None) -> str:  # type:
 def tuning_trial_run(self, trial_id: str, pool: str | None = None) -> str:  # type: ignore[no-untyped-def]
     # One trial of a batch measured at once on a pool's hosts; `pool` routes it to the pool's queue.
     return services.tuning_trial_run(trial_id=int(trial_id), owner=str(self.request.id))
-
-
-@shared_task
-def jobs_redispatch() -> str:
-    # Beat: job steps the broker never got (it was down) or lost, and work whose worker died:
-    # job steps, and sample ingests (queued again through the task outbox).
-    jobs = services.tuning_jobs_redispatch()
-    samples = len(traffic_services.traffic_samples_recover())
-    return f"jobs {jobs}; samples queued again {samples}"

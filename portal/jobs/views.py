@@ -94,7 +94,7 @@ def model_register(request: AuthenticatedRequest) -> HttpResponse:
 
 
 def _job_context(job: TuningJob) -> dict[str, object]:
-    selection = (job.report or {}).get("selection") or {}
+    selection = job.selection
     reasons = selection.get("reasons") or {}
     trials = [
         {"trial": t, "reason": reasons.get(str(t.number), "")} for t in job.trials.select_related("host")
@@ -103,7 +103,7 @@ def _job_context(job: TuningJob) -> dict[str, object]:
         "job": job,
         "trials": trials,
         "selection": selection,
-        "caps": (job.report or {}).get("caps"),
+        "caps": job.report_section("caps"),
         "confirmation": selectors.confirmation_rows(job=job),
         "progress": selectors.job_progress(job=job),
         "engine_log": selectors.running_trial_engine_log(job=job),

@@ -6,9 +6,10 @@ to the broker after the commit, and send again what the broker never took.
   bounded by the broker's socket timeouts, settings.REDIS_BROKER_TIMEOUTS, with one quick second
   try), and marks the message sent. A broker that is down or hangs costs the request those few
   seconds and nothing else: the message stays pending.
-- `outbox_redispatch` (beat, every OUTBOX_REDISPATCH_INTERVAL_S) sends the pending messages that
-  are due, oldest first, at most OUTBOX_BATCH a run, and deletes sent ones after
-  OUTBOX_KEEP_SENT_DAYS.
+- `outbox_redispatch` sends the pending messages that are due, oldest first, at most OUTBOX_BATCH
+  a run, and deletes sent ones after OUTBOX_KEEP_SENT_DAYS. It is one part of `redispatch`, the
+  one beat of background work (every REDISPATCH_INTERVAL_S), which first runs the recoverers the
+  apps register (`portal.outbox.recovery`: work whose worker died, queued again).
 
 One sender at a time per message: a sender first claims it by moving `next_attempt_at` ahead by
 `CLAIM_S` (the beat under `select_for_update(skip_locked=True)`, so two beats never take the same
@@ -37,6 +38,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 
 from portal.celery import app
+from portal.outbox import recovery
 from portal.outbox.models import OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -181,6 +183,17 @@ def outbox_redispatch(*, now: datetime | None = None) -> dict[str, int]:
             counts[_Outcome.UNSENT] += len(rest)
             break
     return {**counts, "purged": outbox_purge(now=now)}
+
+
+def redispatch(*, now: datetime | None = None) -> dict[str, Any]:
+    """The one beat of background work: the apps' recoverers (work whose worker died or whose
+    message was lost, queued again), the outbox's sends, then the deliveries to outside services.
+    Returns each part's counts by name."""
+    now = now or timezone.now()
+    out = recovery.run(recovery.RECOVER, now)
+    out["outbox"] = outbox_redispatch(now=now)
+    out.update(recovery.run(recovery.DELIVER, now))
+    return out
 
 
 def outbox_purge(*, now: datetime | None = None) -> int:

@@ -1,6 +1,9 @@
-"""Celery task of the outbox: the beat that sends what the broker never took."""
+"""Celery task of the outbox: the one beat that recovers background work and sends what the
+broker never took."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from celery import shared_task
 
@@ -8,6 +11,6 @@ from portal.outbox import services
 
 
 @shared_task
-def outbox_redispatch() -> dict[str, int]:
-    # Scheduled (CELERY_BEAT_SCHEDULE["outbox-redispatch"]); safe to run twice at once.
-    return services.outbox_redispatch()
+def redispatch() -> dict[str, Any]:
+    # Scheduled (CELERY_BEAT_SCHEDULE["redispatch"]); safe to run twice at once.
+    return services.redispatch()

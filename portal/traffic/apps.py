@@ -12,3 +12,8 @@ class TrafficConfig(AppConfig):
         from portal.traffic.services import TRAFFIC_HOLDER
 
         holders.register(TRAFFIC_HOLDER)
+        # Sample ingests whose worker died, queued again by the one beat.
+        from portal.outbox import recovery
+        from portal.traffic.services import traffic_samples_recover
+
+        recovery.register("traffic_samples", lambda now: len(traffic_samples_recover(now=now)))

@@ -23,8 +23,7 @@ from tests.workers import redis_or_skip, running_worker, worker_env
 # the settings allow) and the beat looks for undelivered or abandoned work every second.
 FAST_RECOVERY = {
     "TUNING_LEASE_S": "10",
-    "TUNING_REDISPATCH_INTERVAL_S": "1",
-    "OUTBOX_REDISPATCH_INTERVAL_S": "1",
+    "REDISPATCH_INTERVAL_S": "1",
 }
 
 

@@ -30,6 +30,7 @@ from portal.accounts.models import User
 from portal.benchmarks import charts, measure, services
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
 from portal.benchmarks.selectors import benchmark_report_view
+from portal.outbox.models import OutboxMessage
 from portal.traffic import services as traffic_services
 from portal.traffic.models import TrafficSample
 from tests.browser import watched
@@ -218,6 +219,66 @@ def test_a_duplicate_delivery_is_skipped_and_a_killed_run_resumes_where_it_stopp
         services._update_results(str(report.id), "the slow worker", lambda results: results.clear())
     report.refresh_from_db()
     assert report.results["levels"][0]["cells"][str(a.id)] == kept
+
+
+@pytest.mark.django_db
+def test_the_beat_queues_a_run_whose_worker_died_once_and_fails_it_after_the_last_attempt(
+    sam, sample, serve, bench_settings, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """A run killed with its broker message (no redelivery to resume it) is queued again by the
+    one redispatch beat once its lease is stale, once per death; a queued report whose message the
+    broker took and lost is sent again; after BENCHMARK_MAX_ATTEMPTS deaths the report fails."""
+    target = serve(FakeOpenAI())
+    report = services.benchmark_report_create(  # not committed: the task does not run by itself
+        actor=sam,
+        traffic_sample=sample,
+        targets=[target_spec("A", target.base_url)],
+        load_multipliers=[1.0],
+        duration_s=1.0,
+    )
+    keys = lambda: sorted(  # noqa: E731
+        m.key for m in OutboxMessage.objects.filter(key__startswith=f"benchmark_report.run:{report.id}:")
+    )
+    assert keys() == [f"benchmark_report.run:{report.id}:create"]
+    rows = BenchmarkReport.objects.filter(pk=report.pk)
+    rows.update(
+        status=BenchmarkReport.Status.RUNNING, lease_owner="w1", attempts=1, lease_heartbeat_at=timezone.now()
+    )
+    assert services.benchmark_reports_recover() == {"died": 0, "lost": 0, "failed": 0}  # a live run
+
+    report.refresh_from_db()
+    dead_since = timezone.now() - timedelta(seconds=report.lease_s + 1)
+    rows.update(lease_heartbeat_at=dead_since)
+    assert services.benchmark_reports_recover() == {"died": 1, "lost": 0, "failed": 0}
+    assert services.benchmark_reports_recover()["died"] == 0  # once per death, not once per beat
+    [again] = [k for k in keys() if k.endswith(":attempt-2")]
+    # The message it queued runs the report to the end (the stale lease is taken over).
+    message = OutboxMessage.objects.get(key=again)
+    assert services.benchmark_report_run(**message.kwargs) == BenchmarkReport.Status.SUCCEEDED
+    assert rows.get().attempts == 2 and target.received
+
+    # A message the broker took and lost: still queued long after it was sent.
+    rows.update(
+        status=BenchmarkReport.Status.QUEUED, attempts=0, **{"lease_owner": "", "lease_heartbeat_at": None}
+    )
+    OutboxMessage.objects.filter(key__startswith=f"benchmark_report.run:{report.id}:").update(
+        status=OutboxMessage.Status.SENT,
+        sent_at=timezone.now() - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S + 1),
+    )
+    assert services.benchmark_reports_recover() == {"died": 0, "lost": 1, "failed": 0}
+    assert services.benchmark_reports_recover()["lost"] == 0
+
+    # A run that keeps killing its worker ends as a failure with a reason.
+    rows.update(
+        status=BenchmarkReport.Status.RUNNING,
+        lease_owner="w3",
+        attempts=settings.BENCHMARK_MAX_ATTEMPTS,
+        lease_heartbeat_at=dead_since,
+    )
+    assert services.benchmark_reports_recover() == {"died": 0, "lost": 0, "failed": 1}
+    report.refresh_from_db()
+    assert report.status == BenchmarkReport.Status.FAILED and "runs in a row" in report.error
+    assert report.lease_owner == ""
 
 
 # --- Pure parts ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Faults around tuning jobs and uploads: the broker down when work is started, the database
 lost in the middle of a job step. Real Redis, a real PostgreSQL and real Celery worker processes
-(with their beat, which runs `jobs_redispatch`); nothing in the worker is replaced.
+(with their beat, which runs `redispatch`); nothing in the worker is replaced.
 
 Only the test marked `engine` starts an engine. In the others every job is one whose step ends
 at plan time (its workload is missing or too short), so what they exercise is the dispatch of
@@ -155,7 +155,7 @@ def test_work_started_while_the_broker_is_down_is_kept_and_runs_once_it_is_back(
             "the job's step and the sample's ingest",
         )
     output = log.read_text(errors="replace")
-    assert "portal.jobs.tasks.jobs_redispatch" in output
+    assert "portal.outbox.tasks.redispatch" in output
 
     job.refresh_from_db()
     # It started (claimed, RUNNING) through the step the beat sent, and ended at plan time.

@@ -135,7 +135,7 @@ def test_killed_ingest_is_recovered_and_its_plaintext_removed(  # type: ignore[n
     # The redelivered message finds the sample claimed and skips it: it was stuck for good.
     assert services.traffic_sample_ingest(sample_id=str(sample.id)) == "skipped"
 
-    # The beat (`jobs_redispatch`) recovers it: the copy goes, and the ingest is recorded again in the
+    # The beat (`redispatch`, through the traffic app's recoverer) recovers it: the copy goes, and the ingest is recorded again in the
     # task outbox with the requeue (one message per claim), sent after the commit (eager here).
     with django_capture_on_commit_callbacks(execute=True):
         assert len(services.traffic_samples_recover()) == 1

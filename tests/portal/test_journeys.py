@@ -54,7 +54,7 @@ def _real_worker(settings: Any, broker_url: str, models: Path, tmp_path: Path, *
     worker_env = {
         **fault_worker_env(broker_url, settings, models),
         "TUNING_LEASE_S": "120",
-        "TUNING_REDISPATCH_INTERVAL_S": "30",
+        "REDISPATCH_INTERVAL_S": "30",
         "ENDPOINTS_DIR": str(settings.ENDPOINTS_DIR),
         "COMPLIANCE_REGIONS": ",".join(settings.COMPLIANCE_REGIONS),
         "COMPLIANCE_DEFAULT_REGIONS": ",".join(settings.COMPLIANCE_DEFAULT_REGIONS),

@@ -536,7 +536,7 @@ def test_an_invitation_made_during_an_outage_reaches_a_real_worker_once_the_brok
         broker_url=redis_url,
         EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
         EMAIL_FILE_PATH=str(mail_dir),
-        OUTBOX_REDISPATCH_INTERVAL_S="1",
+        REDISPATCH_INTERVAL_S="1",
     )
     log = tmp_path / "worker.log"
     with running_worker(
@@ -560,3 +560,44 @@ def test_an_invitation_made_during_an_outage_reaches_a_real_worker_once_the_brok
     with sending_to(redis_url, settings.REDIS_BROKER_TIMEOUTS):
         assert services.outbox_redispatch()["sent"] == 0
     assert queued_messages(redis_url) == []
+
+
+def test_one_beat_recovers_every_apps_work_then_sends_then_delivers(settings: Any, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The schedule has one redispatch beat; it runs each app's registered recoverer (the apps
+    register theirs when Django loads them), the outbox's sends, then the deliveries to outside
+    services, in that order; one recoverer that raises is reported and the rest still run."""
+    from portal.outbox import recovery
+
+    beats = [e["task"] for e in settings.CELERY_BEAT_SCHEDULE.values() if "redispatch" in e["task"]]
+    assert beats == ["portal.outbox.tasks.redispatch"]
+    assert set(recovery.registered(recovery.RECOVER)) == {
+        "tuning_jobs",
+        "traffic_samples",
+        "benchmark_reports",
+    }
+    assert set(recovery.registered(recovery.DELIVER)) == {"alert_deliveries"}
+
+    calls: list[str] = []
+
+    def broken(now: Any) -> int:
+        calls.append("broken")
+        raise RuntimeError("a bug in one app")
+
+    monkeypatch.setattr(recovery, "_REGISTERED", {})
+    recovery.register(
+        "deliveries", lambda now: calls.append("deliver") or {"delivered": 0}, phase=recovery.DELIVER
+    )
+    recovery.register("broken", broken)
+    recovery.register("jobs", lambda now: calls.append("recover") or 2)
+    real_send = services.outbox_redispatch
+    monkeypatch.setattr(services, "outbox_redispatch", lambda now: calls.append("send") or real_send(now=now))
+    counts = services.redispatch()
+    assert calls == ["broken", "recover", "send", "deliver"]
+    assert counts == {
+        "broken": "error",
+        "jobs": 2,
+        "outbox": {"sent": 0, "unsent": 0, "failed": 0, "purged": 0},
+        "deliveries": {"delivered": 0},
+    }
+    with pytest.raises(ValueError, match="phase"):
+        recovery.register("late", lambda now: 0, phase="later")

@@ -67,6 +67,17 @@ def test_a_wsgi_server_gets_debug_off_unless_it_is_set() -> None:
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL='LOUD' must be one of"),
         ("ALLOWED_HOSTS", "a,,b", "ALLOWED_HOSTS='a,,b' has an empty item"),
         ("LOCAL_HARDWARE_REGION", "us east", "LOCAL_HARDWARE_REGION must be a residency code"),
+        # The three redispatch beats became one: a removed interval is refused, not ignored.
+        (
+            "TUNING_REDISPATCH_INTERVAL_S",
+            "5",
+            "TUNING_REDISPATCH_INTERVAL_S is gone: set REDISPATCH_INTERVAL_S",
+        ),
+        (
+            "ALERT_REDISPATCH_INTERVAL_S",
+            "5",
+            "ALERT_REDISPATCH_INTERVAL_S is gone: set REDISPATCH_INTERVAL_S",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str, message: str) -> None:
