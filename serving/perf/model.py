@@ -290,6 +290,28 @@ class StepTimeModel:
         overhead = self._overhead_fixed + shape.num_seqs * self._overhead_seq + tokens * self._overhead_token
         return StepTime(gemm, attention, comm, overhead)
 
+    def step_parts(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_sampled: int,
+        prefill_attn_pairs: float,
+        prefill_cached_tokens: int,
+        decode_ctx_tokens: int,
+    ) -> tuple[float, float, float, float]:
+        """`step_time(...)`'s (gemm, attention, communication, overhead) seconds without building
+        objects, computed in the same order (the same floats)."""
+        if num_tokens <= 0:
+            return 0.0, 0.0, 0.0, 0.0
+        gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
+        gemm = max(gemm_flops * self._s_per_gemm_flop, self._weight_bytes(num_tokens) * self._s_per_byte)
+        attn_flops = prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
+        kv_read = (decode_ctx_tokens + prefill_cached_tokens + num_tokens) * self._kv_bytes
+        attention = max(attn_flops * self._s_per_attn_flop, kv_read * self._s_per_byte)
+        comm = self._comm_fixed + num_tokens * self._comm_per_token if self.tp > 1 else 0.0
+        overhead = self._overhead_fixed + num_seqs * self._overhead_seq + num_tokens * self._overhead_token
+        return gemm, attention, comm, overhead
+
     def step_seconds(
         self,
         num_tokens: int,

@@ -67,23 +67,28 @@ class BlockPool:
 
     def allocate(self, count: int) -> list[int]:
         """Take `count` blocks from the head of the free queue (caller checked there are enough)."""
-        out = []
+        ref_count = self.ref_count
+        # Never-used blocks first (the head of vLLM's queue), in id order.
+        fresh = self.fresh
+        take = min(count, self.num_blocks - fresh)
+        out = list(range(fresh, fresh + take))
+        for block in out:
+            ref_count[block] = 1
+        self.fresh = fresh + take
+        if take == count:
+            return out
         free = self.free
-        for _ in range(count):
-            if self.fresh < self.num_blocks:
-                block = self.fresh
-                self.fresh += 1
-                self.ref_count[block] = 1
-                out.append(block)
-                continue
+        block_hash = self.block_hash
+        cached = self.cached
+        for _ in range(count - take):
             block, _ = free.popitem(last=False)
-            old = self.block_hash[block]
+            old = block_hash[block]
             if old is not None:
-                if self.cached.get(old) == block:
-                    del self.cached[old]
-                self.block_hash[block] = None
+                if cached.get(old) == block:
+                    del cached[old]
+                block_hash[block] = None
                 self.num_evictions += 1
-            self.ref_count[block] = 1
+            ref_count[block] = 1
             out.append(block)
         return out
 
@@ -95,7 +100,10 @@ class BlockPool:
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference to each block; freed ones join the free queue tail-first."""
+        ref_count = self.ref_count
+        free = self.free
         for b in reversed(blocks):
-            self.ref_count[b] -= 1
-            if self.ref_count[b] == 0:
-                self.free[b] = None
+            left = ref_count[b] - 1
+            ref_count[b] = left
+            if left == 0:
+                free[b] = None

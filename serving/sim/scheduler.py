@@ -206,11 +206,12 @@ class Scheduler:
         threshold = cfg.long_prefill_token_threshold
         spec = cfg.num_speculative_tokens
         scheduled_ids: dict[int, int] = {}  # request index -> position in out.scheduled
+        caching = cfg.enable_prefix_caching
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            remaining = req.num_tokens - req.num_computed_tokens
+            remaining = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
             drafts = 0
             if spec and req.is_decoding:
                 drafts = min(spec, req.max_output_tokens - req.num_output_tokens - 1)
@@ -241,7 +242,8 @@ class Scheduler:
                 break
             if need > 0:
                 req.blocks.extend(pool.allocate(need))
-            self._register_full_blocks(req, req.num_computed_tokens + num_new)
+            if caching and req.block_hashes:
+                self._register_full_blocks(req, req.num_computed_tokens + num_new)
             scheduled_ids[req.index] = len(out.scheduled)
             out.scheduled.append((req, num_new, drafts))
             budget -= num_new
@@ -293,17 +295,26 @@ class Scheduler:
             if self.waiting and budget <= 0 and out.blocked_by is None:
                 out.blocked_by = "token_budget"
 
+        sampled = decode_tokens = decode_ctx = prefill_tokens = prefill_cached = 0
+        pairs = 0.0
         for req, num_new, drafts in out.scheduled:
             computed = req.num_computed_tokens
-            if computed + num_new - drafts >= req.num_tokens:
-                out.num_sampled += 1
-            if computed == req.num_tokens - 1 and req.num_output_tokens > 0:
-                out.num_decode_tokens += num_new
-                out.decode_ctx_tokens += computed + num_new
+            tokens = req.num_prompt_tokens + req.num_output_tokens
+            if computed + num_new - drafts >= tokens:
+                sampled += 1
+            if computed == tokens - 1 and req.num_output_tokens > 0:
+                decode_tokens += num_new
+                decode_ctx += computed + num_new
             else:
-                out.num_prefill_tokens += num_new
-                out.prefill_attn_pairs += num_new * (computed + (num_new + 1) / 2.0)
-                out.prefill_cached_tokens += computed
+                prefill_tokens += num_new
+                pairs += num_new * (computed + (num_new + 1) / 2.0)
+                prefill_cached += computed
+        out.num_sampled = sampled
+        out.num_decode_tokens = decode_tokens
+        out.decode_ctx_tokens = decode_ctx
+        out.num_prefill_tokens = prefill_tokens
+        out.prefill_attn_pairs = pairs
+        out.prefill_cached_tokens = prefill_cached
         return out
 
     def update_from_output(self, out: SchedulerOutput, start_s: float, end_s: float) -> list[SimRequest]:
@@ -322,7 +333,7 @@ class Scheduler:
                     req.prefill_s += own
                 req.chunk_wait_s += dt - own
             req.num_computed_tokens += num_new
-            if req.num_computed_tokens - drafts < req.num_tokens:
+            if req.num_computed_tokens - drafts < req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a prefill chunk: nothing sampled yet
             accepted = self._accepted(drafts) if drafts else 0
             req.num_computed_tokens -= drafts - accepted

@@ -33,8 +33,8 @@ from serving.engine.host import parse_cpu_list
 from serving.loadgen.arrivals import trace_offsets_s
 from serving.loadgen.results import SLO, ReplaySummary, RequestResult, summarize
 from serving.loadgen.traces import TraceRequest
-from serving.perf.model import Efficiency, StepShape, StepTime, StepTimeModel
-from serving.sim.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SimRequest
+from serving.perf.model import Efficiency, StepTime, StepTimeModel
+from serving.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 
 CPU_KV_DEFAULT_GIB = 4  # vLLM CPU's KV space when VLLM_CPU_KVCACHE_SPACE is unset
 SPEC_ACCEPTANCE_DEFAULT = {"ngram": 0.3, "eagle": 0.7, "eagle3": 0.75, "draft_model": 0.6, "mtp": 0.8}
@@ -494,6 +494,7 @@ class _Loop:
         nxt = 0
         n_req = len(order)
         spec = cfg.num_speculative_tokens
+        op_s = self.op_s
         while nxt < n_req or s.has_unfinished():
             while nxt < n_req and order[nxt].engine_arrival_s <= now:
                 s.add_request(order[nxt])
@@ -511,9 +512,20 @@ class _Loop:
                     raise RuntimeError("simulated engine stalled: nothing schedulable and no arrivals left")
                 now = max(now, next_arrival)
                 continue
-            st = m.step_time(_shape(out))
-            self._account_ops(st)
-            dt = st.total_s
+            num_tokens = out.num_prefill_tokens + out.num_decode_tokens
+            gemm, attention, comm, overhead = m.step_parts(  # step_time's parts, no objects built
+                num_tokens,
+                len(out.scheduled),
+                out.num_sampled,
+                out.prefill_attn_pairs,
+                out.prefill_cached_tokens,
+                out.decode_ctx_tokens,
+            )
+            op_s["gemm"] += gemm
+            op_s["attention"] += attention
+            op_s["communication"] += comm
+            op_s["overhead"] += overhead
+            dt = gemm + attention + comm + overhead
             if out.blocked_by is not None:
                 self.blocked_steps[out.blocked_by] = self.blocked_steps.get(out.blocked_by, 0.0) + dt
             used = s.pool.num_used
@@ -523,7 +535,7 @@ class _Loop:
             now += dt
             self.busy_s += dt
             self.num_steps += 1
-            self._count_steps(out.num_tokens, 1, dt)
+            self._count_steps(num_tokens, 1, dt)
 
     _jump_end = 0.0
 
@@ -537,15 +549,29 @@ class _Loop:
             return False
         if s.waiting and n < cfg.max_num_seqs:
             return False
+        last = running[-1]  # the newest admission, the likeliest to be still in its prefill
+        if (
+            last.num_output_tokens == 0
+            or last.num_computed_tokens != last.num_prompt_tokens + last.num_output_tokens - 1
+        ):
+            return False
         k = 1 << 30
         ctx0 = 0
+        bs = cfg.block_size
+        # Per request, the tokens its blocks still hold beyond what it computed: k more steps need
+        # ceil((k - room) / bs) new blocks when k > room (= ceil((computed + k) / bs) - blocks).
+        rooms = []
         for req in running:
-            if req.num_output_tokens == 0 or req.num_computed_tokens != req.num_tokens - 1:
+            out_tokens = req.num_output_tokens
+            tokens = req.num_prompt_tokens + out_tokens  # req.num_tokens, inlined (hot path)
+            computed = req.num_computed_tokens
+            if out_tokens == 0 or computed != tokens - 1:
                 return False
-            left = req.max_output_tokens - req.num_output_tokens
+            left = req.max_output_tokens - out_tokens
             if left < k:
                 k = left
-            ctx0 += req.num_tokens
+            ctx0 += tokens
+            rooms.append(len(req.blocks) * bs - computed)
         if k < 2:
             return False
         m = self.m
@@ -566,24 +592,31 @@ class _Loop:
             k = min(k, i_arr)
         if k < 2:
             return False
-        bs = cfg.block_size
         pool = s.pool
-
-        def blocks_needed(steps: int) -> int:
-            return sum(max(0, -(-(r.num_computed_tokens + steps) // bs) - len(r.blocks)) for r in running)
-
-        while k >= 2 and blocks_needed(k) > pool.num_free:
+        free = pool.num_free
+        while k >= 2:
+            needed = 0
+            for room in rooms:
+                if k > room:
+                    needed += -(-(k - room) // bs)
+            if needed <= free:
+                break
             k //= 2
         if k < 2:
             return False
         total = k * t0 + slope * k * (k - 1) / 2.0
         end = now + total
         mid_ctx = ctx0 + n * (k - 1) // 2
-        self._account_ops(m.step_time(_decode_shape(n, mid_ctx)), float(k))
-        for req in running:
-            need = -(-(req.num_computed_tokens + k) // bs) - len(req.blocks)
-            if need > 0:
-                req.blocks.extend(pool.allocate(need))
+        gemm, attention, comm, overhead = m.step_parts(n, n, n, 0.0, 0, mid_ctx)  # n decodes
+        op_s = self.op_s
+        times = float(k)
+        op_s["gemm"] += gemm * times
+        op_s["attention"] += attention * times
+        op_s["communication"] += comm * times
+        op_s["overhead"] += overhead * times
+        for req, room in zip(running, rooms, strict=True):
+            if k > room:
+                req.blocks.extend(pool.allocate(-(-(k - room) // bs)))
             if req.itl_s is not None:
                 gaps = [t0 + slope * i for i in range(k)]
                 if req.last_token_s is not None:
@@ -610,30 +643,6 @@ class _Loop:
         self._count_steps(n, k, total)
         self._jump_end = end
         return True
-
-
-def _shape(out: SchedulerOutput) -> StepShape:
-    return StepShape(
-        num_prefill_tokens=out.num_prefill_tokens,
-        num_decode_tokens=out.num_decode_tokens,
-        num_seqs=out.num_seqs,
-        num_sampled=out.num_sampled,
-        prefill_attn_pairs=out.prefill_attn_pairs,
-        prefill_cached_tokens=out.prefill_cached_tokens,
-        decode_ctx_tokens=out.decode_ctx_tokens,
-    )
-
-
-def _decode_shape(num_seqs: int, ctx: int) -> StepShape:
-    return StepShape(
-        num_prefill_tokens=0,
-        num_decode_tokens=num_seqs,
-        num_seqs=num_seqs,
-        num_sampled=num_seqs,
-        prefill_attn_pairs=0.0,
-        prefill_cached_tokens=0,
-        decode_ctx_tokens=ctx,
-    )
 
 
 def _attribute(sims: list[SimRequest], results: list[RequestResult], loop: _Loop) -> Attribution:
