@@ -64,7 +64,7 @@ class AnchorProblem:
 
 
 def _region_for(chain_key: str) -> str:
-    from compliance.services import storage_region_for
+    from compliance.services.rules import storage_region_for
 
     if chain_key != chain.PLATFORM_CHAIN:
         with rls.platform_transaction():

@@ -190,7 +190,7 @@ def test_a_baa_document_must_be_a_pdf_within_the_size_limit(
         (b"", "empty"),
         (b"%PDF-1.7 " + b"x" * 200, "at most 0 MB"),
     ):
-        monkeypatch.setattr(services, "BAA_DOCUMENT_MAX_BYTES", 100)
+        monkeypatch.setattr(services.baa, "BAA_DOCUMENT_MAX_BYTES", 100)
         response = alice_client.post(
             reverse("compliance:baa_create"),
             {**fields, "document": SimpleUploadedFile("baa.pdf", body, content_type="application/pdf")},
@@ -206,7 +206,7 @@ def test_a_baa_document_must_be_a_pdf_within_the_size_limit(
     assert response.status_code == 400 and "not a PDF" in json.dumps(response.json())
     assert not BAARecord.objects.exists() and not StoredObject.objects.exists()
     # A real PDF header (readers allow a few bytes before it) under the limit is recorded.
-    monkeypatch.setattr(services, "BAA_DOCUMENT_MAX_BYTES", 10_000)
+    monkeypatch.setattr(services.baa, "BAA_DOCUMENT_MAX_BYTES", 10_000)
     response = alice_client.post(
         reverse("compliance:baa_create"), {**fields, "document": SimpleUploadedFile("baa.pdf", b"\n" + PDF)}
     )
