@@ -25,14 +25,14 @@ from compliance.forms import (
 )
 from compliance.models import BAARecord
 from portal.accounts import rls
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 
 
-def overview_page(request: HttpRequest, *, status: int = 200, **forms: object) -> HttpResponse:
+def overview_page(request: MemberRequest, *, status: int = 200, **forms: object) -> HttpResponse:
     """The compliance page, with the forms given (bound, with their errors) in place of empty ones.
     Its SLA form posts to portal.sla (`sla_terms` there), which shows the page again this way."""
-    organization = request.membership.organization  # type: ignore[attr-defined]
+    organization = request.membership.organization
     regions = selectors.allowed_regions(organization=organization)
     retention = selectors.retention_settings(organization=organization)
     context = {
@@ -49,8 +49,8 @@ def overview_page(request: HttpRequest, *, status: int = 200, **forms: object) -
         "sla_rows": endpoint_sla.endpoint_sla_rows(organization=organization),
         "sla_form": forms.get("sla_form") or SLATermsForm(),
         # Forms are shown to the roles that may use them (the services check again).
-        "can_admin": request.membership.has_role("admin"),  # type: ignore[attr-defined]
-        "is_owner": request.membership.has_role("owner"),  # type: ignore[attr-defined]
+        "can_admin": request.membership.has_role("admin"),
+        "is_owner": request.membership.has_role("owner"),
     }
     template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"  # type: ignore[attr-defined]
     return render(request, template, context, status=status)
@@ -62,19 +62,19 @@ def _apply(form: object, exc: Exception) -> None:
 
 @member_required
 @require_GET
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: MemberRequest) -> HttpResponse:
     return overview_page(request)
 
 
 @member_required
 @require_POST
-def residency(request: HttpRequest) -> HttpResponse:
+def residency(request: MemberRequest) -> HttpResponse:
     form = ResidencyForm(request.POST)
     if form.is_valid():
         try:
             services.residency_policy_set(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 allowed_regions=form.cleaned_data["allowed_regions"],
             )
         except ValidationError as exc:
@@ -87,13 +87,13 @@ def residency(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def retention(request: HttpRequest) -> HttpResponse:
+def retention(request: MemberRequest) -> HttpResponse:
     form = RetentionForm(request.POST)
     if form.is_valid():
         try:
             services.retention_policy_set(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 **form.cleaned_data,
             )
         except ValidationError as exc:
@@ -106,7 +106,7 @@ def retention(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def baa_create(request: HttpRequest) -> HttpResponse:
+def baa_create(request: MemberRequest) -> HttpResponse:
     form = BAAForm(request.POST, request.FILES)
     # The upload handler drops a file over the limit while it streams in; the document is
     # optional, so without this the BAA was recorded without the document that was sent.
@@ -119,7 +119,7 @@ def baa_create(request: HttpRequest) -> HttpResponse:
         try:
             services.baa_record_create(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 **form.cleaned_data,
             )
         except ValidationError as exc:
@@ -132,11 +132,11 @@ def baa_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def baa_document(request: HttpRequest, baa_id: str) -> FileResponse:
+def baa_document(request: MemberRequest, baa_id: str) -> FileResponse:
     baa = get_object_for_member(request, BAARecord.objects.select_related("document"), baa_id)
     if baa.document is None:
         raise Http404
-    if not request.membership.has_role("admin"):  # type: ignore[attr-defined]
+    if not request.membership.has_role("admin"):
         raise PermissionDenied("Only an admin or above can download signed agreements.")
     spool = tempfile.TemporaryFile()  # noqa: SIM115 - FileResponse closes it
     services.sensitive_object_read(obj=baa.document, target=spool)
@@ -146,11 +146,11 @@ def baa_document(request: HttpRequest, baa_id: str) -> FileResponse:
 
 @member_required
 @require_GET
-def audit_export(request: HttpRequest) -> HttpResponse:
+def audit_export(request: MemberRequest) -> HttpResponse:
     try:
         name, body = services.audit_export(
             actor=request.user,
-            organization=request.membership.organization,  # type: ignore[attr-defined]
+            organization=request.membership.organization,
             fmt=request.GET.get("export_format", "json"),
             region=request.GET.get("region") or None,
         )
@@ -164,13 +164,13 @@ def audit_export(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def organization_delete(request: HttpRequest) -> HttpResponse:
+def organization_delete(request: MemberRequest) -> HttpResponse:
     form = OrganizationDeleteForm(request.POST)
     if form.is_valid():
         try:
             services.organization_data_delete(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 confirm=form.cleaned_data["confirm"],
             )
         except ValidationError as exc:
@@ -183,7 +183,7 @@ def organization_delete(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def baa_countersign(request: HttpRequest) -> HttpResponse:
+def baa_countersign(request: AuthenticatedRequest) -> HttpResponse:
     """The provider countersigns a customer's BAA (and sets its effective dates). A customer's
     owner or admin posting here for their own BAA is refused with 403 (and audited); anyone
     else gets 404, as for a BAA that does not exist."""
@@ -228,7 +228,7 @@ def _is_platform_admin(user: object) -> bool:
 
 @login_required
 @require_GET
-def console(request: HttpRequest) -> HttpResponse:
+def console(request: AuthenticatedRequest) -> HttpResponse:
     """Every tenant's endpoints with SLA status, BAA status and residency (platform admins)."""
     if not _is_platform_admin(request.user):
         raise Http404

@@ -7,6 +7,7 @@ import uuid
 from datetime import date
 from typing import Any
 
+from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -18,6 +19,7 @@ from compliance.models import (
 from compliance.services.audit import audit_record
 from compliance.services.objects import sensitive_object_delete, sensitive_object_store
 from compliance.services.rules import _require
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +52,8 @@ def baa_document_problem(document: Any) -> str | None:
 
 def baa_record_create(
     *,
-    actor: Any,
-    organization: Any,
+    actor: User,
+    organization: Organization,
     counterparty: str,
     version: str,
     signed_on: date,
@@ -120,13 +122,13 @@ def baa_record_create(
     return record
 
 
-def is_provider(user: Any) -> bool:
+def is_provider(user: User | AnonymousUser) -> bool:
     """A platform admin acts for the provider (countersigns BAAs, proposes SLA terms)."""
     return bool(getattr(user, "is_superuser", False) or getattr(user, "staff_role", "") == "platform_admin")
 
 
 def baa_countersign(
-    *, actor: Any, baa: BAARecord, effective_on: date, ends_on: date | None = None
+    *, actor: User, baa: BAARecord, effective_on: date, ends_on: date | None = None
 ) -> BAARecord:
     """The provider's countersignature: from then on (and within the dates the provider sets
     here) the BAA is in effect. Only a platform admin countersigns; anyone else trying is refused

@@ -18,6 +18,7 @@ from compliance.models import (
 )
 from compliance.services.audit import audit_record
 from compliance.services.rules import _require, residency_require, storage_region_for
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ def _export_row(event: AuditEvent) -> dict[str, Any]:
     return row
 
 
-def audit_export(*, actor: Any, organization: Any, fmt: str, region: str | None = None) -> tuple[str, bytes]:
+def audit_export(
+    *, actor: User, organization: Organization, fmt: str, region: str | None = None
+) -> tuple[str, bytes]:
     """The organization's whole audit chain as CSV or JSON, with every hash, for an auditor to
     verify offline. The export is itself recorded (in the same chain, after the exported part).
 

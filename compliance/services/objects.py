@@ -16,20 +16,21 @@ from compliance.models import (
 from compliance.services.audit import audit_record
 from compliance.services.rules import baa_require, residency_require, storage_region_for
 from compliance.storage import ObjectTooLarge, StorageError, get_store
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
 # --- Sensitive objects ------------------------------------------------------------------------
 
 
-def _object_key(organization: Any, kind: str, object_id: uuid.UUID) -> str:
+def _object_key(organization: Organization, kind: str, object_id: uuid.UUID) -> str:
     return f"org/{organization.pk}/{kind}/{object_id}"
 
 
 def sensitive_object_store(
     *,
-    actor: Any,
-    organization: Any,
+    actor: User,
+    organization: Organization,
     kind: str,
     stream: IO[bytes] | Any,
     contains_phi: bool = False,
@@ -93,7 +94,7 @@ def sensitive_object_read(*, obj: StoredObject, target: IO[bytes]) -> None:
     get_store().get(region=obj.region, key=obj.key, target=target)
 
 
-def sensitive_object_delete(*, actor: Any, obj: StoredObject, reason: str) -> None:
+def sensitive_object_delete(*, actor: User | None, obj: StoredObject, reason: str) -> None:
     get_store().delete(region=obj.region, key=obj.key)
     with transaction.atomic():
         audit_record(
@@ -106,7 +107,7 @@ def sensitive_object_delete(*, actor: Any, obj: StoredObject, reason: str) -> No
         obj.delete()
 
 
-def upload_admit(*, organization: Any, contains_phi: bool) -> str:
+def upload_admit(*, organization: Organization, contains_phi: bool) -> str:
     """What a traffic upload must pass before a byte is written: the BAA rule for PHI and the
     residency rule. Returns the region the upload goes to."""
     if contains_phi:

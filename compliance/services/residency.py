@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -16,13 +15,16 @@ from compliance.models import (
 )
 from compliance.services.audit import audit_record
 from compliance.services.rules import _require, residency_require
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
 # --- Residency --------------------------------------------------------------------------------
 
 
-def residency_policy_set(*, actor: Any, organization: Any, allowed_regions: list[str]) -> ResidencyPolicy:
+def residency_policy_set(
+    *, actor: User, organization: Organization, allowed_regions: list[str]
+) -> ResidencyPolicy:
     _require(actor, organization, "owner", "change data residency")
     regions = sorted({r.strip() for r in allowed_regions if r and r.strip()})
     if not regions:
@@ -74,7 +76,7 @@ def residency_policy_set(*, actor: Any, organization: Any, allowed_regions: list
 # --- Hardware residency --------------------------------------------------------------------------------------
 
 
-def residency_require_hardware(*, organization: Any, hardware: str, doing: str) -> None:
+def residency_require_hardware(*, organization: Organization, hardware: str, doing: str) -> None:
     """For compute (tuning jobs, endpoints): the hardware's region must be allowed."""
     from tuning.search.job import HARDWARE
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -19,7 +18,7 @@ from compliance.models import (
 from compliance.services.audit import audit_record
 from compliance.services.rules import _require, baa_require
 from compliance.storage import get_store
-from portal.accounts.models import Organization
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +30,8 @@ MIN_METRIC_RETENTION_DAYS = 35
 
 def retention_policy_set(
     *,
-    actor: Any,
-    organization: Any,
+    actor: User,
+    organization: Organization,
     sample_retention_days: int,
     retain_prompt_text: bool = False,
     metric_retention_days: int | None = None,
@@ -121,7 +120,7 @@ def retention_enforce(*, now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
-def organization_data_delete(*, actor: Any, organization: Any, confirm: str) -> dict[str, int]:
+def organization_data_delete(*, actor: User, organization: Organization, confirm: str) -> dict[str, int]:
     """Deletes everything an organization has: its objects in every region of the deployment
     (not only the allowed ones: a past policy may have allowed others), its files and its rows
     (each registered data holder's share, `compliance.holders`). What remains is the audit trail,

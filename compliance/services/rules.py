@@ -4,7 +4,6 @@ organization's data-residency rule and its BAA rule."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -13,12 +12,12 @@ from compliance import selectors
 from compliance.models import (
     BAARecord,
 )
-from portal.accounts.models import Membership
+from portal.accounts.models import Membership, Organization, User
 
 logger = logging.getLogger(__name__)
 
 
-def _require(actor: Any, organization: Any, minimum: str, doing: str) -> None:
+def _require(actor: User, organization: Organization, minimum: str, doing: str) -> None:
 
     membership = Membership.objects.filter(user=actor, organization=organization).first()
     if membership is None:
@@ -27,7 +26,7 @@ def _require(actor: Any, organization: Any, minimum: str, doing: str) -> None:
         raise PermissionDenied(f"Only an {minimum} or above can {doing}; your role is {membership.role}.")
 
 
-def residency_require(*, organization: Any, region: str, doing: str, field: str = "region") -> None:
+def residency_require(*, organization: Organization, region: str, doing: str, field: str = "region") -> None:
     """Refuses, before anything is written, data or compute outside the organization's regions."""
     allowed = selectors.allowed_regions(organization=organization)
     if region not in allowed:
@@ -42,7 +41,7 @@ def residency_require(*, organization: Any, region: str, doing: str, field: str 
         )
 
 
-def storage_region_for(*, organization: Any) -> str:
+def storage_region_for(*, organization: Organization) -> str:
     """Where this organization's new objects go: chosen by policy, never by the caller."""
     allowed = selectors.allowed_regions(organization=organization)
     for region in settings.COMPLIANCE_REGIONS:
@@ -60,7 +59,7 @@ def storage_region_for(*, organization: Any) -> str:
     )
 
 
-def baa_require(*, organization: Any, doing: str, field: str) -> BAARecord:
+def baa_require(*, organization: Organization, doing: str, field: str) -> BAARecord:
     baa = selectors.baa_effective(organization=organization)
     if baa is None:
         raise ValidationError(

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from compliance import selectors
 from compliance.services.audit import audit_record
+from portal.accounts.models import User
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 _TOTP_PURPOSE = "totp-secret"
 
 
-def _totp_new_device(*, user: Any) -> str:
+def _totp_new_device(*, user: User) -> str:
     from compliance import totp
     from compliance.models import TOTPDevice
     from compliance.storage import seal
@@ -36,7 +37,7 @@ def _totp_new_device(*, user: Any) -> str:
     return secret
 
 
-def totp_enroll_start(*, user: Any) -> str:
+def totp_enroll_start(*, user: User) -> str:
     """A new, unconfirmed authenticator secret for `user` (replacing an unconfirmed one).
 
     Only an explicit request (a POST, behind a fresh re-authentication: portal.accounts.reauth)
@@ -59,7 +60,7 @@ _RECOVERY_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 _RECOVERY_LENGTH = 16
 
 
-def _recovery_digest(*, user: Any, code: str) -> str:
+def _recovery_digest(*, user: User, code: str) -> str:
     normalized = code.strip().lower().replace("-", "").replace(" ", "")
     return hashlib.sha256(f"{user.pk}:{normalized}".encode()).hexdigest()
 
@@ -69,7 +70,7 @@ def _looks_like_recovery_code(code: str) -> bool:
     return len(normalized) == _RECOVERY_LENGTH and all(c in _RECOVERY_ALPHABET for c in normalized)
 
 
-def totp_recovery_codes_create(*, user: Any) -> list[str]:
+def totp_recovery_codes_create(*, user: User) -> list[str]:
     """A fresh set of one-time recovery codes for `user` (the old ones stop working). The codes
     are returned once, to be shown once; only their digests are stored."""
     from compliance.models import TOTPRecoveryCode
@@ -89,7 +90,7 @@ def totp_recovery_codes_create(*, user: Any) -> list[str]:
     return codes
 
 
-def _recovery_code_use(*, user: Any, code: str) -> bool:
+def _recovery_code_use(*, user: User, code: str) -> bool:
     from compliance.models import TOTPRecoveryCode
 
     with transaction.atomic():
@@ -103,7 +104,7 @@ def _recovery_code_use(*, user: Any, code: str) -> bool:
     return bool(used)
 
 
-def _totp_throttled(user: Any) -> bool:
+def _totp_throttled(user: User) -> bool:
     from compliance.models import LoginFailure
 
     since = timezone.now() - timedelta(seconds=settings.LOGIN_THROTTLE_WINDOW_S)
@@ -114,13 +115,13 @@ def _totp_throttled(user: Any) -> bool:
     )
 
 
-def _totp_failure_record(*, user: Any, device: Any, kind: str) -> None:
+def _totp_failure_record(*, user: User, device: Any, kind: str) -> None:
     """A wrong second factor is sign-in activity: audited (never the code itself)."""
     with transaction.atomic():
         audit_record(actor=None, action="auth.two_factor_failed", target=user, data={"kind": kind})
 
 
-def totp_verify(*, user: Any, code: str, now_s: float | None = None) -> bool:
+def totp_verify(*, user: User, code: str, now_s: float | None = None) -> bool:
     """Checks a code against the user's authenticator (confirming it on first success), or a
     recovery code once the authenticator is confirmed. Replays and too many failures are
     refused."""

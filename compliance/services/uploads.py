@@ -11,6 +11,7 @@ from compliance.models import (
 )
 from compliance.services.objects import sensitive_object_delete, sensitive_object_read, sensitive_object_store
 from compliance.storage import StorageError
+from portal.accounts.models import Organization, User
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ _OBJECT_REF = "object:"
 
 
 def sample_upload_store(
-    *, actor: Any, organization: Any, sample_id: str, upload: Any, contains_phi: bool
+    *, actor: User, organization: Organization, sample_id: str, upload: Any, contains_phi: bool
 ) -> str:
     """Stores a raw upload in the region the policy chooses (after the BAA and residency rules)
     and returns the reference the sample keeps until it is read."""
@@ -53,7 +54,7 @@ def sample_upload_fetch(*, reference: str, target: IO[bytes]) -> bool:
     return True
 
 
-def sample_upload_release(*, organization: Any, reference: str) -> None:
+def sample_upload_release(*, organization: Organization, reference: str) -> None:
     """After ingest: the raw upload (prompt text) is deleted, unless the organization retains
     prompt text under an effective BAA, in which case retention deletes it later."""
     obj = StoredObject.objects.filter(id=reference.removeprefix(_OBJECT_REF)).first()
@@ -66,7 +67,7 @@ def sample_upload_release(*, organization: Any, reference: str) -> None:
     sensitive_object_delete(actor=None, obj=obj, reason="read by ingest; prompt text is not retained")
 
 
-def sample_objects_delete(*, actor: Any, sample: Any) -> None:
+def sample_objects_delete(*, actor: User, sample: Any) -> None:
     """Deletes every stored object of one traffic sample, in whatever region it is."""
     for obj in StoredObject.objects.filter(organization=sample.organization_id, owner_id=str(sample.pk)):
         sensitive_object_delete(actor=actor, obj=obj, reason="sample deleted")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.http import HttpRequest
 
 if TYPE_CHECKING:
-    from portal.accounts.models import User
+    from portal.accounts.models import Membership, User
 
 
 class AuthenticatedRequest(HttpRequest):
@@ -18,3 +18,10 @@ class AuthenticatedRequest(HttpRequest):
     """
 
     user: User
+
+
+class MemberRequest(AuthenticatedRequest):
+    """A request behind `member_required`: the signed-in user's membership of the organization
+    the request acts in (set by the organization middleware). For type checking only."""
+
+    membership: Membership

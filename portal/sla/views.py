@@ -35,7 +35,7 @@ from compliance.services import staff_access_record
 from compliance.views import overview_page
 from portal.accounts import rls
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import current_membership, get_object_for_member, member_required
 from portal.endpoints.models import Endpoint
 from portal.sla import evidence, selectors, services
@@ -204,7 +204,7 @@ def decline(request: AuthenticatedRequest, agreement_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def sla_terms(request: AuthenticatedRequest) -> HttpResponse:
+def sla_terms(request: MemberRequest) -> HttpResponse:
     """The compliance page's form: an endpoint's own monitoring targets (`compliance:sla_terms`).
     Refused input shows the compliance page again, with the form's errors."""
     form = SLATermsForm(request.POST)
