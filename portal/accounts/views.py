@@ -27,7 +27,7 @@ from portal.accounts.forms import (
 )
 from portal.accounts.models import ApiToken, Invitation, Role
 from portal.accounts.ports import compliance
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required, set_current_organization
 
 
@@ -124,8 +124,8 @@ def reauthenticate(request: AuthenticatedRequest) -> HttpResponse:
 
 
 @member_required
-def dashboard(request: HttpRequest) -> HttpResponse:
-    membership = request.membership  # type: ignore[attr-defined]
+def dashboard(request: MemberRequest) -> HttpResponse:
+    membership = request.membership
     organization = membership.organization
     context = {
         "members": selectors.member_list(organization=organization),
@@ -169,20 +169,20 @@ def organization_switch(request: AuthenticatedRequest) -> HttpResponse:
     return redirect(_safe_next(request, reverse("accounts:dashboard")))
 
 
-def _members_page(request: HttpRequest, form: InvitationForm, status: int = 200) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def _members_page(request: MemberRequest, form: InvitationForm, status: int = 200) -> HttpResponse:
+    organization = request.membership.organization
     context = {
         "form": form,
         "members": selectors.member_list(organization=organization),
         "invitations": selectors.invitation_list_pending(organization=organization),
-        "can_invite": request.membership.has_role(Role.ADMIN),  # type: ignore[attr-defined]
+        "can_invite": request.membership.has_role(Role.ADMIN),
     }
     return render(request, "accounts/members.html", context, status=status)
 
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def members(request: AuthenticatedRequest) -> HttpResponse:
+def members(request: MemberRequest) -> HttpResponse:
     if request.method == "GET":
         return _members_page(request, InvitationForm())
     form = InvitationForm(request.POST)
@@ -190,7 +190,7 @@ def members(request: AuthenticatedRequest) -> HttpResponse:
         try:
             invitation = services.invitation_create(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 email=form.cleaned_data["email"],
                 role=form.cleaned_data["role"],
             )
@@ -204,9 +204,9 @@ def members(request: AuthenticatedRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def member_remove(request: AuthenticatedRequest, membership_id: int) -> HttpResponse:
+def member_remove(request: MemberRequest, membership_id: int) -> HttpResponse:
     membership = selectors.member_get(
-        organization=request.membership.organization,  # type: ignore[attr-defined]
+        organization=request.membership.organization,
         membership_id=membership_id,
     )
     if membership is None:
@@ -253,14 +253,14 @@ def invitation_accept(request: HttpRequest, secret: str) -> HttpResponse:
 
 
 def _tokens_page(
-    request: HttpRequest, form: ApiTokenForm, issued: services.IssuedToken | None = None, status: int = 200
+    request: MemberRequest, form: ApiTokenForm, issued: services.IssuedToken | None = None, status: int = 200
 ) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+    organization = request.membership.organization
     context = {
         "form": form,
         "tokens": selectors.api_token_list(organization=organization),
         "issued": issued,
-        "can_create": request.membership.has_role(Role.MEMBER),  # type: ignore[attr-defined]
+        "can_create": request.membership.has_role(Role.MEMBER),
     }
     template = "accounts/_tokens.html" if request.htmx else "accounts/tokens.html"  # type: ignore[attr-defined]
     return render(request, template, context, status=status)
@@ -268,7 +268,7 @@ def _tokens_page(
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def api_tokens(request: AuthenticatedRequest) -> HttpResponse:
+def api_tokens(request: MemberRequest) -> HttpResponse:
     if request.method == "GET":
         return _tokens_page(request, ApiTokenForm())
     form = ApiTokenForm(request.POST)
@@ -276,7 +276,7 @@ def api_tokens(request: AuthenticatedRequest) -> HttpResponse:
         try:
             issued = services.api_token_create(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 name=form.cleaned_data["name"],
             )
         except ValidationError as exc:
@@ -289,7 +289,7 @@ def api_tokens(request: AuthenticatedRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def api_token_revoke(request: AuthenticatedRequest, token_id: str) -> HttpResponse:
+def api_token_revoke(request: MemberRequest, token_id: str) -> HttpResponse:
     token = get_object_for_member(request, ApiToken.objects.select_related("organization"), token_id)
     try:
         services.api_token_revoke(actor=request.user, token=token)

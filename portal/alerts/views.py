@@ -10,21 +10,21 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.alerts import selectors, services
 from portal.alerts.models import AlertChannel, AlertDelivery, AlertKind
 
 
 def _page(
-    request: AuthenticatedRequest, *, status: int = 200, errors: dict[str, list[str]] | None = None
+    request: MemberRequest, *, status: int = 200, errors: dict[str, list[str]] | None = None
 ) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+    organization = request.membership.organization
     context = {
         "channels": selectors.alert_channel_list(organization=organization),
         "alerts": selectors.alert_recent(organization=organization),
         "kinds": AlertKind.choices,
-        "can_manage": request.membership.has_role(Role.ADMIN),  # type: ignore[attr-defined]
+        "can_manage": request.membership.has_role(Role.ADMIN),
         "own_email": request.user.email,
         "errors": errors or {},
         "posted": request.POST if request.method == "POST" else {},
@@ -35,17 +35,17 @@ def _page(
 
 @member_required
 @require_GET
-def overview(request: AuthenticatedRequest) -> HttpResponse:
+def overview(request: MemberRequest) -> HttpResponse:
     return _page(request)
 
 
 @member_required
 @require_POST
-def channel_create(request: AuthenticatedRequest) -> HttpResponse:
+def channel_create(request: MemberRequest) -> HttpResponse:
     try:
         channel = services.alert_channel_create(
             actor=request.user,
-            organization=request.membership.organization,  # type: ignore[attr-defined]
+            organization=request.membership.organization,
             kind=request.POST.get("kind", ""),
             name=request.POST.get("name", ""),
             target=request.POST.get("target", ""),

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from portal.accounts import rls
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.billing import selectors, services
 from portal.billing.config import billing_config
@@ -31,8 +31,8 @@ from portal.billing.usage import month_start, next_month, parse_month, previous_
 def billing_admin_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     @member_required
     @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.membership.has_role(Role.ADMIN):  # type: ignore[attr-defined]
+    def wrapper(request: MemberRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.membership.has_role(Role.ADMIN):
             raise PermissionDenied("Only an owner or admin can see and manage billing.")
         return view(request, *args, **kwargs)
 
@@ -49,11 +49,11 @@ def _disabled(request: HttpRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_GET
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: MemberRequest) -> HttpResponse:
     config = billing_config()
     if config is None:
         return _disabled(request)
-    organization = request.membership.organization  # type: ignore[attr-defined]
+    organization = request.membership.organization
     context = {
         "account": selectors.billing_account_get(organization=organization),
         "plans": sorted(config.plans),
@@ -66,11 +66,11 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_POST
-def checkout(request: AuthenticatedRequest) -> HttpResponse:
+def checkout(request: MemberRequest) -> HttpResponse:
     try:
         url = services.billing_checkout_start(
             actor=request.user,
-            organization=request.membership.organization,  # type: ignore[attr-defined]
+            organization=request.membership.organization,
             plan=request.POST.get("plan", ""),
         )
     except (ValidationError, services.BillingError) as exc:
@@ -81,11 +81,11 @@ def checkout(request: AuthenticatedRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_POST
-def portal(request: AuthenticatedRequest) -> HttpResponse:
+def portal(request: MemberRequest) -> HttpResponse:
     try:
         url = services.billing_portal_start(
             actor=request.user,
-            organization=request.membership.organization,  # type: ignore[attr-defined]
+            organization=request.membership.organization,
         )
     except (ValidationError, services.BillingError) as exc:
         messages.error(request, " ".join(getattr(exc, "messages", None) or [str(exc)]))
@@ -95,10 +95,10 @@ def portal(request: AuthenticatedRequest) -> HttpResponse:
 
 @billing_admin_required
 @require_GET
-def usage(request: HttpRequest) -> HttpResponse:
+def usage(request: MemberRequest) -> HttpResponse:
     if billing_config() is None:
         return _disabled(request)
-    organization = request.membership.organization  # type: ignore[attr-defined]
+    organization = request.membership.organization
     raw = request.GET.get("month", "")
     try:
         month = parse_month(raw) if raw else month_start(timezone.now())

@@ -13,7 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST, require_safe
 
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.endpoints import charts, policy, selectors, services
 from portal.endpoints.forms import EndpointPolicyForm
@@ -22,8 +22,8 @@ from portal.jobs.models import TuningJob
 
 
 @member_required
-def endpoint_list(request: HttpRequest) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def endpoint_list(request: MemberRequest) -> HttpResponse:
+    organization = request.membership.organization
     endpoints = Endpoint.objects.filter(organization=organization).select_related("served_model")
     return render(request, "endpoints/list.html", {"endpoints": endpoints})
 
@@ -34,14 +34,14 @@ def _key_session_name(endpoint: Endpoint) -> str:
 
 @member_required
 @require_POST
-def endpoint_deploy(request: AuthenticatedRequest, job_id: str) -> HttpResponse:
+def endpoint_deploy(request: MemberRequest, job_id: str) -> HttpResponse:
     """The job page's Deploy button lands on a confirmation (what will run, where, at what
     price) carrying a one-time token; only the confirmation, with its token, deploys, and the
     same token never deploys twice."""
     job = get_object_for_member(
         request, TuningJob.objects.select_related("organization", "served_model"), job_id
     )
-    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+    if not request.membership.has_role(Role.MEMBER):
         raise PermissionDenied("Only a member or above can deploy endpoints.")
     token = request.POST.get("deploy_token", "")
     if not token:
@@ -86,14 +86,14 @@ def endpoint_deployed(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 
 def _detail_context(
-    request: HttpRequest, endpoint: Endpoint, *, policy_form: EndpointPolicyForm | None = None
+    request: MemberRequest, endpoint: Endpoint, *, policy_form: EndpointPolicyForm | None = None
 ) -> dict[str, Any]:
     asked = request.GET.get("range")
     range_name = selectors.range_key(asked)
     data = selectors.endpoint_dashboard(
         endpoint=endpoint, range_name=range_name, now=selectors.dashboard_now()
     )
-    can_change = request.membership.has_role(Role.MEMBER)  # type: ignore[attr-defined]
+    can_change = request.membership.has_role(Role.MEMBER)
     candidates = TuningJob.objects.filter(
         organization=endpoint.organization,
         served_model=endpoint.served_model,
@@ -127,7 +127,7 @@ def _endpoint(request: HttpRequest, endpoint_id: str) -> Endpoint:
 
 @member_required
 @require_safe
-def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
+def endpoint_detail(request: MemberRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
     context = _detail_context(request, endpoint)
     if request.htmx:  # type: ignore[attr-defined]
@@ -141,9 +141,9 @@ def endpoint_detail(request: HttpRequest, endpoint_id: str) -> HttpResponse:
 
 @member_required
 @require_POST
-def endpoint_policy(request: AuthenticatedRequest, endpoint_id: str) -> HttpResponse:
+def endpoint_policy(request: MemberRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
-    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+    if not request.membership.has_role(Role.MEMBER):
         raise PermissionDenied("Only a member or above can change the re-tuning policy.")
     form = EndpointPolicyForm(request.POST)
     if form.is_valid():

@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.jobs import reports, selectors, services
 from portal.jobs.forms import ServedModelForm, TuningJobForm
@@ -17,9 +17,9 @@ from portal.jobs.models import TuningJob
 
 
 def _list_page(
-    request: HttpRequest, job_form: TuningJobForm, model_form: ServedModelForm, status: int = 200
+    request: MemberRequest, job_form: TuningJobForm, model_form: ServedModelForm, status: int = 200
 ) -> HttpResponse:
-    membership = request.membership  # type: ignore[attr-defined]
+    membership = request.membership
     context = {
         "form": job_form,
         "model_form": model_form,
@@ -37,14 +37,14 @@ def _list_page(
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def job_list(request: AuthenticatedRequest) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def job_list(request: MemberRequest) -> HttpResponse:
+    organization = request.membership.organization
     if request.method == "GET":
         initial = selectors.job_form_initial(organization=organization, sample_id=request.GET.get("sample"))
         return _list_page(
             request, TuningJobForm(organization=organization, initial=initial), ServedModelForm()
         )
-    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+    if not request.membership.has_role(Role.MEMBER):
         raise PermissionDenied("Only a member or above can start tuning jobs.")
     form = TuningJobForm(request.POST, organization=organization)
     if form.is_valid():
@@ -74,8 +74,8 @@ def job_list(request: AuthenticatedRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def model_register(request: AuthenticatedRequest) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def model_register(request: MemberRequest) -> HttpResponse:
+    organization = request.membership.organization
     form = ServedModelForm(request.POST)
     if form.is_valid():
         try:

@@ -73,8 +73,8 @@ def _agreement_for(request: HttpRequest, agreement_id: uuid.UUID | str) -> SLAAg
 
 @member_required
 @require_GET
-def overview(request: HttpRequest) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def overview(request: MemberRequest) -> HttpResponse:
+    organization = request.membership.organization
     rows = [
         {
             "endpoint": e,
@@ -258,8 +258,8 @@ def edge_ingest(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def evidence_pack(request: AuthenticatedRequest) -> HttpResponse:
-    organization = request.membership.organization  # type: ignore[attr-defined]
+def evidence_pack(request: MemberRequest) -> HttpResponse:
+    organization = request.membership.organization
     raw = request.GET.get("month", "")
     try:
         month = sla.parse_month(raw) if raw else sla.month_window(timezone.now())[0]

@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.accounts.models import Role
-from portal.accounts.requests import AuthenticatedRequest
+from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.traffic import selectors, services
 from portal.traffic.charts import profile_figures
@@ -17,8 +17,8 @@ from portal.traffic.forms import TrafficSampleForm
 from portal.traffic.models import TrafficSample
 
 
-def _list_page(request: HttpRequest, form: TrafficSampleForm, status: int = 200) -> HttpResponse:
-    membership = request.membership  # type: ignore[attr-defined]
+def _list_page(request: MemberRequest, form: TrafficSampleForm, status: int = 200) -> HttpResponse:
+    membership = request.membership
     context = {
         "form": form,
         "samples": selectors.traffic_sample_list(organization=membership.organization),
@@ -29,10 +29,10 @@ def _list_page(request: HttpRequest, form: TrafficSampleForm, status: int = 200)
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def sample_list(request: AuthenticatedRequest) -> HttpResponse:
+def sample_list(request: MemberRequest) -> HttpResponse:
     if request.method == "GET":
         return _list_page(request, TrafficSampleForm())
-    if not request.membership.has_role(Role.MEMBER):  # type: ignore[attr-defined]
+    if not request.membership.has_role(Role.MEMBER):
         # Refused before the body is looked at: a viewer's upload is not validated, just denied.
         raise PermissionDenied("Only a member or above can upload traffic samples.")
     form = TrafficSampleForm(
@@ -42,7 +42,7 @@ def sample_list(request: AuthenticatedRequest) -> HttpResponse:
         try:
             sample = services.traffic_sample_create(
                 actor=request.user,
-                organization=request.membership.organization,  # type: ignore[attr-defined]
+                organization=request.membership.organization,
                 name=form.cleaned_data["name"],
                 upload=form.cleaned_data["file"],
                 trace_format=form.cleaned_data["trace_format"] or TrafficSample.Format.AUTO,

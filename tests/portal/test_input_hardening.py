@@ -297,7 +297,7 @@ def test_hostile_baa_document_name_and_version_download_safely(alice, alice_org,
 # Every place that writes CSV or serves text/csv, and the test that covers it. A new CSV export
 # fails here by name until it neutralises formulas and is added.
 CSV_WRITERS = {
-    "compliance/services.py": "audit_export (the audit trail, API and page): this module",
+    "compliance/services/export.py": "audit_export (the audit trail, API and page): this module",
     "portal/api/compliance.py": "serves audit_export's CSV",
     "compliance/views.py": "serves audit_export's CSV",
     "compliance/verify_export.py": "reads the CSV back (the offline verifier)",
