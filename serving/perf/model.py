@@ -276,19 +276,16 @@ class StepTimeModel:
         return value
 
     def step_time(self, shape: StepShape) -> StepTime:
-        tokens = shape.num_tokens
-        if tokens <= 0:
-            return StepTime(0.0, 0.0, 0.0, 0.0)
-        gemm_flops = tokens * self._linear_flops + shape.num_sampled * self._lm_flops
-        gemm = max(gemm_flops * self._s_per_gemm_flop, self._weight_bytes(tokens) * self._s_per_byte)
-        attn_flops = (
-            shape.prefill_attn_pairs * self._pair_prefill + shape.decode_ctx_tokens * self._pair_decode
+        return StepTime(
+            *self.step_parts(
+                shape.num_tokens,
+                shape.num_seqs,
+                shape.num_sampled,
+                shape.prefill_attn_pairs,
+                shape.prefill_cached_tokens,
+                shape.decode_ctx_tokens,
+            )
         )
-        kv_read = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * self._kv_bytes
-        attention = max(attn_flops * self._s_per_attn_flop, kv_read * self._s_per_byte)
-        comm = self._comm_fixed + tokens * self._comm_per_token if self.tp > 1 else 0.0
-        overhead = self._overhead_fixed + shape.num_seqs * self._overhead_seq + tokens * self._overhead_token
-        return StepTime(gemm, attention, comm, overhead)
 
     def step_parts(
         self,
@@ -299,8 +296,8 @@ class StepTimeModel:
         prefill_cached_tokens: int,
         decode_ctx_tokens: int,
     ) -> tuple[float, float, float, float]:
-        """`step_time(...)`'s (gemm, attention, communication, overhead) seconds without building
-        objects, computed in the same order (the same floats)."""
+        """A step's (gemm, attention, communication, overhead) seconds, without building objects
+        (the simulator's hot path; `step_time` wraps them)."""
         if num_tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0
         gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
