@@ -570,7 +570,9 @@ def benchmark_reports_recover(*, now: datetime | None = None) -> dict[str, int]:
         sent_at__lt=lost_before,
     )
     window = int(now.timestamp() // settings.TUNING_REDISPATCH_AFTER_S)
-    for report in BenchmarkReport.objects.filter(status=BenchmarkReport.Status.QUEUED).only("id"):
+    # A report made since `lost_before` cannot have had its message sent before it.
+    queued = BenchmarkReport.objects.filter(status=BenchmarkReport.Status.QUEUED, created_at__lt=lost_before)
+    for report in queued.only("id"):
         if not sent_long_ago.filter(key__startswith=f"benchmark_report.run:{report.id}:").exists():
             continue
         with transaction.atomic():

@@ -261,9 +261,10 @@ def test_the_beat_queues_a_run_whose_worker_died_once_and_fails_it_after_the_las
     rows.update(
         status=BenchmarkReport.Status.QUEUED, attempts=0, **{"lease_owner": "", "lease_heartbeat_at": None}
     )
+    long_ago = timezone.now() - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S + 1)
+    rows.update(created_at=long_ago)
     OutboxMessage.objects.filter(key__startswith=f"benchmark_report.run:{report.id}:").update(
-        status=OutboxMessage.Status.SENT,
-        sent_at=timezone.now() - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S + 1),
+        status=OutboxMessage.Status.SENT, sent_at=long_ago
     )
     assert services.benchmark_reports_recover() == {"died": 0, "lost": 1, "failed": 0}
     assert services.benchmark_reports_recover()["lost"] == 0
