@@ -65,8 +65,10 @@ from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl  # noq
 TRACES_DIR = REPO / "data" / "traces"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
 # Rates tried for the knee (req/s): geometric, so a fast GPU and a slow one both find theirs in
-# a few steps; the probe stops at the first rate that misses the SLO.
-LADDER = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+# a few steps; the probe stops at the first rate that misses the SLO. The rates below
+# DEFAULT_LADDER_START are for a large model on long prompts (`--ladder-start 0.125`).
+LADDER = (0.125, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+DEFAULT_LADDER_START = 0.5
 FIRST_TRIAL_ESTIMATE_S = 200.0
 # With random weights the gate compares random models, whose near-uniform next-token
 # distributions any rounding change reorders: precision knobs (dtype, fp8 KV, fp8 weights) would
@@ -289,7 +291,7 @@ def _job(
         # (the first engine start, compiling cold) and the early trials overstate later ones,
         # whose engines start from the compile cache.
         measured = durations[1:] if len(durations) > 1 else durations
-        estimate = max(measured[-3:]) * 1.1 if measured else FIRST_TRIAL_ESTIMATE_S
+        estimate = max(measured[-3:]) * 1.1 if measured else args.first_trial_estimate_s
         if not clock.fits(estimate):
             log(
                 f"[{name}] stopping before trial {len(history)}: ~{estimate:.0f} s needed, {clock.left():.0f} s left"
@@ -371,7 +373,7 @@ def main() -> int:
     parser.add_argument(
         "--ladder-start",
         type=float,
-        default=LADDER[0],
+        default=DEFAULT_LADDER_START,
         help="first knee-probe rate (req/s): skip rates an earlier run showed far below the knee",
     )
     parser.add_argument(
@@ -389,6 +391,12 @@ def main() -> int:
         "--frozen-knobs",
         default=",".join(RANDOM_WEIGHTS_FROZEN),
         help="knobs held at vLLM's default (default: those random weights cannot judge)",
+    )
+    parser.add_argument(
+        "--first-trial-estimate-s",
+        type=float,
+        default=FIRST_TRIAL_ESTIMATE_S,
+        help="the first trial's expected length, before any was measured (a large model takes longer)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
