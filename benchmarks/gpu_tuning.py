@@ -201,8 +201,12 @@ def _knee(
         warm_up(engine.base_url)
         ladder = [r for r in LADDER if r >= args.ladder_start] or [LADDER[-1]]
         for i, rate in enumerate(ladder):
+            # Long enough for --knee-min-requests at this rate: a p50 of five requests passed
+            # a Qwen3-32B on Mooncake at 0.125 req/s (three prefix hits) that its trials then
+            # missed tenfold.
+            duration_s = max(args.knee_duration_s, args.knee_min_requests / rate)
             synth = synthesize(
-                sample, target_rps=rate, duration_s=args.knee_duration_s, rng=np.random.default_rng(1000 + i)
+                sample, target_rps=rate, duration_s=duration_s, rng=np.random.default_rng(1000 + i)
             )
             path = work / f"knee-{rate:g}.jsonl"
             with path.open("wb") as out:
@@ -371,6 +375,12 @@ def main() -> int:
     parser.add_argument("--knee-duration-s", type=float, default=15.0)
     parser.add_argument("--knee-estimate-s", type=float, default=330.0)
     parser.add_argument(
+        "--knee-min-requests",
+        type=int,
+        default=20,
+        help="each knee probe lasts long enough for this many requests at its rate",
+    )
+    parser.add_argument(
         "--ladder-start",
         type=float,
         default=DEFAULT_LADDER_START,
@@ -443,6 +453,8 @@ def main() -> int:
                 "finalists": args.finalists,
                 "max_model_len_cap": args.max_model_len,
                 "ladder_start_rps": args.ladder_start,
+                "knee_duration_s": args.knee_duration_s,
+                "knee_min_requests": args.knee_min_requests,
                 "knee_from": str(args.knee_from) if args.knee_from else None,
                 "frozen_knobs": args.frozen_knobs,
                 "frozen_why": "random weights: the gate cannot judge precision changes on random models, "
