@@ -199,7 +199,7 @@ def _knee(
         ready_s = time.monotonic() - started
         log(f"[{name}] knee engine ready in {ready_s:.0f} s")
         warm_up(engine.base_url)
-        ladder = [r for r in LADDER if r >= args.ladder_start] or [LADDER[-1]]
+        ladder = [r for r in LADDER if args.ladder_start <= r <= args.ladder_stop] or [LADDER[-1]]
         for i, rate in enumerate(ladder):
             # Long enough for --knee-min-requests at this rate: a p50 of five requests passed
             # a Qwen3-32B on Mooncake at 0.125 req/s (three prefix hits) that its trials then
@@ -387,6 +387,12 @@ def main() -> int:
         help="first knee-probe rate (req/s): skip rates an earlier run showed far below the knee",
     )
     parser.add_argument(
+        "--ladder-stop",
+        type=float,
+        default=LADDER[-1],
+        help="last knee-probe rate (req/s): when a command's time allows only the lowest rates",
+    )
+    parser.add_argument(
         "--knee-from",
         type=Path,
         default=None,
@@ -453,6 +459,7 @@ def main() -> int:
                 "finalists": args.finalists,
                 "max_model_len_cap": args.max_model_len,
                 "ladder_start_rps": args.ladder_start,
+                "ladder_stop_rps": args.ladder_stop,
                 "knee_duration_s": args.knee_duration_s,
                 "knee_min_requests": args.knee_min_requests,
                 "knee_from": str(args.knee_from) if args.knee_from else None,
