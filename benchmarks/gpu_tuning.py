@@ -508,9 +508,10 @@ def main() -> int:
         if not done:
             complete = False
             break
+    # The result counts this command's time once: written before the state takes it in.
+    write(complete)
     state["device_seconds"] = state["device_seconds"] + (time.monotonic() - command_started)
     save_state(args.state, state)
-    write(complete)
     log(f"{'complete' if complete else 'partial'}: {args.out}")
     return 0
 

@@ -952,9 +952,10 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 break
         if not complete:
             break
+    # The result counts this command's time once: written before the state takes it in.
+    write(complete)
     state["device_seconds"] = state["device_seconds"] + (time.monotonic() - command_started)
     save_state(args.state, state)
-    write(complete)
     log(f"{'complete' if complete else 'partial (run the same command again to resume)'}: {args.out}")
     return 0
 

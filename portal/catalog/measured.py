@@ -20,6 +20,7 @@ GPU_RESULT_FILES = {
     "gpu_tuning_azure_conv.json": "a tuning job on a GPU engine, confirmed against vLLM's defaults",
     "gpu_tuning_mooncake.json": "a tuning job on a GPU engine, confirmed against vLLM's defaults",
     "gpu_tuning_qwen3_32b_azure_conv.json": "a Qwen3-32B-shaped tuning job on a GPU engine, confirmed against vLLM's defaults",
+    "gpu_tuning_qwen3_32b_mooncake.json": "a Qwen3-32B-shaped knee probe on a GPU engine (Mooncake): no rate met the SLO",
     "gpu_tuning.json": "tuning jobs on a GPU engine, their confirmation not finished",
 }
 MAX_RESULT_BYTES = 4 << 20  # a result file larger than this is not read on a page view
@@ -46,6 +47,24 @@ def _matches(gpu: str, name: str) -> bool:
     return name.lower() in re.split(r"[^a-z0-9]+", gpu.lower())
 
 
+def _knee_line(case: dict[str, Any], knee: dict[str, Any], data: dict[str, Any]) -> str:
+    """A line for a case the script recorded without one (a knee probe whose lowest rate already
+    missed the SLO), from the probe's own figures."""
+    points = knee.get("points") or []
+    if case.get("outcome") != "no_sustainable_rate" or not points:
+        return ""
+    lowest = points[0]
+    slo = (data.get("method") or {}).get("slo") or "the SLO"
+    try:
+        return (
+            f"vLLM's defaults missed {slo} at the lowest rate probed, {float(lowest['rate_rps']):g} req/s "
+            f"({int(lowest['requests'])} requests: p50 TTFT {float(lowest['ttft_p50_ms']):,.0f} ms, "
+            f"p95 {float(lowest['ttft_p95_ms']):,.0f} ms): no sustainable rate to tune at on this host."
+        )
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
 def runs_for(*, name: str) -> list[MeasuredRun]:
     """The measured runs whose recorded GPU is this device (none for an unknown or unreadable file)."""
     runs = []
@@ -68,7 +87,7 @@ def runs_for(*, name: str) -> list[MeasuredRun]:
             cases.append(
                 {
                     "trace": trace,
-                    "line": case.get("line") or case.get("outcome") or "",
+                    "line": case.get("line") or _knee_line(case, knee, data) or case.get("outcome") or "",
                     "outcome": case.get("outcome") or "",
                     "knee_rps": knee.get("knee_rps"),
                     "figures": case.get("figures") or {},

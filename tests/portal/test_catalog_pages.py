@@ -343,6 +343,16 @@ def test_h200_page_shows_the_live_gpu_runs_labelled_with_their_host(bob_client, 
         ).read_text()
     )
     assert qwen3["complete"] and qwen3["cases"]["azure_conv"]["line"] in page
+    # A case whose defaults met the SLO at no probed rate: the probe's own figures, no verdict.
+    qwen3_mooncake = json.loads(
+        (
+            Path(settings.BASE_DIR) / "benchmarks" / "results" / "gpu_tuning_qwen3_32b_mooncake.json"
+        ).read_text()
+    )
+    lowest = qwen3_mooncake["cases"]["mooncake"]["knee_probe"]["points"][0]
+    assert qwen3_mooncake["cases"]["mooncake"]["outcome"] == "no_sustainable_rate"
+    assert f"at the lowest rate probed, {lowest['rate_rps']:g} req/s ({lowest['requests']} requests" in page
+    assert "no sustainable rate to tune at on this host" in page
     # The run whose confirmation did not finish says so: its line, never a verdict.
     assert not result["complete"] and "their confirmation not finished" in page
     other = _text(bob_client.get(reverse("catalog:hardware_detail", args=["b200"])))
