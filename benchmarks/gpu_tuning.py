@@ -286,6 +286,15 @@ def _job(
     peak = knee["knee_rps"] * args.knee_fraction / 1.25
     spec = _spec(args, trace, peak, caps)
     work = args.state.parent / f"work-{name}" / "job"
+    # The job's workload files are written at the first plan and reused by later commands: a
+    # later --duration-s would be recorded in the result but not replayed.
+    planned_with = state.setdefault(f"plan-{name}", {"duration_s": args.duration_s})
+    if planned_with["duration_s"] != args.duration_s:
+        raise SystemExit(
+            f"[{name}] --duration-s {args.duration_s:g} differs from the {planned_with['duration_s']:g} s "
+            f"the job's workload was planned with (state {args.state}); resume with --duration-s "
+            f"{planned_with['duration_s']:g}, or start a new state"
+        )
     prepared = plan_job(spec, work)
     key = f"job-{name}"
     history = [TrialRecord(**t) for t in state.get(key, {}).get("trials", [])]

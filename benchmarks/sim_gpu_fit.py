@@ -75,6 +75,11 @@ SOURCES = (
     "gpu_tuning_qwen3_32b_mooncake.json",
     "gpu_tuning_logs/session6_partial_five_request_knee_qwen3_mooncake.json",
 )
+# Where a file's `method.duration_s` is not what its trials replayed: that job's workload was
+# planned by a command run with --duration-s 60 (gpu_tuning_logs/session6_command1_qwen3_mooncake.txt)
+# and the next command, run with 90, reused the planned files while recording 90 (gpu_tuning.py
+# now refuses a --duration-s that differs from the planned one).
+TRIAL_DURATION_S = {"gpu_tuning_logs/session6_partial_five_request_knee_qwen3_mooncake.json": 60.0}
 # The FIT set: the Azure-conversation knee probe (vLLM's defaults at rising rates) of each model
 # shape; everything else (the Mooncake probes, every trial) is held out.
 FIT_SET = frozenset(
@@ -265,7 +270,7 @@ def collect_runs(workloads: Workloads) -> list[Run]:
                 key, requests = workloads.make(
                     case_name,
                     rate_rps=float(case["target_rps"]),
-                    duration_s=float(method["duration_s"]),
+                    duration_s=TRIAL_DURATION_S.get(source, float(method["duration_s"])),
                     seed=TRIAL_SEED,
                     length_scale=float(caps.get("length_scale", 1.0)),
                     expect=int(caps["num_requests"]),
