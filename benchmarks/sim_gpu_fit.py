@@ -1,7 +1,7 @@
 """The simulator against live vLLM runs on the H200, and the engine overheads fitted to them.
 
-`benchmarks/gpu_tuning.py` measured vLLM 0.26 on the project's H200 (Llama-3.1-8B shape, random
-weights, bf16): a knee probe per trace (vLLM's defaults at rising rates, p50/p95 TTFT) and the
+`benchmarks/gpu_tuning.py` measured vLLM 0.26 on the project's H200 (Llama-3.1-8B and
+Qwen3-32B shapes, random weights, bf16): a knee probe per trace (vLLM's defaults at rising rates, p50/p95 TTFT) and the
 trials of a tuning job (p50/p95 TTFT, p50 TPOT). This script needs no GPU and no engine: it
 re-creates each measured run's traffic exactly as that script synthesised it (same sample,
 `tuning.workload.synthesize` with the same rate, duration and seed, the same length caps), predicts
@@ -15,9 +15,13 @@ client-visible cost of a request (HTTP, tokenizing) and the frontend's delay per
 streaming when one is sent (one API-server process tokenizes, detokenizes and streams for all).
 These five are fitted here, and only here:
 
-- FIT set: the azure_conv knee probe (14 rates, vLLM defaults), on p50 and p95 TTFT;
-- HELD-OUT set: the mooncake knee probe and every trial of both result files (another trace,
+- FIT set: the azure_conv knee probe of each shape (vLLM defaults at rising rates: 14 rates of
+  the 8B, 7 of the 32B), on p50 and p95 TTFT;
+- HELD-OUT set: the mooncake knee probes and every trial of every result file (another trace,
   tuned configurations, repeated rounds), on p50/p95 TTFT and p50 TPOT (TPOT never enters the fit).
+
+The calibration stored before the run (fitted on the 8B's knee alone) is scored on the same runs
+beside the new fit (`previous`), and the held-out error is reported per shape.
 
 The fit minimises the mean squared log error of the FIT set's TTFTs over the logarithms of the
 five costs within physical bounds: the priors and a two-level grid are scored, and a compass
@@ -538,12 +542,18 @@ def main() -> int:
     per_group = {name: {when: mape_table(sel, when) for when in whens} for name, sel in groups.items()}
     # Per model shape, the held-out error of the new fit: the figure issue 26 holds to 25%.
     per_model = {
-        name: mape_table([r for r in rows if r["set"] == "held_out" and r["model"] == name], "after")
+        name: {
+            when: mape_table([r for r in rows if r["set"] == "held_out" and r["model"] == name], when)
+            for when in whens
+        }
         for name in models
     }
     over = {
         f"{name} {figure}_mape": table[f"{figure}_mape"]
-        for name, table in [("all", sets["held_out"]["after"]), *per_model.items()]
+        for name, table in [
+            ("all", sets["held_out"]["after"]),
+            *((n, t["after"]) for n, t in per_model.items()),
+        ]
         for figure in FIGURES
         if (table[f"{figure}_mape"] or 0.0) > ERROR_LIMIT
     }
@@ -644,7 +654,9 @@ def main() -> int:
         )
     for name, table in per_model.items():
         print(
-            f"held out, {name}: " + ", ".join(f"{f} {table[f + '_mape']}" for f in FIGURES), file=sys.stderr
+            f"held out, {name}: "
+            + ", ".join(f"{f} " + " -> ".join(str(table[w][f + "_mape"]) for w in whens) for f in FIGURES),
+            file=sys.stderr,
         )
     return 0
 
