@@ -52,7 +52,7 @@ def overview_page(request: MemberRequest, *, status: int = 200, **forms: object)
         "can_admin": request.membership.has_role("admin"),
         "is_owner": request.membership.has_role("owner"),
     }
-    template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"  # type: ignore[attr-defined]
+    template = "compliance/_audit.html" if request.htmx else "compliance/overview.html"
     return render(request, template, context, status=status)
 
 

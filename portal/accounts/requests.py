@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from django.http import HttpRequest
 
 if TYPE_CHECKING:
+    from django_htmx.middleware import HtmxDetails
+
     from portal.accounts.models import Membership, User
 
 
@@ -18,6 +20,7 @@ class AuthenticatedRequest(HttpRequest):
     """
 
     user: User
+    htmx: HtmxDetails  # set by django-htmx's middleware on every request
 
 
 class MemberRequest(AuthenticatedRequest):

@@ -262,7 +262,7 @@ def _tokens_page(
         "issued": issued,
         "can_create": request.membership.has_role(Role.MEMBER),
     }
-    template = "accounts/_tokens.html" if request.htmx else "accounts/tokens.html"  # type: ignore[attr-defined]
+    template = "accounts/_tokens.html" if request.htmx else "accounts/tokens.html"
     return render(request, template, context, status=status)
 
 
@@ -297,6 +297,6 @@ def api_token_revoke(request: MemberRequest, token_id: str) -> HttpResponse:
         messages.error(request, " ".join(exc.messages))
     else:
         messages.success(request, f"Revoked token {token.name}.")
-    if request.htmx:  # type: ignore[attr-defined]
+    if request.htmx:
         return _tokens_page(request, ApiTokenForm())
     return redirect("accounts:api_tokens")

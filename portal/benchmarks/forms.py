@@ -46,7 +46,10 @@ class BenchmarkReportForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["traffic_sample"].queryset = selectors.benchmark_sample_choices()  # type: ignore[attr-defined]
+        # `fields` is typed as plain `Field`s; this is the declared choice field above.
+        cast(
+            forms.ModelChoiceField, self.fields["traffic_sample"]
+        ).queryset = selectors.benchmark_sample_choices()
 
     def clean_load_multipliers(self) -> list[float]:
         try:

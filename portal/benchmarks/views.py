@@ -127,11 +127,11 @@ def report_detail(request: HttpRequest, report_id: str) -> HttpResponse:
 
 @staff_required
 @require_GET
-def report_status(request: HttpRequest, report_id: str) -> HttpResponse:
+def report_status(request: AuthenticatedRequest, report_id: str) -> HttpResponse:
     """The progress fragment the report page polls; asks for a full reload once finished."""
     report = _get_report(report_id)
     response = render(request, "benchmarks/_status.html", {"report": report})
-    if not report.is_pending and request.htmx:  # type: ignore[attr-defined]
+    if not report.is_pending and request.htmx:
         response["HX-Refresh"] = "true"
     return response
 

@@ -114,7 +114,7 @@ def usage(request: MemberRequest) -> HttpResponse:
             hour__gte=month, hour__lt=next_month(month)
         )[:200],
     }
-    template = "billing/_usage.html" if request.htmx else "billing/usage.html"  # type: ignore[attr-defined]
+    template = "billing/_usage.html" if request.htmx else "billing/usage.html"
     return render(request, template, context)
 
 

@@ -130,7 +130,7 @@ def _endpoint(request: HttpRequest, endpoint_id: str) -> Endpoint:
 def endpoint_detail(request: MemberRequest, endpoint_id: str) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
     context = _detail_context(request, endpoint)
-    if request.htmx:  # type: ignore[attr-defined]
+    if request.htmx:
         # The dashboard's refresh: only the live panel (the charts update in place).
         response = render(request, "endpoints/_live.html", context)
         if not endpoint.is_active:

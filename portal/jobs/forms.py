@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 
@@ -124,10 +124,15 @@ class TuningJobForm(forms.Form):
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["traffic_sample"].queryset = selectors.ready_samples(organization=organization)  # type: ignore[attr-defined]
-        self.fields["served_model"].queryset = selectors.served_model_list(organization=organization)  # type: ignore[attr-defined]
+        # `fields` is typed as plain `Field`s; these are the declared choice fields above.
+        cast(forms.ModelChoiceField, self.fields["traffic_sample"]).queryset = selectors.ready_samples(
+            organization=organization
+        )
+        cast(forms.ModelChoiceField, self.fields["served_model"]).queryset = selectors.served_model_list(
+            organization=organization
+        )
         pools = pools_for(organization=organization)
-        self.fields["pool"].choices = [("", "—")] + [  # type: ignore[attr-defined]
+        cast(forms.ChoiceField, self.fields["pool"]).choices = [("", "—")] + [
             (p.name, f"{p.name} ({p.accelerator} x{p.devices_per_host}, {p.region})") for p in pools
         ]
 

@@ -120,11 +120,11 @@ def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
 
 
 @member_required
-def job_trials(request: HttpRequest, job_id: str) -> HttpResponse:
+def job_trials(request: MemberRequest, job_id: str) -> HttpResponse:
     """The live trials fragment the job page polls while the job runs."""
     job = get_object_for_member(request, TuningJob.objects.all(), job_id)
     response = render(request, "jobs/_trials.html", _job_context(job))
-    if not job.is_active and request.htmx:  # type: ignore[attr-defined]
+    if not job.is_active and request.htmx:
         response["HX-Refresh"] = "true"
     return response
 

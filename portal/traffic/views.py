@@ -68,11 +68,11 @@ def sample_detail(request: HttpRequest, sample_id: str) -> HttpResponse:
 
 
 @member_required
-def sample_status(request: HttpRequest, sample_id: str) -> HttpResponse:
+def sample_status(request: MemberRequest, sample_id: str) -> HttpResponse:
     """The progress fragment the detail page polls; asks for a full reload once finished."""
     sample = get_object_for_member(request, TrafficSample.objects.defer("charts", "profile"), sample_id)
     response = render(request, "traffic/_status.html", {"sample": sample})
-    if not sample.is_pending and request.htmx:  # type: ignore[attr-defined]
+    if not sample.is_pending and request.htmx:
         response["HX-Refresh"] = "true"
     return response
 
