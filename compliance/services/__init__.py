@@ -1,8 +1,9 @@
 """Writes of the compliance app, one module per concern: the refusals every write checks first
 (`rules`: role, residency, BAA), the audit trail (`audit`) and its export (`export`), residency
 policies (`residency`), business associate agreements (`baa`), sensitive objects (`objects`),
-retention and organization deletion (`retention`), raw traffic uploads (`uploads`) and
-two-factor authentication (`totp`). This package re-exports their functions, so callers import
+retention and organization deletion (`retention`) and two-factor authentication (`totp`). Raw
+traffic uploads, which store and read sensitive objects, live with the traffic app
+(`portal.traffic.raw_uploads`). This package re-exports their functions, so callers import
 `compliance.services` as before.
 
 Every mutating function takes the acting user, checks the actor's role itself and writes its
@@ -45,14 +46,6 @@ from compliance.services.totp import (
     totp_recovery_codes_create,
     totp_verify,
 )
-from compliance.services.uploads import (
-    is_object_reference,
-    sample_objects_delete,
-    sample_upload_discard,
-    sample_upload_fetch,
-    sample_upload_release,
-    sample_upload_store,
-)
 
 __all__ = [
     "BAA_DOCUMENT_MAX_BYTES",
@@ -68,7 +61,6 @@ __all__ = [
     "baa_document_problem",
     "baa_record_create",
     "baa_require",
-    "is_object_reference",
     "is_provider",
     "organization_data_delete",
     "residency_policy_set",
@@ -76,11 +68,6 @@ __all__ = [
     "residency_require_hardware",
     "retention_enforce",
     "retention_policy_set",
-    "sample_objects_delete",
-    "sample_upload_discard",
-    "sample_upload_fetch",
-    "sample_upload_release",
-    "sample_upload_store",
     "sensitive_object_delete",
     "sensitive_object_read",
     "sensitive_object_store",

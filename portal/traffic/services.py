@@ -31,6 +31,7 @@ from portal import leases
 from portal.accounts.models import Organization, Role, User
 from portal.accounts.services import require_role
 from portal.outbox.services import outbox_enqueue
+from portal.traffic import raw_uploads
 from portal.traffic.models import TrafficSample
 from tuning.workload.errors import TraceError
 from tuning.workload.ingest import IngestLimits, IngestResult, ingest
@@ -83,7 +84,7 @@ def traffic_sample_create(
     # The raw upload goes to object storage in the region the organization's residency policy
     # chooses (encrypted), before the row exists; removed if the transaction fails: never a row
     # without its file, and no file left behind by a failed request.
-    sample.staging_name = compliance.sample_upload_store(
+    sample.staging_name = raw_uploads.sample_upload_store(
         actor=actor,
         organization=organization,
         sample_id=str(sample.id),
@@ -104,7 +105,7 @@ def traffic_sample_create(
             # sample stays queued with its stored upload, never lost.
             _ingest_enqueue(sample)
     except Exception:
-        compliance.sample_upload_discard(reference=sample.staging_name)
+        raw_uploads.sample_upload_discard(reference=sample.staging_name)
         raise
     return sample
 
@@ -189,8 +190,8 @@ def traffic_samples_recover(*, now: datetime | None = None) -> list[str]:
                     action="traffic_sample.failed",
                     target=sample,
                 )
-        if failed and compliance.is_object_reference(sample.staging_name):
-            compliance.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
+        if failed and raw_uploads.is_object_reference(sample.staging_name):
+            raw_uploads.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
     if requeued:
         logger.warning("traffic samples %s: their ingest died; queued again", ", ".join(requeued))
     return requeued
@@ -237,13 +238,13 @@ def _ingest_claimed(sample_id: str, owner: str) -> str:
     path = _staging_dir() / sample.staging_name
     updates: dict[str, Any]
     try:
-        if compliance.is_object_reference(sample.staging_name):
+        if raw_uploads.is_object_reference(sample.staging_name):
             # Decrypted into the private staging folder for the one read, removed in `finally`
             # (a worker killed before that leaves it to `traffic_samples_recover` and the sweep).
             path = _staging_dir() / f"{sample.id}.{secrets.token_hex(8)}.upload"
             with open(path, "wb") as out:
                 os.fchmod(out.fileno(), 0o600)
-                if not compliance.sample_upload_fetch(reference=sample.staging_name, target=out):
+                if not raw_uploads.sample_upload_fetch(reference=sample.staging_name, target=out):
                     path.unlink()
         with open(path, "rb") as stream:
             result = ingest(
@@ -285,8 +286,8 @@ def _ingest_claimed(sample_id: str, owner: str) -> str:
     finally:
         # The raw upload is not kept, unless the organization retains prompt text under a BAA.
         path.unlink(missing_ok=True)
-        if compliance.is_object_reference(sample.staging_name):
-            compliance.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
+        if raw_uploads.is_object_reference(sample.staging_name):
+            raw_uploads.sample_upload_release(organization=sample.organization, reference=sample.staging_name)
     with transaction.atomic():
         row = TrafficSample.objects.filter(id=sample_id)
         if not leases.held(row, owner):
@@ -411,7 +412,7 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
         names = ", ".join(repr(name) for name in jobs[:3])
         more = f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""
         raise ValidationError(f"Tuning jobs use this sample ({names}{more}); it is kept as their workload.")
-    compliance.sample_objects_delete(actor=actor, sample=sample)
+    raw_uploads.sample_objects_delete(actor=actor, sample=sample)
     with transaction.atomic():
         audit_record(
             actor=actor,
@@ -424,7 +425,7 @@ def traffic_sample_delete(*, actor: User, sample: TrafficSample) -> None:
         # Named before the delete: Django clears the primary key of a deleted row.
         workload, sample_id = workload_path(sample), sample.id
         sample.delete()
-    if staging and not compliance.is_object_reference(staging):
+    if staging and not raw_uploads.is_object_reference(staging):
         (_staging_dir() / staging).unlink(missing_ok=True)
     # A decrypted copy a killed ingest left behind (plaintext for a PHI upload) goes too.
     for path in _decrypted_copies(sample_id):

@@ -105,7 +105,7 @@ def test_a_failing_fetch_leaves_no_decrypted_copy(alice, alice_org, settings, mo
         target.flush()
         raise RuntimeError("storage connection reset")
 
-    monkeypatch.setattr(services.compliance, "sample_upload_fetch", half_fetch)
+    monkeypatch.setattr(services.raw_uploads, "sample_upload_fetch", half_fetch)
     assert services.traffic_sample_ingest(sample_id=str(sample.id)) == TrafficSample.Status.FAILED
     assert _staging_copies(settings) == []
 

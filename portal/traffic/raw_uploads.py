@@ -1,9 +1,11 @@
-"""Raw traffic uploads (called by portal.traffic.services): stored as sensitive objects, fetched for the ingest, released and discarded."""
+"""Raw traffic uploads (called by portal.traffic.services): stored as compliance's sensitive
+objects (in the region the organization's policy chooses, encrypted where PHI), fetched for the
+ingest, released after it and discarded with their sample."""
 
 from __future__ import annotations
 
 import logging
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from compliance import selectors
 from compliance.models import (
@@ -13,9 +15,10 @@ from compliance.services.objects import sensitive_object_delete, sensitive_objec
 from compliance.storage import StorageError
 from portal.accounts.models import Organization, User
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from portal.traffic.models import TrafficSample
 
-# --- Raw traffic uploads (called by portal.traffic.services) ----------------------------------
+logger = logging.getLogger(__name__)
 
 _OBJECT_REF = "object:"
 
@@ -67,7 +70,7 @@ def sample_upload_release(*, organization: Organization, reference: str) -> None
     sensitive_object_delete(actor=None, obj=obj, reason="read by ingest; prompt text is not retained")
 
 
-def sample_objects_delete(*, actor: User, sample: Any) -> None:
+def sample_objects_delete(*, actor: User, sample: TrafficSample) -> None:
     """Deletes every stored object of one traffic sample, in whatever region it is."""
     for obj in StoredObject.objects.filter(organization=sample.organization_id, owner_id=str(sample.pk)):
         sensitive_object_delete(actor=actor, obj=obj, reason="sample deleted")
