@@ -229,6 +229,36 @@ def _fit_class(rows: list[dict[str, Any]], peak: float, bw: float) -> tuple[floa
     return best
 
 
+def _class_rows(rows: list[dict[str, Any]], op: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One operator class's (train, held-out) rows. MLA models' attention is profiled unabsorbed
+    through SDPA (head dim 192, 128 KV heads), which is not the kernel the engine runs for them
+    (absorbed MLA): kept out of the attention fit, its error reported on its own."""
+    fitted = [r for r in rows if r["op"] == op and not (op != "gemm" and MODELS[r["model"]].uses_mla)]
+    return (
+        [r for r in fitted if r["model"] not in HELD_OUT],
+        [r for r in fitted if r["model"] in HELD_OUT],
+    )
+
+
+def held_out_errors(stored: dict[str, Any]) -> list[float]:
+    """Every held-out operator's absolute percentage error under a stored fit (the contents of
+    `h200.json`), recomputed from its profile rows and fitted classes: what `held_out_mape`
+    averages, one value per operator, for an interval."""
+    hw = get_hardware("h200")
+    peak, bw = hw.peak_flops("bf16"), hw.memory_bandwidth_bytes_per_s
+    errors: list[float] = []
+    for op, entry in stored["fit"]["classes"].items():
+        _, test = _class_rows(stored["profile"], op)
+        if not test:
+            continue
+        pred = _predict(
+            test, entry["compute_efficiency"], entry["memory_efficiency"], entry["launch_us"] / 1e6, peak, bw
+        )
+        meas = np.array([r["seconds"] for r in test])
+        errors += [float(x) for x in np.abs(pred - meas) / meas]
+    return errors
+
+
 def fit(profile: Path, out: Path) -> dict[str, Any]:
     data = json.loads(profile.read_text())
     rows = data["rows"]
@@ -238,12 +268,7 @@ def fit(profile: Path, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"classes": {}}
     errors: list[float] = []
     for op in ("gemm", "attn_prefill", "attn_decode"):
-        # MLA models' attention is profiled unabsorbed through SDPA (head dim 192, 128 KV heads),
-        # which is not the kernel the engine runs for them (absorbed MLA): kept out of the
-        # attention fit, its error reported on its own.
-        fitted = [r for r in rows if r["op"] == op and not (op != "gemm" and MODELS[r["model"]].uses_mla)]
-        train = [r for r in fitted if r["model"] not in HELD_OUT]
-        test = [r for r in fitted if r["model"] in HELD_OUT]
+        train, test = _class_rows(rows, op)
         if not train:
             continue
         e_c, e_m, t0 = _fit_class(train, peak, bw)

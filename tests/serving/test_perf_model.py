@@ -123,7 +123,7 @@ def test_a_step_with_no_tokens_takes_no_time() -> None:
 
 
 def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> None:
-    from serving.perf.h200_profile import HELD_OUT, PROFILED, TOKENS, fit, linear_shapes
+    from serving.perf.h200_profile import HELD_OUT, PROFILED, TOKENS, fit, held_out_errors, linear_shapes
 
     peak, bw = 989e12, 4800e9
     rows = []
@@ -163,6 +163,12 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
     assert gemm["memory_efficiency"] == pytest.approx(0.8, abs=0.03)
     assert out["held_out_mape"] < 0.03 and set(out["held_out_models"]) == set(HELD_OUT)
     assert out["efficiency"]["measured"] and "priors" in out["efficiency"]["how"]
+    # The stored fit gives back one error per held-out operator, whose mean is the stored MAPE
+    # (sim_accuracy draws the MAPE's interval from them).
+    errors = held_out_errors(json.loads((tmp_path / "h200.json").read_text()))
+    held_out_rows = [r for r in rows if r["model"] in HELD_OUT]
+    assert len(errors) == len(held_out_rows) > 0
+    assert sum(errors) / len(errors) == pytest.approx(out["held_out_mape"], rel=1e-9)
 
 
 def test_live_feedback_moves_the_calibration_towards_the_measurements() -> None:
