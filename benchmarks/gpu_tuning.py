@@ -201,10 +201,7 @@ def _knee(
         warm_up(engine.base_url)
         ladder = [r for r in LADDER if args.ladder_start <= r <= args.ladder_stop] or [LADDER[-1]]
         for i, rate in enumerate(ladder):
-            # Long enough for --knee-min-requests at this rate: a p50 of five requests passed
-            # a Qwen3-32B on Mooncake at 0.125 req/s (three prefix hits) that its trials then
-            # missed tenfold.
-            duration_s = max(args.knee_duration_s, args.knee_min_requests / rate)
+            duration_s = knee_probe_duration_s(rate, args.knee_duration_s, args.knee_min_requests)
             synth = synthesize(
                 sample, target_rps=rate, duration_s=duration_s, rng=np.random.default_rng(1000 + i)
             )
@@ -250,6 +247,13 @@ def _knee(
     }
     state[key] = knee
     return knee
+
+
+def knee_probe_duration_s(rate_rps: float, floor_s: float, min_requests: int) -> float:
+    """How long a knee probe replays at `rate_rps`: at least `floor_s`, and long enough for
+    `min_requests` (a five-request probe passed a Qwen3-32B on Mooncake at 0.125 req/s whose
+    trials at 0.8x that rate then missed the SLO on every request)."""
+    return max(floor_s, min_requests / rate_rps)
 
 
 def _recorded_knee(path: Path, name: str) -> dict[str, Any] | None:

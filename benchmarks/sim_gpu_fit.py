@@ -1,9 +1,9 @@
 """The simulator against live vLLM runs on the H200, and the engine overheads fitted to them.
 
-`benchmarks/gpu_tuning.py` measured vLLM 0.26 on the project's H200 (Llama-3.1-8B and
-Qwen3-32B shapes, random weights, bf16): a knee probe per trace (vLLM's defaults at rising rates, p50/p95 TTFT) and the
-trials of a tuning job (p50/p95 TTFT, p50 TPOT). This script needs no GPU and no engine: it
-re-creates each measured run's traffic exactly as that script synthesised it (same sample,
+`benchmarks/gpu_tuning.py` measured vLLM 0.26 on the project's H200 (Llama-3.1-8B and Qwen3-32B
+shapes, random weights, bf16): a knee probe per trace (vLLM's defaults at rising rates, p50/p95
+TTFT) and the trials of a tuning job (p50/p95 TTFT, p50 TPOT). This script needs no GPU and no
+engine: it re-creates each measured run's traffic exactly as that script synthesised it (same sample,
 `tuning.workload.synthesize` with the same rate, duration and seed, the same length caps), predicts
 it with the simulator for hardware `h200`, and scores the prediction.
 
@@ -59,7 +59,13 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
-from benchmarks.gpu_tuning import DEFAULT_LADDER_START, LADDER, TRACES, TRACES_DIR  # noqa: E402
+from benchmarks.gpu_tuning import (  # noqa: E402
+    DEFAULT_LADDER_START,
+    LADDER,
+    TRACES,
+    TRACES_DIR,
+    knee_probe_duration_s,
+)
 from serving.catalog.models import ModelSpec, get_model  # noqa: E402
 from serving.engine.config import EngineConfig  # noqa: E402
 from serving.loadgen.traces import TraceRequest, read_trace  # noqa: E402
@@ -179,7 +185,7 @@ def _knee_duration_s(points: Sequence[dict[str, Any]], method: dict[str, Any]) -
     enough for `knee_min_requests`), else the one fixed duration that explains every count."""
     if method.get("knee_min_requests"):
         floor, least = float(method["knee_duration_s"]), int(method["knee_min_requests"])
-        return {p["rate_rps"]: max(floor, least / p["rate_rps"]) for p in points}
+        return {p["rate_rps"]: knee_probe_duration_s(p["rate_rps"], floor, least) for p in points}
     return {p["rate_rps"]: _fixed_knee_duration_s(points) for p in points}
 
 
@@ -599,8 +605,10 @@ def main() -> int:
             if previous
             else None,
             "workloads": "re-created as benchmarks/gpu_tuning.py made them: tuning.workload.synthesize of the "
-            "trace's sample (knee: seed 1000 + ladder index, duration from the recorded counts; trials: "
-            f"seed {TRIAL_SEED}, the job's target rate and duration, the case's length scale), the "
+            "trace's sample (knee: seed 1000 + ladder index, duration as the file's method records it or else "
+            "from the recorded counts; trials: "
+            f"seed {TRIAL_SEED}, the job's target rate and duration (TRIAL_DURATION_S where a file recorded "
+            "another than its trials replayed), the case's length scale), the "
             "recorded caps; every re-created count matches the recorded one",
             "objective": "mean squared log(predicted / measured) over the FIT set's TTFTs",
             "search": "the priors and a two-level grid scored on the FIT set; a bounded compass search on "
