@@ -122,6 +122,8 @@ MAX_BLOCK_REQUESTS = 1500  # requests in one replay, whatever the rate and durat
 MAX_REPEATS = 10
 MAX_WARMUP_ROUNDS = 3
 MAX_SIM_REQUESTS = 4000  # one simulated replay (a few seconds of CPU)
+MAX_STEADY_BATCHES = 6
+MAX_STEADY_BATCH = 512  # vLLM's largest CUDA-graph capture size by default
 
 
 # -- the plan (CPU) ------------------------------------------------------------------------------
@@ -329,6 +331,12 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         * len(args.arms)
         * rounds
     )
+    # Per block: the unmeasured warm replay and the steady-decode bursts (each about its
+    # outputs' length of 10-20 ms decode steps, plus the connection set-up).
+    replays_s += blocks * (
+        1.5 * args.warm_replay_s
+        + len(args.steady_batches) * args.steady_bursts * (0.02 * args.steady_output_tokens + 1.0)
+    )
     tuning_s = sum(
         s["uniform_table"]["estimate_s"] * ("uniform" in args.arms)
         + sum(t["traffic_table"]["estimate_s"] for t in s["traces"].values())
@@ -474,11 +482,23 @@ def vllm_kernel(
         if not err < 3e-2:
             raise ValueError(f"relative error {err:.3g} against the reference")
 
+    # The engine replays the op inside its CUDA graphs (decode steps up to the largest captured
+    # size; piecewise graphs around attention beyond): timed the same way, every size. Run 6's
+    # tables were timed with a 0.2 ms probe deciding, and fused_experts' Python path alone is
+    # longer: its small buckets timed that path (1 token: 168-302 us for a kernel that streams
+    # 75 MB of expert weights, ~20 us at the copy rate), and their winners were noise.
+    in_graph = True
+
     def bench(cfg: Mapping[str, int], tokens: int) -> float:
-        return bench_us(lambda: run(cfg, tokens), rep_ms=rep_ms, graph=True)
+        return bench_us(lambda: run(cfg, tokens), rep_ms=rep_ms, graph=True, always_graph=in_graph)
 
     try:  # one known-good configuration: if vLLM's op cannot be called here, say so and time ours
         check(_PROBE_CONFIG, 8)
+        try:
+            bench(_PROBE_CONFIG, 8)
+        except Exception as exc:  # the op cannot be captured here: plain timing, and the result says so
+            log(f"vLLM's fused_experts could not be captured in a CUDA graph ({exc}); timing it plainly")
+            in_graph = False
     except Exception as exc:
         log(f"vLLM's fused_experts failed on a plain configuration ({exc}); timing kernels.moe_gemm")
         return (
@@ -499,7 +519,10 @@ def vllm_kernel(
     except Exception as exc:
         log(f"vLLM's own configuration choice is not callable here ({exc}): tuned without a baseline")
         engine_config_at = None
-    return bench, check, "vllm fused_experts (override_config)", engine_config_at
+    timed = "vllm fused_experts (override_config), " + (
+        "CUDA-graph replays at every size" if in_graph else "plain timing (CUDA-graph capture failed)"
+    )
+    return bench, check, timed, engine_config_at
 
 
 def vllm_file_name(table: moe_tables.TableShape) -> str | None:
@@ -582,7 +605,7 @@ def run_block(
 ) -> dict[str, Any]:
     """One fresh engine of `arm`, replaying the trace at each load; the engine's log says which table it read."""
     from serving.engine.launcher import start_engine
-    from serving.loadgen.api import replay_trace
+    from serving.loadgen.api import replay_generated, replay_trace
     from tuning.search.trial import warm_up
 
     config = engine_config(args)
@@ -598,6 +621,46 @@ def run_block(
     ) as engine:
         ready_s = time.monotonic() - started
         warm_up(engine.base_url, seed=round_ + MAX_WARMUP_ROUNDS)  # warm-up rounds are negative
+        if args.warm_replay_s > 0:
+            # The trace at the highest load with prompts of its own, not measured: the prefill
+            # sizes the engine did not capture at start compile their Triton kernels here (the
+            # first engine of a table's arm would otherwise pay it inside the measurement).
+            top = max(loads.values())
+            replay_trace(
+                endpoint=engine.base_url,
+                trace=trace,
+                rate_scale=top,
+                max_requests=replay_requests(rate * top, args.warm_replay_s),
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_output_tokens=args.max_output_tokens,
+                seed=7_000_000 + 1000 * round_,
+                progress=False,
+            )
+        steady = {}
+        for batch in args.steady_batches:
+            # Steady decode: `batch` requests sent at once, short prompts, outputs of a fixed
+            # length: after the first token every step is a decode step of `batch` sequences,
+            # so TPOT is the step time at that batch (the MoE call at `batch` tokens inside it).
+            tpots: list[float] = []
+            for burst in range(args.steady_bursts):
+                result = replay_generated(
+                    endpoint=engine.base_url,
+                    num_requests=batch,
+                    rate_rps=batch * 1000.0,  # all sent within a millisecond or so
+                    arrival_cv=0.0,
+                    num_prompt_tokens=args.steady_prompt_tokens,
+                    num_output_tokens=args.steady_output_tokens,
+                    seed=9_000_000 + 1000 * round_ + 10 * batch + burst,
+                    progress=False,
+                )
+                tpots += [round(r.tpot_ms, 4) for r in result.requests if r.tpot_ms is not None]
+            steady[str(batch)] = {
+                "tpot_ms": tpots,
+                "tpot_p50_ms": float(np.median(tpots)) if tpots else None,
+                "bursts": args.steady_bursts,
+            }
+            if tpots:
+                log(f"[{shape} {arm} r{round_}] steady decode at {batch}: TPOT p50 {np.median(tpots):.3f} ms")
         for i, (load, scale) in enumerate(loads.items()):
             # The three arms of a round replay the same prompts (fresh engines: no cache carries
             # over); every round and load has its own.
@@ -634,8 +697,52 @@ def run_block(
         "engine_ready_s": round(ready_s, 1),
         "seconds": round(time.monotonic() - started, 1),
         "table_used": table_used(log_path),
+        "steady": steady,
         "replays": replays,
     }
+
+
+def steady_figures(blocks: Sequence[Mapping[str, Any]], seed: int) -> dict[str, Any]:
+    """Per steady-decode batch size: the traffic (and uniform) arm's TPOT p50 over the default's,
+    with the 95% interval of `tuning.search.confirm.ratio` (its TTFT slot carries each block's
+    per-request TPOTs here: blocks resampled, then requests, widened to the Welch t interval
+    over blocks)."""
+    out: dict[str, Any] = {}
+    batches = sorted({int(k) for b in blocks for k in (b.get("steady") or {})})
+    rng = np.random.default_rng(seed)
+    for batch in batches:
+        by_arm: dict[str, list[Block]] = {a: [] for a in ARMS}
+        for b in blocks:
+            rec = (b.get("steady") or {}).get(str(batch))
+            if b["round"] < 0 or not rec or not rec["tpot_ms"]:
+                continue
+            by_arm[b["arm"]].append(
+                Block(
+                    subject=b["arm"],
+                    round=b["round"],
+                    trial=0,
+                    ttft_ms=tuple(rec["tpot_ms"]),
+                    tpot_p50_ms=float(rec["tpot_p50_ms"]),
+                    sustainable_multiple=1.0,
+                    slo_met=True,
+                    gates_passed=True,
+                    contended=False,
+                )
+            )
+        fig: dict[str, Any] = {"blocks": {a: len(v) for a, v in by_arm.items()}}
+        for arm in by_arm:
+            if by_arm[arm]:
+                fig[f"{arm}_tpot_p50_ms"] = round(
+                    float(np.median([v for bl in by_arm[arm] for v in bl.ttft_ms])), 3
+                )
+        for name, cand in (
+            ("tpot_ratio_vs_default", "traffic"),
+            ("uniform_tpot_ratio_vs_default", "uniform"),
+        ):
+            if by_arm[cand] and by_arm["default"]:
+                fig[name] = ratio(by_arm[cand], by_arm["default"], rng)["ttft_p50_ms"].to_dict()
+        out[str(batch)] = fig
+    return out
 
 
 def figures(blocks: Sequence[Mapping[str, Any]], load: str, seed: int) -> dict[str, Any]:
@@ -699,6 +806,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rounds of every arm served first and left out of the figures (compile caches)",
     )
     parser.add_argument("--load-fractions", default="0.4,0.8", help="of the simulated saturation rate")
+    parser.add_argument(
+        "--warm-replay-s", type=float, default=10.0, help="unmeasured trace replay first in every block"
+    )
+    parser.add_argument(
+        "--steady-batches", default="1,16,64,256", help="steady-decode batch sizes measured in every block"
+    )
+    parser.add_argument("--steady-bursts", type=int, default=2, help="bursts per steady-decode batch size")
+    parser.add_argument("--steady-prompt-tokens", type=int, default=128)
+    parser.add_argument("--steady-output-tokens", type=int, default=128)
     parser.add_argument("--saturation-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--duration-s", type=float, default=40.0, help="of one replay at one load")
     parser.add_argument("--max-model-len", type=int, default=16384)
@@ -758,6 +874,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--warmup-rounds must be in [0, {MAX_WARMUP_ROUNDS}]")
     if not 1 <= args.duration_s <= 600:
         parser.error("--duration-s must be in [1, 600]")
+    if not 0 <= args.warm_replay_s <= 120:
+        parser.error("--warm-replay-s must be in [0, 120]")
+    try:
+        args.steady_batches = [int(b) for b in args.steady_batches.split(",") if b]
+    except ValueError:
+        parser.error("--steady-batches must be comma-separated integers")
+    if len(args.steady_batches) > MAX_STEADY_BATCHES or not all(
+        1 <= b <= MAX_STEADY_BATCH for b in args.steady_batches
+    ):
+        parser.error(f"--steady-batches: at most {MAX_STEADY_BATCHES} sizes, each in [1, {MAX_STEADY_BATCH}]")
+    if not 1 <= args.steady_bursts <= 5:
+        parser.error("--steady-bursts must be in [1, 5]")
+    for name in ("steady_prompt_tokens", "steady_output_tokens"):
+        if not 2 <= getattr(args, name) <= 2048:
+            parser.error(f"--{name.replace('_', '-')} must be in [2, 2048]")
     args.state = args.state or args.work / "state.json"
 
     # The plan (simulated loads and step distributions) is made once and kept in the state, so a
@@ -830,6 +961,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                         f["target_met"] = r["value"] <= 0.9 and r["ci_high"] < 1.0
                 cases[f"{shape}/{trace}"] = {
                     "figures": per_load,
+                    "steady_decode": steady_figures(blocks, args.seed),
                     "tables_used": sorted({f"{b['arm']}: {b['table_used']}" for b in blocks}),
                     "tables": tables,
                     "blocks": blocks,
@@ -850,6 +982,14 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 "duration_s": args.duration_s,
                 "tune_trials": args.tune_trials,
                 "interval": "95%, two-level bootstrap over blocks and requests (tuning.search.confirm.ratio)",
+                "warm_replay_s": args.warm_replay_s,
+                "steady_decode": {
+                    "batches": args.steady_batches,
+                    "bursts": args.steady_bursts,
+                    "prompt_tokens": args.steady_prompt_tokens,
+                    "output_tokens": args.steady_output_tokens,
+                    "what": "batch requests sent at once, ignore_eos: TPOT is the decode step time at that batch",
+                },
                 "target": "shape without a shipped table: tpot_ratio_vs_default <= 0.9 with ci_high < 1.0",
             },
             "plan": {k: v for k, v in plan.items() if k != "arms"},
@@ -929,7 +1069,10 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
             estimate = (
                 (sum(measured) / len(measured) + 30)
                 if measured
-                else args.engine_start_s + 2.5 * args.duration_s * len(loads)
+                else args.engine_start_s
+                + 2.5 * args.duration_s * len(loads)
+                + 1.5 * args.warm_replay_s
+                + len(args.steady_batches) * args.steady_bursts * (0.02 * args.steady_output_tokens + 1.0)
             )
             # Warm-up rounds are numbered below zero: kept in the state and the result, never in
             # the figures.

@@ -119,6 +119,40 @@ def test_warm_up_rounds_are_served_but_never_measured() -> None:
     assert with_warm["blocks"] == {"default": 3, "uniform": 0, "traffic": 3}
 
 
+def test_steady_decode_figures_are_per_batch_ratios_over_fresh_engines() -> None:
+    rng = np.random.default_rng(2)
+    blocks: list[dict[str, object]] = []
+    for r in range(-1, 3):  # round -1: a warm-up round, never measured
+        for arm, step in (("default", 10.0), ("traffic", 11.0)):
+            steady = {
+                str(batch): {"tpot_ms": list(step * batch**0.1 + rng.normal(0, 0.05, 2 * batch)), "bursts": 2}
+                for batch in (1, 64)
+            }
+            for rec in steady.values():
+                rec["tpot_p50_ms"] = float(np.median(rec["tpot_ms"]))  # type: ignore[arg-type]
+            if r < 0:
+                steady = {k: {**v, "tpot_ms": [500.0] * 4, "tpot_p50_ms": 500.0} for k, v in steady.items()}
+            blocks.append({**_block(arm, r, step, [100.0]), "steady": steady})
+    f = e2e.steady_figures(blocks, seed=0)
+    assert set(f) == {"1", "64"}
+    for fig in f.values():
+        assert fig["blocks"] == {"default": 3, "uniform": 0, "traffic": 3}  # the warm-up left out
+        r = fig["tpot_ratio_vs_default"]
+        assert r["value"] == pytest.approx(1.1, rel=0.02)
+        assert 1.0 < r["ci_low"] <= r["value"] <= r["ci_high"]
+        assert "uniform_tpot_ratio_vs_default" not in fig  # no uniform blocks: no figure
+    # Blocks from before steady decode was measured carry none: no figures, no error.
+    assert e2e.steady_figures([_block("default", 0, 10.0, [1.0])], seed=0) == {}
+
+
+def test_steady_decode_sizes_are_bounded() -> None:
+    for bad in ("0", "1,2,3,4,5,6,7", "4096", "x"):
+        with pytest.raises(SystemExit):
+            e2e.main(["--dry-run", "--steady-batches", bad])
+    with pytest.raises(SystemExit):
+        e2e.main(["--dry-run", "--steady-bursts", "9"])
+
+
 def test_a_resumed_run_rewrites_tables_its_fresh_machine_lacks(tmp_path: Path) -> None:
     planned = moe_step.plan_tables(
         model="qwen3-30b-a3b",
