@@ -104,8 +104,12 @@ def replay_generated(
     slo: SLO | None = None,
     request_timeout_s: float = 600.0,
     progress: bool | None = None,
+    client_processes: int = 1,
 ) -> ReplayResult:
-    """Requests of fixed lengths sent by a gamma process (cv 1 = Poisson, 0 = constant spacing)."""
+    """Requests of fixed lengths sent by a gamma process (cv 1 = Poisson, 0 = constant spacing).
+
+    `client_processes` > 1 spreads them over that many client processes (`runner.run_sharded`):
+    hundreds of concurrent streams on one event loop measure the loop, not the engine."""
     target, models = resolve_target(endpoint, model=model, api=api, api_key=api_key)
     tok = resolve_tokenizer(tokenizer, target, models)
     synthesizer = PromptSynthesizer(tok, seed=seed, chat=api == "chat")
@@ -141,4 +145,5 @@ def replay_generated(
         slo=slo,
         request_timeout_s=request_timeout_s,
         progress=progress,
+        client_processes=client_processes,
     )
