@@ -146,7 +146,7 @@ def test_a_stopped_run_is_partial_and_keeps_the_heaviest_buckets() -> None:
 
 
 def test_the_engines_own_configuration_is_timed_and_kept_where_nothing_beats_it() -> None:
-    # The H200 run of 2026-12-03 (benchmarks/results/kernels_e2e.json) found the traffic-weighted
+    # The H200 run of 2026-12-03 (benchmarks/results/kernels_e2e_run2.json) found the traffic-weighted
     # table no faster end to end than vLLM's generic default, and had no kernel-level figure
     # against it: the engine's configuration is now a timed, eligible candidate of every bucket.
     buckets = [TuneBucket(1, 0.5, ((1, 1.0),)), TuneBucket(256, 0.5, ((256, 1.0),))]
