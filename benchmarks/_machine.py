@@ -39,6 +39,7 @@ def git_state(repo: Path) -> dict[str, object]:
         out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
         return out.stdout.strip()
 
+    tree = working_tree_hash(repo)
     if os.environ.get("TAILGUARD_GIT_COMMIT"):
         # A copy of the tree on another host (the GPU host gets the working tree, and its .git,
         # where there is one, is an older snapshot's): the launcher states the commit it copied
@@ -48,11 +49,35 @@ def git_state(repo: Path) -> dict[str, object]:
             "dirty": os.environ.get("TAILGUARD_GIT_DIRTY", "1") != "0",
             "source": "stated by the launcher (a copy of the tree on another host)",
             "note": os.environ.get("TAILGUARD_GIT_NOTE", ""),
+            "tree": tree,
         }
     return {
         "commit": git("rev-parse", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "tree": tree,
     }
+
+
+def working_tree_hash(repo: Path) -> str | None:
+    """Git's tree hash of the files as they are (tracked and untracked, .gitignore honoured),
+    from a scratch index: equal to `git rev-parse COMMIT^{tree}` of the commit whose files ran.
+    A copy of the tree on another host (its .git an older snapshot, so `dirty` there) can so be
+    matched to the commit it was copied from; None without git."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+
+        def git(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False, env=env
+            )
+
+        if git("add", "--all", ".").returncode != 0:
+            return None
+        out = git("write-tree")
+        return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def machine_facts() -> dict[str, object]:
