@@ -620,22 +620,25 @@ def run_block(
         model=str(args.work / "models" / shape), config=config, startup_timeout_s=1200, log_path=log_path
     ) as engine:
         ready_s = time.monotonic() - started
+
+        def replay_at(scale: float, duration_s: float, seed: int) -> Any:
+            return replay_trace(
+                endpoint=engine.base_url,
+                trace=trace,
+                rate_scale=scale,
+                max_requests=replay_requests(rate * scale, duration_s),
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_output_tokens=args.max_output_tokens,
+                seed=seed,
+                progress=False,
+            )
+
         warm_up(engine.base_url, seed=round_ + MAX_WARMUP_ROUNDS)  # warm-up rounds are negative
         if args.warm_replay_s > 0:
             # The trace at the highest load with prompts of its own, not measured: the prefill
             # sizes the engine did not capture at start compile their Triton kernels here (the
             # first engine of a table's arm would otherwise pay it inside the measurement).
-            top = max(loads.values())
-            replay_trace(
-                endpoint=engine.base_url,
-                trace=trace,
-                rate_scale=top,
-                max_requests=replay_requests(rate * top, args.warm_replay_s),
-                max_prompt_tokens=args.max_prompt_tokens,
-                max_output_tokens=args.max_output_tokens,
-                seed=7_000_000 + 1000 * round_,
-                progress=False,
-            )
+            replay_at(max(loads.values()), args.warm_replay_s, 7_000_000 + 1000 * round_)
         steady = {}
         for batch in args.steady_batches:
             # Steady decode: `batch` requests sent at once, short prompts, outputs of a fixed
@@ -667,16 +670,7 @@ def run_block(
             # The three arms of a round replay the same prompts (fresh engines: no cache carries
             # over); every round and load has its own.
             seed = 100_000 * (list(TRACES).index(trace_name) + 1) + 1000 * round_ + i
-            result = replay_trace(
-                endpoint=engine.base_url,
-                trace=trace,
-                rate_scale=scale,
-                max_requests=replay_requests(rate * scale, args.duration_s),
-                max_prompt_tokens=args.max_prompt_tokens,
-                max_output_tokens=args.max_output_tokens,
-                seed=seed,
-                progress=False,
-            )
+            result = replay_at(scale, args.duration_s, seed)
             s = result.summary
             replays[load] = {
                 "rate_scale": scale,
@@ -704,6 +698,22 @@ def run_block(
     }
 
 
+def _block(block: Mapping[str, Any], sample_ms: Sequence[float], tpot_p50_ms: float) -> Block:
+    """One served block as `tuning.search.confirm`'s Block: `sample_ms` is the per-request sample
+    its pooled percentiles are taken of (TTFTs of a replay, TPOTs of steady decode)."""
+    return Block(
+        subject=block["arm"],
+        round=block["round"],
+        trial=0,
+        ttft_ms=tuple(sample_ms),
+        tpot_p50_ms=float(tpot_p50_ms),
+        sustainable_multiple=1.0,
+        slo_met=True,
+        gates_passed=True,
+        contended=False,
+    )
+
+
 def steady_figures(blocks: Sequence[Mapping[str, Any]], seed: int) -> dict[str, Any]:
     """Per steady-decode batch size: the traffic (and uniform) arm's TPOT p50 over the default's,
     with the 95% interval of `tuning.search.confirm.ratio` (its TTFT slot carries each block's
@@ -718,19 +728,7 @@ def steady_figures(blocks: Sequence[Mapping[str, Any]], seed: int) -> dict[str, 
             rec = (b.get("steady") or {}).get(str(batch))
             if b["round"] < 0 or not rec or not rec["tpot_ms"]:
                 continue
-            by_arm[b["arm"]].append(
-                Block(
-                    subject=b["arm"],
-                    round=b["round"],
-                    trial=0,
-                    ttft_ms=tuple(rec["tpot_ms"]),
-                    tpot_p50_ms=float(rec["tpot_p50_ms"]),
-                    sustainable_multiple=1.0,
-                    slo_met=True,
-                    gates_passed=True,
-                    contended=False,
-                )
-            )
+            by_arm[b["arm"]].append(_block(b, rec["tpot_ms"], rec["tpot_p50_ms"]))
         fig: dict[str, Any] = {"blocks": {a: len(v) for a, v in by_arm.items()}}
         for arm in by_arm:
             if by_arm[arm]:
@@ -760,19 +758,7 @@ def figures(blocks: Sequence[Mapping[str, Any]], load: str, seed: int) -> dict[s
         # A block with failed requests measured something else than latency: left out, counted.
         if not rep or not rep["ttft_ms"] or rep["errors"]:
             continue
-        by_arm[b["arm"]].append(
-            Block(
-                subject=b["arm"],
-                round=b["round"],
-                trial=0,
-                ttft_ms=tuple(rep["ttft_ms"]),
-                tpot_p50_ms=float(rep["tpot_p50_ms"]),
-                sustainable_multiple=1.0,
-                slo_met=True,
-                gates_passed=True,
-                contended=False,
-            )
-        )
+        by_arm[b["arm"]].append(_block(b, rep["ttft_ms"], rep["tpot_p50_ms"]))
     out: dict[str, Any] = {"blocks": {a: len(v) for a, v in by_arm.items()}, "errors": errors}
     rng = np.random.default_rng(seed)
     pairs = (
