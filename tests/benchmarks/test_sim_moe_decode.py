@@ -54,3 +54,6 @@ def test_only_the_default_arms_measured_rounds_are_scored() -> None:
     assert ratio["ci_low"] <= ratio["value"] <= ratio["ci_high"]
     assert row["moe_ms_per_step"]["measured"] == round(case["moe_layers"] * 140.0 / 1e3, 4)
     assert row["predicted_tpot_p50_ms"] > 0
+    mape = case["tpot_mape"]
+    assert mape["ci_low"] <= mape["value"] <= mape["ci_high"]
+    assert mape["value"] == round(abs(ratio["value"] - 1.0), 4)
