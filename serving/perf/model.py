@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from serving.catalog.hardware import Hardware, get_hardware
-from serving.catalog.models import ModelSpec
+from serving.catalog.models import ModelSpec, format_bytes
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -54,13 +54,24 @@ class Efficiency:
     # Client-visible delay added to a request's arrival per other request streaming when it is
     # sent (the API server and the streams share CPU); 0 where not measured.
     stream_overhead_ms: float = 0.0
+    # vLLM's fused-MoE op, where its own timings were fitted (`data/<name>_moe.json`; 0: not
+    # measured, and MoE layers are costed like the dense ones): a fixed time per MoE layer per
+    # step (the routing sort and the chain's launches, inside a CUDA graph), and the shares of
+    # peak bandwidth and FLOP/s its grouped GEMMs reach on the routed experts' weights.
+    moe_floor_us: float = 0.0
+    moe_memory_efficiency: float = 0.0
+    moe_gemm_efficiency: float = 0.0
+
+    @property
+    def moe_measured(self) -> bool:
+        return self.moe_memory_efficiency > 0 and self.moe_gemm_efficiency > 0
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        optional = {"format_factors", "format_memory_factors", "stream_overhead_ms"}
+        scalars = {"stream_overhead_ms", *MOE_FIT_FIELDS}
+        optional = {"format_factors", "format_memory_factors", *scalars}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
-        if "stream_overhead_ms" in data:
-            fields["stream_overhead_ms"] = data["stream_overhead_ms"]
+        fields.update({k: data[k] for k in scalars if k in data})
 
         def factors(key: str) -> dict[str, float]:
             found = data.get(key)
@@ -104,6 +115,8 @@ LIVE_FIT_FIELDS = (
     "stream_overhead_ms",
 )
 PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
+# What a fit of vLLM's fused-MoE op timings may set (`data/<name>_moe.json`, key `fitted`).
+MOE_FIT_FIELDS = ("moe_floor_us", "moe_memory_efficiency", "moe_gemm_efficiency")
 
 
 def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficiency:
@@ -130,12 +143,26 @@ def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficienc
     return Efficiency.from_mapping({**efficiency.to_mapping(), **values, "how": how})
 
 
-def load_efficiency(hardware: str, *, live: bool = True) -> Efficiency | None:
+def apply_moe_fit(efficiency: Efficiency, fit: dict[str, object]) -> Efficiency:
+    """`efficiency` with the fused-MoE op's costs fitted on its own timings (`fit["fitted"]`)."""
+    fitted = fit.get("fitted")
+    if not isinstance(fitted, dict) or set(fitted) != set(MOE_FIT_FIELDS):
+        raise ValueError(f"a MoE fit needs exactly {', '.join(MOE_FIT_FIELDS)}")
+    values = {k: float(v) for k, v in fitted.items()}
+    if values["moe_floor_us"] < 0 or not all(0 < values[k] <= 1 for k in MOE_FIT_FIELDS[1:]):
+        raise ValueError("a MoE fit needs a non-negative floor and efficiencies in (0, 1]")
+    how = f"{efficiency.how}; {fit.get('how') or 'fused-MoE op fitted on its timings'}"
+    return Efficiency.from_mapping({**efficiency.to_mapping(), **values, "how": how})
+
+
+def load_efficiency(hardware: str, *, live: bool = True, moe: bool = True) -> Efficiency | None:
     """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`).
 
     With `live` (the default), engine overheads fitted on live engine runs of that hardware
     (`data/<name>_live.json`, written by `benchmarks/sim_gpu_fit.py`) replace the stored ones;
-    `live=False` gives the operator calibration alone (its overheads are then priors)."""
+    `live=False` gives the operator calibration alone (its overheads are then priors). With
+    `moe` (the default), the fused-MoE op's fit (`data/<name>_moe.json`, written by
+    `benchmarks/sim_moe_decode.py`) costs MoE layers; `moe=False` costs them like dense ones."""
     name = hardware.replace("-", "_")
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
@@ -148,6 +175,9 @@ def load_efficiency(hardware: str, *, live: bool = True) -> Efficiency | None:
     live_path = DATA_DIR / f"{name}_live.json"
     if live and live_path.exists():
         efficiency = apply_live_fit(efficiency, json.loads(live_path.read_text()))
+    moe_path = DATA_DIR / f"{name}_moe.json"
+    if moe and moe_path.exists():
+        efficiency = apply_moe_fit(efficiency, json.loads(moe_path.read_text()))
     return efficiency
 
 
@@ -249,6 +279,22 @@ class StepTimeModel:
         self._kv_bytes = model.kv_bytes_per_token(self.kv_cache_format) / tp
         self._dense_weight_bytes = model.weight_bytes(weight_format) / tp
         self._moe_cache: dict[int, float] = {}
+        # With the fused-MoE op fitted (`Efficiency.moe_measured`), a MoE model's routed experts
+        # are their own roofline (grouped GEMMs: their bytes and FLOPs at the op's fitted
+        # shares) plus the op's floor per MoE layer; the rest of the layers keep the dense one.
+        self._moe_split = model.is_moe and eff.moe_measured
+        if self._moe_split:
+            expert = 3 * model.hidden_size * model.moe_intermediate_size
+            routed = model.num_experts * expert * model.num_moe_layers
+            self._routed_bytes = routed * format_bytes(weight_format) / tp
+            self._routed_flops = 2.0 * model.num_experts_per_token * expert * model.num_moe_layers / tp
+            self._other_bytes = self._dense_weight_bytes - self._routed_bytes
+            self._other_flops = self._linear_flops - self._routed_flops
+            self._s_per_moe_byte = eff.format_memory_factors.get(self.compute_format, 1.0) / (
+                bw * eff.moe_memory_efficiency * compute_parallelism
+            )
+            self._s_per_moe_flop = factor / (peak * eff.moe_gemm_efficiency)
+            self._moe_fixed = model.num_moe_layers * eff.moe_floor_us / 1e6
         self._overhead_fixed = eff.step_overhead_ms / 1000.0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
         self._overhead_token = eff.token_overhead_ms / 1000.0
@@ -275,6 +321,30 @@ class StepTimeModel:
             self._moe_cache[key] = value
         return value
 
+    def moe_seconds(self, num_tokens: int) -> float:
+        """The routed experts' time in a step of `num_tokens` tokens where the fused-MoE op is
+        fitted (its floor included); 0 otherwise (then they are inside the dense roofline)."""
+        if not self._moe_split or num_tokens <= 0:
+            return 0.0
+        e, k = self.model.num_experts, self.model.num_experts_per_token
+        hit_share = 1.0 - (1.0 - k / e) ** min(num_tokens, 4096)
+        return (
+            max(
+                num_tokens * self._routed_flops * self._s_per_moe_flop,
+                hit_share * self._routed_bytes * self._s_per_moe_byte,
+            )
+            + self._moe_fixed
+        )
+
+    def _gemm_seconds(self, num_tokens: int, num_sampled: int) -> float:
+        """The layers' matmuls and the LM head: one roofline, or the dense one plus the MoE op's."""
+        if self._moe_split:
+            flops = num_tokens * self._other_flops + num_sampled * self._lm_flops
+            other = max(flops * self._s_per_gemm_flop, self._other_bytes * self._s_per_byte)
+            return other + self.moe_seconds(num_tokens)
+        gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
+        return max(gemm_flops * self._s_per_gemm_flop, self._weight_bytes(num_tokens) * self._s_per_byte)
+
     def step_time(self, shape: StepShape) -> StepTime:
         return StepTime(
             *self.step_parts(
@@ -300,8 +370,7 @@ class StepTimeModel:
         (the simulator's hot path; `step_time` wraps them)."""
         if num_tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0
-        gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
-        gemm = max(gemm_flops * self._s_per_gemm_flop, self._weight_bytes(num_tokens) * self._s_per_byte)
+        gemm = self._gemm_seconds(num_tokens, num_sampled)
         attn_flops = prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
         kv_read = (decode_ctx_tokens + prefill_cached_tokens + num_tokens) * self._kv_bytes
         attention = max(attn_flops * self._s_per_attn_flop, kv_read * self._s_per_byte)
@@ -321,11 +390,13 @@ class StepTimeModel:
         """`step_time(...).total_s` without building objects (the simulator's hot path)."""
         if num_tokens <= 0:
             return 0.0
-        gemm_flops = num_tokens * self._linear_flops + num_sampled * self._lm_flops
-        gemm = gemm_flops * self._s_per_gemm_flop
-        wb = self._weight_bytes(num_tokens) * self._s_per_byte
-        if wb > gemm:
-            gemm = wb
+        if self._moe_split:
+            gemm = self._gemm_seconds(num_tokens, num_sampled)
+        else:
+            gemm = (num_tokens * self._linear_flops + num_sampled * self._lm_flops) * self._s_per_gemm_flop
+            wb = self._weight_bytes(num_tokens) * self._s_per_byte
+            if wb > gemm:
+                gemm = wb
         attn = (
             prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
         ) * self._s_per_attn_flop

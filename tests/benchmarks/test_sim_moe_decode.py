@@ -4,8 +4,10 @@ uses, only the default arm's measured rounds are scored, and every figure carrie
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from benchmarks import sim_moe_decode as smd
+from serving.perf.model import load_efficiency
 
 
 def test_the_moe_op_is_read_at_the_key_vllm_uses() -> None:
@@ -44,7 +46,9 @@ def test_only_the_default_arms_measured_rounds_are_scored() -> None:
             }
         },
     }
-    case = smd.score(result)["cases"]["qwen3-30b-a3b-e64/azure_conv"]
+    without = load_efficiency("h200", moe=False)
+    assert without is not None
+    case = smd.score(result, without, "h200")["cases"]["qwen3-30b-a3b-e64/azure_conv"]
     row = case["batches"]["16"]
     assert row["blocks"] == 3
     measured = row["measured_tpot_p50_ms"]
@@ -57,3 +61,30 @@ def test_only_the_default_arms_measured_rounds_are_scored() -> None:
     mape = case["tpot_mape"]
     assert mape["ci_low"] <= mape["value"] <= mape["ci_high"]
     assert mape["value"] == round(abs(ratio["value"] - 1.0), 4)
+
+
+def test_the_moe_op_is_fitted_on_its_own_timings() -> None:
+    # An op that streams the experts its tokens hit at 80% of the H200's bandwidth after a 15 us
+    # floor, and reaches 30% of the bf16 peak on prefill chunks: the fit gives those back.
+    from serving.catalog.hardware import get_hardware
+
+    spec = smd.model_spec("qwen3-30b-a3b-e64")
+    hw = get_hardware("h200")
+    expert = 3 * spec.hidden_size * spec.moe_intermediate_size
+    e, k = spec.num_experts, spec.num_experts_per_token
+    buckets = []
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 256, 2048, 4096):
+        if tokens <= smd.MEMORY_BOUND_TOKENS:
+            seconds = 15e-6 + e * (1 - (1 - k / e) ** tokens) * expert * 2 / (
+                hw.memory_bandwidth_bytes_per_s * 0.8
+            )
+        else:
+            seconds = 15e-6 + 2 * k * tokens * expert / (hw.peak_flops("bf16") * 0.3)
+        buckets.append({"key": tokens, "engine": {"time_us": seconds * 1e6}})
+    result = {"cases": {"qwen3-30b-a3b-e64/t": {"tables": {"traffic-t": {"buckets": buckets}}}}}
+    fitted = smd.fit_moe_op(result)["fitted"]
+    assert fitted["moe_floor_us"] == pytest.approx(15.0, abs=0.01)
+    assert fitted["moe_memory_efficiency"] == pytest.approx(0.8, abs=1e-3)
+    assert fitted["moe_gemm_efficiency"] == pytest.approx(0.3, abs=1e-3)
+    with pytest.raises(SystemExit):  # too few timings: refused, nothing written
+        smd.fit_moe_op({"cases": {"qwen3-30b-a3b-e64/t": {"tables": {}}}})

@@ -25,6 +25,7 @@ from serving.perf.calibrate import (
     prefill_shape,
     trimmed_mean,
 )
+from serving.perf.model import apply_moe_fit
 
 GPU_EFF = dataclasses.replace(ACCELERATOR_PRIOR, hardware="test", measured=True, how="test")
 
@@ -72,6 +73,49 @@ def test_moe_decode_reads_only_the_experts_it_hits() -> None:
     small = model.step_time(decode_shape(1, 10)).gemm_s
     large = model.step_time(decode_shape(256, 10)).gemm_s
     assert small < large <= spec.weight_bytes() / (4800e9 * GPU_EFF.memory_efficiency) * 1.0001
+
+
+def test_a_fitted_moe_op_costs_the_routed_experts_on_their_own_roofline() -> None:
+    fit = {"moe_floor_us": 20.0, "moe_memory_efficiency": 0.8, "moe_gemm_efficiency": 0.3}
+    fitted = apply_moe_fit(GPU_EFF, {"fitted": fit, "how": "test fit"})
+    assert fitted.moe_measured and not GPU_EFF.moe_measured and fitted.how.endswith("test fit")
+    h200 = get_hardware("h200")
+    # A dense model is costed exactly as before.
+    dense = get_model("llama-3.1-8b")
+    for shape in (decode_shape(1, 100), decode_shape(64, 1000), prefill_shape(4096)):
+        assert StepTimeModel(dense, h200, efficiency=fitted).step_time(shape) == StepTimeModel(
+            dense, h200, efficiency=GPU_EFF
+        ).step_time(shape)
+    spec = get_model("qwen3-30b-a3b")
+    before = StepTimeModel(spec, h200, efficiency=GPU_EFF)
+    after = StepTimeModel(spec, h200, efficiency=fitted)
+    assert before.moe_seconds(8) == 0.0  # not fitted: the experts are inside the dense roofline
+    expert = 3 * spec.hidden_size * spec.moe_intermediate_size
+    one_token = 8 * expert * 2 * spec.num_moe_layers / (4800e9 * 0.8)  # 8 experts streamed
+    floor = spec.num_moe_layers * 20e-6
+    assert after.moe_seconds(1) == pytest.approx(one_token + floor, rel=1e-3)
+    # Prefill chunks are bound by the grouped GEMMs' FLOPs at the fitted share of peak.
+    flops = 8192 * 2 * 8 * expert * spec.num_moe_layers
+    assert after.moe_seconds(8192) == pytest.approx(flops / (h200.peak_flops("bf16") * 0.3) + floor, rel=1e-3)
+    for shape in (decode_shape(1, 100), decode_shape(256, 100), prefill_shape(8192)):
+        step = after.step_time(shape)
+        assert step.gemm_s == pytest.approx(
+            max(
+                (shape.num_tokens * (spec.linear_flops_per_token() - 2 * 8 * expert * spec.num_moe_layers)
+                 + shape.num_sampled * spec.lm_head_flops_per_sampled_token()) / (h200.peak_flops("bf16") * GPU_EFF.gemm_efficiency),
+                (spec.weight_bytes() - spec.num_experts * expert * spec.num_moe_layers * 2)
+                / (4800e9 * GPU_EFF.memory_efficiency),
+            )
+            + after.moe_seconds(shape.num_tokens),
+            rel=1e-6,
+        )  # fmt: skip
+        assert after.step_seconds(
+            shape.num_tokens, shape.num_seqs, shape.num_sampled, shape.prefill_attn_pairs,
+            shape.prefill_cached_tokens, shape.decode_ctx_tokens,
+        ) == pytest.approx(step.total_s)  # fmt: skip
+    for bad in ({**fit, "moe_gemm_efficiency": 1.5}, {**fit, "moe_floor_us": -1.0}, {"moe_floor_us": 1.0}):
+        with pytest.raises(ValueError):
+            apply_moe_fit(GPU_EFF, {"fitted": bad})
 
 
 def test_every_prediction_says_whether_it_was_measured() -> None:
