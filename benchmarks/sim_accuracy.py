@@ -75,7 +75,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -837,6 +837,18 @@ def _loaded_factor(text: str) -> str | float:
     return value
 
 
+def with_intervals(summary: dict[str, Any], intervals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`summary` with each figure's interval beside it (`<figure>_ci_low`, `<figure>_ci_high`), as
+    every result file reports its figures."""
+    out: dict[str, Any] = {}
+    for name, value in summary.items():
+        out[name] = value
+        if name in intervals:
+            out[f"{name}_ci_low"] = intervals[name].get("ci_low")
+            out[f"{name}_ci_high"] = intervals[name].get("ci_high")
+    return out
+
+
 def main() -> int:
     global MAX_OTHERS_CORES
     all_configs = configs()
@@ -1000,34 +1012,32 @@ def main() -> int:
         "top1_agreement_rate": rank["summary"]["top1_agreement_rate"],
         "top3_hit_rate_p95": rank["summary"]["top3_hit_rate_p95"],
         "ranked_groups": rank["summary"]["groups"],
-        "intervals": {
-            "rank_tau": bootstrap_mean(rank["group_taus"]),
-            "p50_ttft_mape": bootstrap_mean(
-                [abs(r["error"]["ttft_p50_ms"]) for r in rows if r["error"]["ttft_p50_ms"] is not None]
-            ),
-            "p95_ttft_mape": bootstrap_mean(
-                [abs(r["error"]["ttft_p95_ms"]) for r in rows if r["error"]["ttft_p95_ms"] is not None]
-            ),
-            "blind_p50_ttft_mape": bootstrap_mean(rank["case_errors"]["p50"]["blind"]),
-            "blind_p95_ttft_mape": bootstrap_mean(rank["case_errors"]["p95"]["blind"]),
-            "tpot_mape": bootstrap_mean(
-                [abs(r["error"]["tpot_mean_ms"]) for r in rows if r["error"]["tpot_mean_ms"] is not None]
-            ),
-            **{
-                name: bootstrap_mean([g[metric][key] for g in rank["groups"] if g[metric][key] is not None])
-                for name, metric, key in (
-                    ("top3_hit_rate", "p50", "top3_hit"),
-                    ("rank_tau_p95", "p95", "kendall_tau"),
-                    ("top1_agreement_rate", "p50", "top1_agreement"),
-                    ("top3_hit_rate_p95", "p95", "top3_hit"),
-                )
-            },
-            "how": "95% bootstrap intervals: MAPEs resample cases, ranking figures resample trace x load "
-            "groups, the simulation speed its repeats (median)",
-        },
         "cases": len(rows),
         "held_out": held["all_after_calibration"],
         "live_run_on_calibrated_machine": _same_machine(live_meta),
+    }
+    intervals: dict[str, Any] = {
+        "rank_tau": bootstrap_mean(rank["group_taus"]),
+        "p50_ttft_mape": bootstrap_mean(
+            [abs(r["error"]["ttft_p50_ms"]) for r in rows if r["error"]["ttft_p50_ms"] is not None]
+        ),
+        "p95_ttft_mape": bootstrap_mean(
+            [abs(r["error"]["ttft_p95_ms"]) for r in rows if r["error"]["ttft_p95_ms"] is not None]
+        ),
+        "blind_p50_ttft_mape": bootstrap_mean(rank["case_errors"]["p50"]["blind"]),
+        "blind_p95_ttft_mape": bootstrap_mean(rank["case_errors"]["p95"]["blind"]),
+        "tpot_mape": bootstrap_mean(
+            [abs(r["error"]["tpot_mean_ms"]) for r in rows if r["error"]["tpot_mean_ms"] is not None]
+        ),
+        **{
+            name: bootstrap_mean([g[metric][key] for g in rank["groups"] if g[metric][key] is not None])
+            for name, metric, key in (
+                ("top3_hit_rate", "p50", "top3_hit"),
+                ("rank_tau_p95", "p95", "kendall_tau"),
+                ("top1_agreement_rate", "p50", "top1_agreement"),
+                ("top3_hit_rate_p95", "p95", "top3_hit"),
+            )
+        },
     }
 
     # Earlier live runs: their cases identical to this run's are pooled into per-case medians,
@@ -1059,13 +1069,15 @@ def main() -> int:
         }
     op = h200_op_mape()
     if op is not None:
-        summary["h200_op_mape"], op_interval = op
-        if isinstance(summary.get("intervals"), dict):
-            summary["intervals"]["h200_op_mape"] = op_interval
+        summary["h200_op_mape"], intervals["h200_op_mape"] = op
     times = sim_speed()
     summary["sim_10k_requests_s"] = float(np.median(times))
-    if isinstance(summary.get("intervals"), dict):
-        summary["intervals"]["sim_10k_requests_s"] = interval(times)
+    intervals["sim_10k_requests_s"] = interval(times)
+    summary = with_intervals(summary, intervals)
+    summary["intervals_how"] = (
+        "95% bootstrap intervals: MAPEs resample cases, ranking figures resample trace x load "
+        "groups, the operator errors their held-out operators, the simulation speed its repeats (median)"
+    )
 
     command = "python " + " ".join([Path(sys.argv[0]).as_posix().split("/main/")[-1], *sys.argv[1:]])
     if args.reuse_live:

@@ -15,6 +15,7 @@ from benchmarks.sim_accuracy import (
     rank_group,
     ranking,
     top_k_hit,
+    with_intervals,
 )
 
 
@@ -165,3 +166,18 @@ def test_float_noise_in_predictions_is_a_tie() -> None:
     predicted = [96.52247049368479, 96.52247049368468, 100.0]
     assert kendall_tau_b(predicted, [2.0, 1.0, 3.0]) == kendall_tau_b([1.0, 1.0, 2.0], [2.0, 1.0, 3.0])
     assert top_k_hit(predicted, [30.0, 10.0, 20.0], 1) == 0.5
+
+
+def test_every_summary_figure_carries_its_interval_beside_it() -> None:
+    summary = {"headline": "run", "rank_tau": 0.36, "cases": 24, "tpot_mape": 0.27}
+    intervals = {
+        "rank_tau": {"value": 0.36, "ci_low": 0.28, "ci_high": 0.41},
+        "tpot_mape": {"ci_low": 0.2, "ci_high": 0.3},
+    }
+    out = with_intervals(summary, intervals)
+    assert list(out) == [
+        "headline", "rank_tau", "rank_tau_ci_low", "rank_tau_ci_high", "cases",
+        "tpot_mape", "tpot_mape_ci_low", "tpot_mape_ci_high",
+    ]  # fmt: skip
+    assert (out["rank_tau_ci_low"], out["rank_tau_ci_high"]) == (0.28, 0.41)
+    assert "cases_ci_low" not in out  # a count has no interval
