@@ -47,6 +47,7 @@ from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from benchmarks._stats import ROUNDS, pooled_interval  # noqa: E402
 from benchmarks.kernels_e2e import model_spec  # noqa: E402
 from serving.catalog.hardware import get_hardware  # noqa: E402
+from serving.catalog.models import ModelSpec  # noqa: E402
 from serving.engine.config import EngineConfig  # noqa: E402
 from serving.loadgen.traces import TraceRequest  # noqa: E402
 from serving.perf.model import (  # noqa: E402
@@ -107,6 +108,14 @@ def mape_interval(
     return {"value": round(point, 4), "ci_low": round(float(low), 4), "ci_high": round(float(high), 4)}
 
 
+def routed_bytes_per_layer(spec: ModelSpec, tokens: int) -> float:
+    """bf16 bytes of the routed experts `tokens` tokens hit in one MoE layer (the catalog's
+    expected count of experts hit, as the step model reads it)."""
+    untouched = spec.weight_bytes("bf16") - spec.weight_bytes_touched(tokens, "bf16")
+    routed = spec.num_experts * 3 * spec.hidden_size * spec.moe_intermediate_size * 2.0
+    return routed - untouched / spec.num_moe_layers
+
+
 def engine_timings(case: Mapping[str, Any]) -> list[tuple[int, float]]:
     """(token count, us) of the fused-MoE op with the engine's own configuration, graph-timed."""
     for table in (case.get("tables") or {}).values():
@@ -134,29 +143,23 @@ def fit_moe_op(result: Mapping[str, Any]) -> dict[str, Any]:
     used: dict[str, Any] = {}
     xs: list[float] = []
     ys: list[float] = []
-    compute: list[tuple[int, float]] = []
+    compute: list[tuple[float, float]] = []  # (FLOPs of one layer's op, seconds)
     for name, case in result["cases"].items():
         spec = model_spec(name.split("/")[0])
         expert = 3 * spec.hidden_size * spec.moe_intermediate_size
-        e, k = spec.num_experts, spec.num_experts_per_token
         timings = engine_timings(case)
         used[name] = [{"tokens": t, "us": round(us, 2)} for t, us in timings]
         for tokens, us in timings:
             if tokens <= MEMORY_BOUND_TOKENS:
-                xs.append(e * (1.0 - (1.0 - k / e) ** tokens) * expert * 2.0)  # bf16 bytes
+                xs.append(routed_bytes_per_layer(spec, tokens))
                 ys.append(us * 1e-6)
             elif tokens >= COMPUTE_BOUND_TOKENS:
-                compute.append((tokens, us))
+                compute.append((2.0 * spec.num_experts_per_token * tokens * expert, us * 1e-6))
     if len(xs) < 3 or not compute:
         raise SystemExit("the result's tables hold too few engine timings to fit the MoE op")
     slope, floor_s = np.polyfit(np.asarray(xs), np.asarray(ys), 1)
     memory_share = 1.0 / (slope * bandwidth)
-    spec = model_spec(next(iter(result["cases"])).split("/")[0])
-    expert = 3 * spec.hidden_size * spec.moe_intermediate_size
-    shares = [
-        2.0 * spec.num_experts_per_token * tokens * expert / (peak * (us * 1e-6 - floor_s))
-        for tokens, us in compute
-    ]
+    shares = [flops / (peak * (seconds - floor_s)) for flops, seconds in compute]
     fitted = {
         "moe_floor_us": round(float(floor_s) * 1e6, 3),
         "moe_memory_efficiency": round(float(memory_share), 4),
@@ -184,7 +187,6 @@ def score(result: Mapping[str, Any], efficiency: Efficiency, basis: str) -> dict
         spec = model_spec(shape)
         steps = StepTimeModel(spec, hardware, efficiency=efficiency, basis=basis)
         s_per_byte = 1.0 / (hardware.memory_bandwidth_bytes_per_s * efficiency.memory_efficiency)
-        expert_bytes = 3 * spec.hidden_size * spec.moe_intermediate_size * 2.0  # bf16
         rows: dict[str, dict[str, Any]] = {}
         ratios: dict[str, float] = {}
         samples: dict[str, tuple[float, list[list[float]]]] = {}  # batch: (predicted, blocks)
@@ -216,10 +218,7 @@ def score(result: Mapping[str, Any], efficiency: Efficiency, basis: str) -> dict
             if efficiency.moe_measured:
                 sim_moe_ms = steps.moe_seconds(batch) * 1e3
             else:  # inside the dense roofline: the routed experts' bytes at its rate
-                hit = spec.num_experts * (
-                    1.0 - (1.0 - spec.num_experts_per_token / spec.num_experts) ** batch
-                )
-                sim_moe_ms = hit * expert_bytes * spec.num_moe_layers * s_per_byte * 1e3
+                sim_moe_ms = routed_bytes_per_layer(spec, batch) * spec.num_moe_layers * s_per_byte * 1e3
             op_us = measured_moe_us(case, batch)
             meas_moe_ms = None if op_us is None else spec.num_moe_layers * op_us / 1e3
             value, low, high = measured["value"], measured["ci_low"], measured["ci_high"]

@@ -326,13 +326,9 @@ class StepTimeModel:
         fitted (its floor included); 0 otherwise (then they are inside the dense roofline)."""
         if not self._moe_split or num_tokens <= 0:
             return 0.0
-        e, k = self.model.num_experts, self.model.num_experts_per_token
-        hit_share = 1.0 - (1.0 - k / e) ** min(num_tokens, 4096)
+        touched = self._weight_bytes(num_tokens) - self._other_bytes  # the routed experts hit (cached)
         return (
-            max(
-                num_tokens * self._routed_flops * self._s_per_moe_flop,
-                hit_share * self._routed_bytes * self._s_per_moe_byte,
-            )
+            max(num_tokens * self._routed_flops * self._s_per_moe_flop, touched * self._s_per_moe_byte)
             + self._moe_fixed
         )
 
