@@ -177,6 +177,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prompt_tokens_admitted = 0
         self.num_prompt_tokens_cached = 0
+        # When streams opened (first tokens) and closed (finishes), in time order: the frontend's
+        # per-stream cost reads how many were open when a request was sent.
+        self.first_token_times: list[float] = []
+        self.finish_times: list[float] = []
 
     # -- contract ------------------------------------------------------------------------------
 
@@ -341,11 +345,13 @@ class Scheduler:
             req.num_output_tokens += produced
             if req.first_token_s is None:
                 req.first_token_s = end_s
+                self.first_token_times.append(end_s)
             elif req.itl_s is not None and req.last_token_s is not None:
                 req.itl_s.append(end_s - req.last_token_s)
             req.last_token_s = end_s
             if req.num_output_tokens >= req.max_output_tokens:
                 req.finish_s = end_s
+                self.finish_times.append(end_s)
                 finished.append(req)
         if finished:
             done = {r.index for r in finished}

@@ -3,8 +3,9 @@
 The loop is the engine's: admit what has arrived, `schedule()` one step, advance the clock by
 the step's modelled time, `update_from_output`. Stretches where every running request is
 decoding and nothing can be admitted are advanced in one jump (their step times grow linearly
-with context, so the sum is exact up to the roofline's kinks), which keeps a 10,000-request trace
-to about a second.
+with context, so the sum is exact up to the roofline's kinks), and the replay is one pass: a
+request's arrival (with the frontend's per-stream cost) is resolved when the clock passes its send
+time. `benchmarks/sim_accuracy.py` times a 10,000-request trace (`sim_10k_requests_s`).
 
 Requests are built exactly as the load generator builds them (`serving.loadgen`): the same
 prompt cap and token count (the tokenizer's special tokens included), the same output cap, and,
@@ -15,7 +16,7 @@ are `RequestResult`s and a `ReplaySummary`, so predicted and measured compare fi
 from __future__ import annotations
 
 import bisect
-import copy
+import heapq
 import math
 import os
 import time
@@ -312,7 +313,6 @@ def simulate(
         )
     if sched_cfg.num_speculative_tokens and rng is None:
         rng = np.random.default_rng(0)
-    replay_rng = copy.deepcopy(rng)  # the second pass (below) draws the same acceptances
     scheduler = Scheduler(sched_cfg, rng=rng)
     offsets = (
         list(offsets_s)
@@ -356,43 +356,14 @@ def simulate(
                 f"HTTP 400: {num_prompt} prompt + {out} output tokens exceed max_model_len {sched_cfg.max_model_len}"
             )
         sims.append(sim)
-    order = sorted((s for s in sims if s.index not in errors), key=lambda s: (s.engine_arrival_s, s.index))
-
+    # Requests are sent at their offsets; each reaches the engine after the fixed overhead, plus,
+    # where the calibration has one, the per-stream cost of the streams open when it was sent
+    # (the frontend shares its CPU with them): resolved as the replay passes each send time.
+    sends = sorted(
+        ((offsets[s.index], s) for s in sims if s.index not in errors), key=lambda p: (p[0], p[1].index)
+    )
     loop = _Loop(scheduler, step_model, record_itl=record_itl)
-    loop.run(order)
-    if step_model.stream_overhead_s > 0 and order:
-        # The frontend (HTTP, tokenizer, detokenizer, the streams' writes) shares its CPU with
-        # the other requests' streams: a request sent while others stream reaches the engine
-        # later. Their streaming intervals come from the pass above; the second pass replays
-        # with each request's arrival delayed by the streams open when it was sent.
-        streams = sorted((s.first_token_s, s.finish_s) for s in order if s.first_token_s is not None)
-        starts = [a for a, _ in streams]
-        ends = sorted(b for _, b in streams if b is not None)
-        delays = {}
-        for sim, offset in zip(sims, offsets, strict=True):
-            if sim.index in errors:
-                continue
-            open_streams = bisect.bisect_right(starts, offset) - bisect.bisect_right(ends, offset)
-            delays[sim.index] = overhead_s + step_model.stream_overhead_s * max(0, open_streams)
-        sims = [
-            SimRequest(
-                s.index,
-                engine_arrival_s=offsets[s.index] + delays.get(s.index, overhead_s),
-                num_prompt_tokens=s.num_prompt_tokens,
-                max_output_tokens=s.max_output_tokens,
-                block_hashes=s.block_hashes,
-            )
-            for s in sims
-        ]
-        if record_itl:
-            for s in sims:
-                s.itl_s = []
-        scheduler = Scheduler(sched_cfg, rng=replay_rng)
-        order = sorted(
-            (s for s in sims if s.index not in errors), key=lambda s: (s.engine_arrival_s, s.index)
-        )
-        loop = _Loop(scheduler, step_model, record_itl=record_itl)
-        loop.run(order)
+    loop.run(sends, overhead_s=overhead_s, stream_s=step_model.stream_overhead_s)
 
     results = []
     for sim, offset in zip(sims, offsets, strict=True):
@@ -486,29 +457,51 @@ class _Loop:
         self.op_s["communication"] += st.comm_s * times
         self.op_s["overhead"] += st.overhead_s * times
 
-    def run(self, order: list[SimRequest]) -> None:
+    def run(
+        self, sends: Sequence[tuple[float, SimRequest]], *, overhead_s: float, stream_s: float = 0.0
+    ) -> None:
+        """Replay `sends` ((send time, request), in send order).
+
+        A request reaches the engine `overhead_s` after it is sent, plus `stream_s` for every stream
+        open at its send time (first token out, not finished). That count is known once the replay
+        has passed the send time, so each send is resolved then and queued by its arrival; until
+        then `send time + overhead_s` bounds its arrival, which is all the clock jumps need.
+        """
         s = self.s
         cfg = s.config
         m = self.m
         now = 0.0
         nxt = 0
-        n_req = len(order)
+        n_send = len(sends)
+        arrivals: list[tuple[float, int, SimRequest]] = []  # resolved, not yet reached the engine
+        first_times = s.first_token_times
+        finish_times = s.finish_times
         spec = cfg.num_speculative_tokens
         op_s = self.op_s
-        while nxt < n_req or s.has_unfinished():
-            while nxt < n_req and order[nxt].engine_arrival_s <= now:
-                s.add_request(order[nxt])
+        while nxt < n_send or arrivals or s.has_unfinished():
+            while nxt < n_send and sends[nxt][0] <= now:  # every event up to `now` is known
+                offset, req = sends[nxt]
                 nxt += 1
+                arrival = offset + overhead_s
+                if stream_s:
+                    opened = bisect.bisect_right(first_times, offset)
+                    arrival += stream_s * (opened - bisect.bisect_right(finish_times, offset))
+                req.engine_arrival_s = arrival
+                heapq.heappush(arrivals, (arrival, req.index, req))
+            while arrivals and arrivals[0][0] <= now:
+                s.add_request(heapq.heappop(arrivals)[2])
+            next_arrival = arrivals[0][0] if arrivals else math.inf
+            if nxt < n_send and sends[nxt][0] + overhead_s < next_arrival:
+                next_arrival = sends[nxt][0] + overhead_s
             if not s.has_unfinished():
-                now = order[nxt].engine_arrival_s
+                now = next_arrival
                 continue
-            next_arrival = order[nxt].engine_arrival_s if nxt < n_req else math.inf
             if not spec and self._try_jump(now, next_arrival):
                 now = self._jump_end
                 continue
             out = s.schedule(now)
             if out.num_tokens == 0:
-                if nxt >= n_req:
+                if next_arrival == math.inf:
                     raise RuntimeError("simulated engine stalled: nothing schedulable and no arrivals left")
                 now = max(now, next_arrival)
                 continue
@@ -633,6 +626,7 @@ class _Loop:
             s.running = [r for r in running if r.num_output_tokens < r.max_output_tokens]
             for req in finished:
                 req.finish_s = end
+                s.finish_times.append(end)
                 pool.release(req.blocks)
                 req.blocks = []
         if s.waiting:
