@@ -34,7 +34,7 @@ from serving.engine.host import parse_cpu_list
 from serving.loadgen.arrivals import trace_offsets_s
 from serving.loadgen.results import SLO, ReplaySummary, RequestResult, summarize
 from serving.loadgen.traces import TraceRequest
-from serving.perf.model import Efficiency, StepTime, StepTimeModel
+from serving.perf.model import Efficiency, StepTimeModel
 from serving.sim.scheduler import Scheduler, SchedulerConfig, SimRequest
 
 CPU_KV_DEFAULT_GIB = 4  # vLLM CPU's KV space when VLLM_CPU_KVCACHE_SPACE is unset
@@ -443,20 +443,6 @@ class _Loop:
         self.blocked_steps: dict[str, float] = {}
         self.step_tokens: dict[int, list[float]] = {}  # tokens -> [steps, seconds]
 
-    def _count_steps(self, num_tokens: int, steps: int, seconds: float) -> None:
-        entry = self.step_tokens.get(num_tokens)
-        if entry is None:
-            self.step_tokens[num_tokens] = [float(steps), seconds]
-        else:
-            entry[0] += steps
-            entry[1] += seconds
-
-    def _account_ops(self, st: StepTime, times: float = 1.0) -> None:
-        self.op_s["gemm"] += st.gemm_s * times
-        self.op_s["attention"] += st.attention_s * times
-        self.op_s["communication"] += st.comm_s * times
-        self.op_s["overhead"] += st.overhead_s * times
-
     def run(
         self, sends: Sequence[tuple[float, SimRequest]], *, overhead_s: float, stream_s: float = 0.0
     ) -> None:
@@ -478,7 +464,9 @@ class _Loop:
         finish_times = s.finish_times
         spec = cfg.num_speculative_tokens
         op_s = self.op_s
-        while nxt < n_send or arrivals or s.has_unfinished():
+        pool = s.pool
+        step_tokens = self.step_tokens
+        while nxt < n_send or arrivals or s.waiting or s.running:
             while nxt < n_send and sends[nxt][0] <= now:  # every event up to `now` is known
                 offset, req = sends[nxt]
                 nxt += 1
@@ -493,7 +481,7 @@ class _Loop:
             next_arrival = arrivals[0][0] if arrivals else math.inf
             if nxt < n_send and sends[nxt][0] + overhead_s < next_arrival:
                 next_arrival = sends[nxt][0] + overhead_s
-            if not s.has_unfinished():
+            if not (s.waiting or s.running):
                 now = next_arrival
                 continue
             if not spec and self._try_jump(now, next_arrival):
@@ -521,14 +509,19 @@ class _Loop:
             dt = gemm + attention + comm + overhead
             if out.blocked_by is not None:
                 self.blocked_steps[out.blocked_by] = self.blocked_steps.get(out.blocked_by, 0.0) + dt
-            used = s.pool.num_used
+            used = pool.fresh - len(pool.free)  # pool.num_used, inlined (hot path)
             if used > self.max_blocks_used:
                 self.max_blocks_used = used
             s.update_from_output(out, now, now + dt)
             now += dt
             self.busy_s += dt
             self.num_steps += 1
-            self._count_steps(num_tokens, 1, dt)
+            entry = step_tokens.get(num_tokens)
+            if entry is None:
+                step_tokens[num_tokens] = [1.0, dt]
+            else:
+                entry[0] += 1
+                entry[1] += dt
 
     _jump_end = 0.0
 
@@ -567,9 +560,12 @@ class _Loop:
             rooms.append(len(req.blocks) * bs - computed)
         if k < 2:
             return False
-        m = self.m
-        t0 = m.step_seconds(n, n, n, 0.0, 0, ctx0)
-        slope = m.step_seconds(n, n, n, 0.0, 0, ctx0 + n) - t0
+        # A decode step's parts grow linearly with the context (n more tokens per step): the
+        # first step's and their growth give every step of the stretch, and its sums.
+        g0, a0, c0, o0 = self.m.step_parts(n, n, n, 0.0, 0, ctx0)
+        g1, a1, c1, o1 = self.m.step_parts(n, n, n, 0.0, 0, ctx0 + n)
+        t0 = g0 + a0 + c0 + o0
+        slope = g1 + a1 + c1 + o1 - t0
         if next_arrival < math.inf:
             gap = next_arrival - now
             # Steps that start before the next arrival: smallest i with C(i) >= gap, where
@@ -586,7 +582,7 @@ class _Loop:
         if k < 2:
             return False
         pool = s.pool
-        free = pool.num_free
+        free = pool.num_blocks - pool.fresh + len(pool.free)  # pool.num_free, inlined (hot path)
         while k >= 2:
             needed = 0
             for room in rooms:
@@ -597,16 +593,14 @@ class _Loop:
             k //= 2
         if k < 2:
             return False
-        total = k * t0 + slope * k * (k - 1) / 2.0
+        pairs = k * (k - 1) / 2.0  # sum of 0..k-1: how much of the growth the k steps add up
+        total = k * t0 + slope * pairs
         end = now + total
-        mid_ctx = ctx0 + n * (k - 1) // 2
-        gemm, attention, comm, overhead = m.step_parts(n, n, n, 0.0, 0, mid_ctx)  # n decodes
         op_s = self.op_s
-        times = float(k)
-        op_s["gemm"] += gemm * times
-        op_s["attention"] += attention * times
-        op_s["communication"] += comm * times
-        op_s["overhead"] += overhead * times
+        op_s["gemm"] += k * g0 + (g1 - g0) * pairs
+        op_s["attention"] += k * a0 + (a1 - a0) * pairs
+        op_s["communication"] += k * c0 + (c1 - c0) * pairs
+        op_s["overhead"] += k * o0 + (o1 - o0) * pairs
         for req, room in zip(running, rooms, strict=True):
             if k > room:
                 req.blocks.extend(pool.allocate(-(-(k - room) // bs)))
@@ -618,7 +612,7 @@ class _Loop:
             req.num_computed_tokens += k
             req.num_output_tokens += k
             req.last_token_s = end
-        used = pool.num_used
+        used = pool.fresh - len(pool.free)  # pool.num_used, inlined
         if used > self.max_blocks_used:
             self.max_blocks_used = used
         finished = [r for r in running if r.num_output_tokens >= r.max_output_tokens]
@@ -634,7 +628,12 @@ class _Loop:
             self.blocked_steps[blocked] = self.blocked_steps.get(blocked, 0.0) + total
         self.num_steps += k
         self.busy_s += total
-        self._count_steps(n, k, total)
+        entry = self.step_tokens.get(n)
+        if entry is None:
+            self.step_tokens[n] = [float(k), total]
+        else:
+            entry[0] += k
+            entry[1] += total
         self._jump_end = end
         return True
 
