@@ -620,7 +620,8 @@ def _history(job: TuningJob) -> list[TrialRecord]:
 
 
 def _calibration_pairs(job: TuningJob) -> list[Any]:
-    """The organization's trials on the same hardware that finished before this job was created.
+    """The organization's trials of the same model on the same hardware that finished before
+    this job was created (a correction learnt on one model's step times does not carry to another).
 
     They calibrate the simulator for this job; later trials (this job's own included) do not, so
     every step of one job ranks and predicts with the same calibration.
@@ -632,6 +633,7 @@ def _calibration_pairs(job: TuningJob) -> list[Any]:
             status=Trial.Status.DONE,
             finished_at__lt=job.created_at,
             job__spec__hardware=hardware,
+            job__served_model_id=job.served_model_id,
         )
         .order_by("-finished_at")
         .values_list("result", flat=True)[:200]

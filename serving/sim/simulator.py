@@ -184,6 +184,18 @@ class TimeBreakdown:
         }
         return max(parts, key=lambda k: parts[k])
 
+    def load_free_share(self) -> float:
+        """The share of the TTFT that does not depend on load: the fixed overhead and the
+        request's own prefill compute (1.0 when there is no time to split)."""
+        total = (
+            self.overhead_ms
+            + self.queueing_ms
+            + self.prefill_compute_ms
+            + self.chunking_delay_ms
+            + self.preemption_ms
+        )
+        return (self.overhead_ms + self.prefill_compute_ms) / total if total > 0 else 1.0
+
 
 @dataclass(frozen=True)
 class RequestAttribution:

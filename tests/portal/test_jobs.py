@@ -250,9 +250,24 @@ def test_the_simulator_is_calibrated_by_the_organizations_earlier_trials_only(
         result=measured,
         finished_at=timezone.now() - timedelta(minutes=5),
     )
+    # Alice's trial of another model: its step times say nothing about this one's.
+    bigger = ServedModel.objects.create(organization=alice_org, name="bigger", path=model.path)
+    of_bigger = TuningJob.objects.create(
+        organization=alice_org, name="b", spec=earlier.spec, traffic_sample=sample, served_model=bigger
+    )
+    Trial.objects.create(
+        organization=alice_org,
+        job=of_bigger,
+        number=0,
+        assignment={},
+        label="x",
+        status=Trial.Status.DONE,
+        result={**measured, "ttft_p50_ms": 900.0},
+        finished_at=timezone.now() - timedelta(minutes=5),
+    )
     later = job(alice_org, alice)
     pairs = services._calibration_pairs(later)
-    assert pairs == pairs_from_results([measured])  # Alice's one trial, not Charlie's
+    assert pairs == pairs_from_results([measured])  # Alice's one trial of this model, not Charlie's
     # The earlier job's own trials did not exist before it was created: it is uncalibrated.
     assert services._calibration_pairs(earlier) == []
 

@@ -65,6 +65,7 @@ def test_plan_ranks_candidates_and_predicts_each_trial(
     assert 0 < predicted["ttft_p50_ms"] <= predicted["ttft_p95_ms"]
     # No tenant history: the calibrated forecast is the base one.
     assert predicted["ttft_p50_ms"] == predicted["base_ttft_p50_ms"]
+    assert 0.0 < predicted["base_load_free_share"] <= 1.0
     # The dtype's measured cost is carried: the bf16 path (the checkpoint's dtype, vLLM's default
     # here) is forecast at the bf16/fp32 decode-step ratio the calibration measured on this CPU.
     fp32 = prepared.predict(prepared.reference)
@@ -164,3 +165,47 @@ def test_no_prior_for_a_model_the_catalog_cannot_describe(tmp_path: Path) -> Non
     (model / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
     prior, note = sim_prior(str(model), "local-cpu")
     assert prior is None and "mixtral" in note
+
+
+def test_a_loaded_trials_queueing_never_becomes_a_per_request_overhead() -> None:
+    """Measured TTFT 14 s against 7 s predicted at the knee is queueing, not a constant every
+    request pays: a correction from loaded trials alone scales step times and leaves the
+    per-request overhead; an unloaded trial beside them sets it, by the relative error."""
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
+    loaded = [Pair(100.0, 14_000.0, 70.0, 7_000.0, predicted_load_free_share=0.1) for _ in range(3)]
+    only_loaded = correct_from_pairs(eff, loaded, weight=1.0)
+    assert only_loaded.request_overhead_ms == pytest.approx(eff.request_overhead_ms)
+    assert only_loaded.step_overhead_ms == pytest.approx(eff.step_overhead_ms * 100.0 / 70.0)
+    light = Pair(7.0, 30.0, 7.0, 25.0, predicted_load_free_share=0.9)
+    both = correct_from_pairs(eff, [*loaded, light], weight=1.0)
+    # The median TPOT ratio of the four is 100/70; the light trial's gap under that scale.
+    assert both.request_overhead_ms == pytest.approx(eff.request_overhead_ms + 30.0 - 25.0 * 100.0 / 70.0)
+
+
+def test_the_overhead_shift_minimises_the_relative_error() -> None:
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
+    # Gaps of +2 ms on a 20 ms trial and +300 ms on a 3 s one (both unloaded): the constant
+    # that minimises the relative error is the short trial's +2; a plain median would say +151.
+    pairs = [Pair(1.0, 22.0, 1.0, 20.0), Pair(1.0, 3_300.0, 1.0, 3_000.0)]
+    corrected = correct_from_pairs(eff, pairs, weight=1.0)
+    assert corrected.request_overhead_ms == pytest.approx(eff.request_overhead_ms + 2.0)
+
+
+def test_a_forecast_records_how_much_of_its_ttft_is_free_of_load() -> None:
+    from serving.sim.simulator import TimeBreakdown
+
+    assert TimeBreakdown(5.0, 0.0, 15.0, 0.0, 0.0).load_free_share() == pytest.approx(1.0)
+    assert TimeBreakdown(5.0, 60.0, 15.0, 20.0, 0.0).load_free_share() == pytest.approx(0.2)
+    assert TimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0).load_free_share() == 1.0
+    # Old trial results without the share count as unloaded, as they did when recorded.
+    (pair,) = pairs_from_results(
+        [
+            {
+                "status": "ok",
+                "ttft_p50_ms": 5.0,
+                "tpot_p50_ms": 1.0,
+                "predicted": {"base_ttft_p50_ms": 4.0, "base_tpot_p50_ms": 1.0},
+            }
+        ]
+    )
+    assert pair.predicted_load_free_share == 1.0

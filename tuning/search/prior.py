@@ -110,6 +110,7 @@ def predict(
             return {**out, "error": str(exc)}
         s = result.summary
         out[f"{key}ttft_p50_ms"] = _finite(s.ttft_ms.p50)
+        out[f"{key}load_free_share"] = _finite(result.attribution.mean.load_free_share())
         out[f"{key}ttft_p95_ms"] = _finite(s.ttft_ms.p95)
         out[f"{key}tpot_p50_ms"] = _finite(s.tpot_ms.p50)
         if not key:
@@ -171,6 +172,8 @@ def pairs_from_results(results: Iterable[Mapping[str, Any]]) -> list[Pair]:
             measured_ttft_p50_ms=_num(r.get("ttft_p50_ms")),
             predicted_tpot_ms=_num(p.get("base_tpot_p50_ms")),
             predicted_ttft_p50_ms=_num(p.get("base_ttft_p50_ms")),
+            # trials recorded before the share was: taken as unloaded, as they were then
+            predicted_load_free_share=_num(p.get("base_load_free_share", 1.0)),
         )
         if all(math.isfinite(v) for v in (pair.measured_tpot_ms, pair.predicted_tpot_ms)):
             out.append(pair)
