@@ -165,3 +165,25 @@ class TuningJobForm(forms.Form):
         if data.get("tpot_p50_ms"):
             terms.append(f"tpot_p50_ms<={data['tpot_p50_ms']:g}")
         return ",".join(terms)
+
+
+class WhatIfForm(forms.Form):
+    """A sample, a model and latency targets: the simulator's forecast per hardware (a GET form)."""
+
+    traffic_sample: forms.ModelChoiceField[TrafficSample] = forms.ModelChoiceField(
+        queryset=None, to_field_name="id", label="Traffic sample"
+    )
+    served_model: forms.ModelChoiceField[ServedModel] = forms.ModelChoiceField(
+        queryset=None, to_field_name="id", label="Model"
+    )
+    ttft_p50_ms = forms.FloatField(min_value=1, max_value=3_600_000, label="p50 TTFT ≤ (ms)", initial=600)
+    ttft_p95_ms = forms.FloatField(min_value=1, max_value=3_600_000, label="p95 TTFT ≤ (ms)", initial=1500)
+
+    def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(forms.ModelChoiceField, self.fields["traffic_sample"]).queryset = selectors.ready_samples(
+            organization=organization
+        )
+        cast(forms.ModelChoiceField, self.fields["served_model"]).queryset = selectors.served_model_list(
+            organization=organization
+        )

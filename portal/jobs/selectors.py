@@ -11,9 +11,15 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from compliance.selectors import allowed_regions
 from portal.accounts.models import Organization
+from portal.catalog.selectors import effective_price_per_hour
 from portal.jobs.models import ServedModel, Trial, TuningJob
 from portal.traffic.models import TrafficSample
+from portal.traffic.services import workload_path
+from serving.catalog.hardware import hardware_in_regions
+from serving.catalog.models import UnknownModel, model_spec_from_dir
+from serving.sim.api import LatencyTargets
 from tuning.search import gates
 from tuning.search.job import HARDWARE
 from tuning.search.job import REFERENCE as REFERENCE_PHASE
@@ -21,6 +27,7 @@ from tuning.search.job import SEARCH as SEARCH_PHASE
 from tuning.search.selection import Candidate, pareto_front
 from tuning.search.space import LOSSLESS
 from tuning.search.trial import describe
+from tuning.whatif import MAX_REQUESTS, forecast
 
 
 def job_work_dir(job: TuningJob) -> Path:
@@ -419,3 +426,51 @@ def job_is_priced(*, job: TuningJob) -> bool:
     if target is None or target.price_per_hour_usd > 0:
         return True
     return job.trials.filter(result__cost_per_mtok_usd__gt=0).exists()
+
+
+def what_if_forecasts(
+    *,
+    organization: Organization,
+    sample: TrafficSample,
+    served_model: ServedModel,
+    ttft_p50_ms: float,
+    ttft_p95_ms: float,
+) -> dict[str, Any]:
+    """The simulator's forecast of this sample and model on each catalog hardware the
+    organization's residency allows, at the operator's prices; every figure is a prediction and
+    names what it rests on, and hardware it cannot predict says why (`tuning.whatif`)."""
+    if sample.organization_id != organization.id or served_model.organization_id != organization.id:
+        raise DjangoValidationError("That sample or model belongs to another organization.")
+    if sample.status != TrafficSample.Status.READY:
+        raise DjangoValidationError("Choose a sample that finished validating.")
+    trace = workload_path(sample)
+    if not trace.exists():
+        raise DjangoValidationError("This sample's workload is missing; upload it again.")
+    try:
+        model = model_spec_from_dir(served_model.path)
+    except (UnknownModel, OSError, ValueError) as exc:
+        raise DjangoValidationError(f"The simulator cannot describe this model: {exc}") from None
+    profile = sample.profile or {}
+    output_p99 = float((profile.get("output_tokens") or {}).get("p99") or 256)
+    input_p99 = float((profile.get("input_tokens") or {}).get("p99") or 1024)
+    max_output = max(1, min(math.ceil(output_p99), model.max_position_embeddings // 2))
+    max_prompt = max(1, min(math.ceil(input_p99), model.max_position_embeddings - max_output))
+    regions = set(allowed_regions(organization=organization))
+    hardware = sorted(hardware_in_regions(regions), key=lambda hw: hw.name)
+    forecasts = forecast(
+        trace,
+        model=model,
+        hardware=hardware,
+        targets=LatencyTargets(ttft_p50_ms=ttft_p50_ms, ttft_p95_ms=ttft_p95_ms),
+        max_prompt_tokens=max_prompt,
+        max_output_tokens=max_output,
+        prices={hw.name: effective_price_per_hour(hw.name)[0] for hw in hardware},
+    )
+    return {
+        "rows": [asdict(f) for f in forecasts],
+        "model": model.name,
+        "regions": sorted(regions),
+        "max_prompt_tokens": max_prompt,
+        "max_output_tokens": max_output,
+        "requests": min(MAX_REQUESTS, int(profile.get("num_requests") or 0)) or MAX_REQUESTS,
+    }

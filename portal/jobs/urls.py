@@ -7,6 +7,7 @@ app_name = "jobs"
 urlpatterns = [
     path("", views.job_list, name="list"),
     path("models/", views.model_register, name="model_register"),
+    path("what-if/", views.what_if, name="what_if"),
     path("<uuid:job_id>/", views.job_detail, name="detail"),
     path("<uuid:job_id>/trials/", views.job_trials, name="trials"),
     path("<uuid:job_id>/cancel/", views.job_cancel, name="cancel"),

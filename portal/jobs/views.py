@@ -12,7 +12,7 @@ from portal.accounts.models import Role
 from portal.accounts.requests import AuthenticatedRequest, MemberRequest
 from portal.accounts.tenancy import get_object_for_member, member_required
 from portal.jobs import reports, selectors, services
-from portal.jobs.forms import ServedModelForm, TuningJobForm
+from portal.jobs.forms import ServedModelForm, TuningJobForm, WhatIfForm
 from portal.jobs.models import TuningJob
 
 
@@ -180,3 +180,28 @@ def job_report_pdf(request: HttpRequest, job_id: str) -> HttpResponse:
     response = HttpResponse(pdf, content_type="application/pdf")
     response["Content-Disposition"] = f'attachment; filename="{reports.report_filename(job, "pdf")}"'
     return response
+
+
+@member_required
+@require_http_methods(["GET"])
+def what_if(request: MemberRequest) -> HttpResponse:
+    """Predicted latency, sustainable rate and cost of a sample and model on each hardware the
+    organization may use (a GET form: the page is its own permalink)."""
+    organization = request.membership.organization
+    bound = bool(request.GET)
+    form = WhatIfForm(request.GET if bound else None, organization=organization)
+    forecast = None
+    if bound and form.is_valid():
+        data = form.cleaned_data
+        try:
+            forecast = selectors.what_if_forecasts(
+                organization=organization,
+                sample=data["traffic_sample"],
+                served_model=data["served_model"],
+                ttft_p50_ms=data["ttft_p50_ms"],
+                ttft_p95_ms=data["ttft_p95_ms"],
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+    # A GET form: a wrong choice or target comes back as the form with its errors (200).
+    return render(request, "jobs/what_if.html", {"form": form, "forecast": forecast})

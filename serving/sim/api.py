@@ -208,10 +208,11 @@ def max_rate_scale(
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
     seed: int = 0,
+    efficiency: Efficiency | None = None,
 ) -> float | None:
     """The largest rate scale (x the trace's arrival rate) at which `targets` still hold, by bisection.
 
-    None when even `low` misses the targets.
+    None when even `low` misses the targets. `efficiency` replaces the hardware's stored calibration.
     """
     reqs = load_requests(requests)
     spec, hw = _model(model), _hardware(hardware)
@@ -226,6 +227,7 @@ def max_rate_scale(
             max_prompt_tokens=max_prompt_tokens,
             max_output_tokens=max_output_tokens,
             rng=np.random.default_rng(seed),
+            efficiency=efficiency,
         )
         return targets.met_by(result.summary)
 

@@ -485,6 +485,17 @@ ROUTES: dict[str, Route] = {
     # Tuning jobs, their trials and reports (the downloads included).
     "jobs:list": Route(writes={"POST": _tuning_job_form}, charlie_write=400),
     "jobs:model_register": Route(reads=(), writes={"POST": _model_form}),
+    # A GET form: Charlie naming Alice's sample and model gets the form back with errors.
+    "jobs:what_if": Route(
+        queries=lambda w: [
+            {
+                "traffic_sample": str(w.sample.pk),
+                "served_model": str(w.model.pk),
+                "ttft_p50_ms": "600",
+                "ttft_p95_ms": "1500",
+            }
+        ]
+    ),
     "jobs:detail": Route(objects=_jobs("job_id")),
     "jobs:trials": Route(objects=_jobs("job_id")),
     "jobs:cancel": Route(objects=_jobs("job_id"), reads=(), writes={"POST": _no_body}),

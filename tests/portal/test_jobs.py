@@ -473,3 +473,55 @@ def test_a_job_survives_a_killed_worker(
         ["pgrep", "-f", str(tiny_model_root)], capture_output=True, text=True, check=False
     )
     assert leftovers.stdout.strip() == "", leftovers.stdout
+
+
+@pytest.mark.django_db
+def test_what_if_predicts_the_sample_on_the_hardware_the_residency_allows(
+    alice,
+    alice_org,
+    charlie,
+    job_settings,
+    settings,
+    shared_traces,
+    tiny_model_root,
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    from compliance.models import ResidencyPolicy
+
+    settings.COMPLIANCE_REGIONS = ["local", "us"]
+    ResidencyPolicy.objects.create(organization=alice_org, allowed_regions=["local", "us"])
+    sample = _sample(
+        alice_org, alice, shared_traces / "azure2023_conv.csv", django_capture_on_commit_callbacks
+    )
+    model = _model(alice_org, alice, tiny_model_root)
+    query = {
+        "traffic_sample": str(sample.id),
+        "served_model": str(model.id),
+        "ttft_p50_ms": "600",
+        "ttft_p95_ms": "1500",
+    }
+    client = Client()
+    client.force_login(alice)
+    assert client.get(reverse("jobs:what_if")).status_code == 200  # the empty form
+    page = client.get(reverse("jobs:what_if"), query)
+    assert page.status_code == 200
+    rows = {r["hardware"]: r for r in page.context["forecast"]["rows"]}
+    # This machine and the US hardware (every cloud entry of the catalog is offered in "us").
+    assert "local-cpu" in rows and "h200" in rows and "trainium2" in rows
+    assert rows["h200"]["ttft_p50_ms"] is not None and rows["h200"]["calibration"].startswith(
+        "measured on h200"
+    )
+    assert rows["trainium2"]["withheld"] and rows["trainium2"]["ttft_p50_ms"] is None
+    html = page.content.decode()
+    assert (
+        "Every figure here is a prediction" in html
+        and "No prediction: no calibration measured on a trainium" in html
+    )
+    # Another organization cannot name Alice's sample or model: a form error, no forecast.
+    other = Client()
+    other.force_login(charlie)
+    refused = other.get(reverse("jobs:what_if"), query)
+    assert refused.context["forecast"] is None and "traffic_sample" in refused.context["form"].errors
+    # Bad targets are refused before any simulation.
+    bad = client.get(reverse("jobs:what_if"), {**query, "ttft_p95_ms": "-1"})
+    assert bad.context["forecast"] is None and "ttft_p95_ms" in bad.context["form"].errors
