@@ -248,6 +248,11 @@ class MetricsDelta:
     e2e_p95_ms: float
     queue_p95_ms: float
     requests_finished: float = math.nan
+    # Means from the histograms' sums and counts (exact, not interpolated within buckets): where
+    # the engine's TTFT went, waiting to be scheduled (queue) and scheduled to first token (prefill).
+    ttft_mean_ms: float = math.nan
+    queue_mean_ms: float = math.nan
+    prefill_mean_ms: float = math.nan
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # of this interval
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
 
@@ -270,6 +275,7 @@ def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
     itl = window(later.itl_s, earlier.itl_s)
     e2e = window(later.e2e_s, earlier.e2e_s)
     queue = window(later.queue_s, earlier.queue_s)
+    prefill = window(later.prefill_s, earlier.prefill_s)
     queries = later.prefix_cache_queries_tokens_total - earlier.prefix_cache_queries_tokens_total
     hits = later.prefix_cache_hits_tokens_total - earlier.prefix_cache_hits_tokens_total
     return MetricsDelta(
@@ -290,6 +296,9 @@ def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
         e2e_p95_ms=e2e.quantile(0.95) * 1000,
         queue_p95_ms=queue.quantile(0.95) * 1000,
         requests_finished=later.requests_finished_total - earlier.requests_finished_total,
+        ttft_mean_ms=ttft.mean * 1000,
+        queue_mean_ms=queue.mean * 1000,
+        prefill_mean_ms=prefill.mean * 1000,
         prompt_tokens=window(later.prompt_tokens, earlier.prompt_tokens),
         output_tokens=window(later.output_tokens, earlier.output_tokens),
     )

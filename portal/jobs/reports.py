@@ -43,6 +43,11 @@ def job_report_context(*, job: TuningJob) -> dict[str, Any]:
         "figures": charts.plotly_payload(sections),
         "predictions": [_with_misses(t) for t in report["trials"] if t["predicted"]],
         "prediction_miss_share": charts.PREDICTION_MISS_SHARE,
+        "ttft_splits": [
+            {**t, "split_parts": [t["ttft_split"][p] for p in ("queueing", "prefill", "outside_engine")]}
+            for t in report["trials"]
+            if t.get("ttft_split")
+        ],
         "thresholds_assumed": any(t["gates"]["thresholds_assumed"] for t in report["trials"] if t["ok"]),
         "priced": priced,
     }

@@ -208,6 +208,29 @@ def _pareto(rows: list[dict[str, Any]]) -> set[int]:
     return set(pareto_front(candidates))
 
 
+def _ttft_split(result: dict[str, Any], predicted: Any) -> dict[str, dict[str, float | None]] | None:
+    """Where the trial's TTFT went (means, ms), predicted by the simulator and measured by the
+    engine's own histograms: waiting to be scheduled, scheduled to first token, and outside the
+    engine (the client's mean TTFT minus the engine's). None when neither side has it."""
+    split = predicted.get("ttft_split_ms") if isinstance(predicted, dict) else None
+    client, engine = result.get("ttft_mean_ms"), result.get("engine_ttft_mean_ms")
+    measured = {
+        "queueing": result.get("engine_queue_mean_ms"),
+        "prefill": result.get("engine_prefill_mean_ms"),
+        "outside_engine": client - engine if client is not None and engine is not None else None,
+    }
+    if not isinstance(split, dict) and all(v is None for v in measured.values()):
+        return None
+    parts = ("queueing", "prefill", "outside_engine")
+    return {
+        part: {
+            "predicted": split.get(part) if isinstance(split, dict) else None,
+            "measured": measured[part],
+        }
+        for part in parts
+    }
+
+
 def job_report_data(*, job: TuningJob) -> dict[str, Any]:
     """Everything the job report shows, as plain data: the job, its SLO, one row per trial, which
     trial won and which is the baseline, and the selection's own words."""
@@ -257,6 +280,7 @@ def job_report_data(*, job: TuningJob) -> dict[str, Any]:
                 "sustainable_rps": float(result.get("sustainable_multiple") or 0.0) * target_rps,
                 "load_curve": _load_curve(result, target_rps) if ok else [],
                 "predicted": predicted if isinstance(predicted, dict) else None,
+                "ttft_split": _ttft_split(result, predicted) if ok else None,
                 "gates": _gate_row(result),
                 "reason": reasons.get(str(trial.number), ""),
                 "is_winner": winner is not None and trial.number == winner,

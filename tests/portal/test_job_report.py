@@ -389,3 +389,33 @@ def test_report_draws_in_chromium_online_and_offline(  # type: ignore[no-untyped
     for chart in charts_ids:
         offline.wait_for_selector(f"#{chart}.js-plotly-plot[data-rendered='true'] svg.main-svg")
     assert requested == [] and errors == []
+
+
+@pytest.mark.django_db
+def test_the_report_shows_where_ttft_went_predicted_and_measured(report_job, alice_client) -> None:  # type: ignore[no-untyped-def]
+    url = reverse("jobs:report", args=[report_job.id])
+    assert 'id="ttft-split"' not in alice_client.get(url).content.decode()  # recorded before the split
+    trial = Trial.objects.get(job=report_job, number=3)
+    trial.result = {
+        **trial.result,
+        "predicted": {
+            **trial.result["predicted"],
+            "ttft_split_ms": {"outside_engine": 12.0, "queueing": 250.0, "prefill": 180.5, "preemption": 0.0},
+        },
+        "ttft_mean_ms": 480.0,
+        "engine_ttft_mean_ms": 452.5,
+        "engine_queue_mean_ms": 261.25,
+        "engine_prefill_mean_ms": None,  # an engine without the prefill histogram
+    }
+    trial.save(update_fields=["result"])
+    split = next(t for t in selectors.job_report_data(job=report_job)["trials"] if t["number"] == 3)[
+        "ttft_split"
+    ]
+    assert split == {
+        "queueing": {"predicted": 250.0, "measured": 261.25},
+        "prefill": {"predicted": 180.5, "measured": None},
+        "outside_engine": {"predicted": 12.0, "measured": 27.5},  # the client's mean minus the engine's
+    }
+    html = alice_client.get(url).content.decode()
+    assert 'id="ttft-split"' in html
+    assert "<td>250.0 / 261.3</td><td>180.5 / \u2013</td><td>12.0 / 27.5</td>" in html  # a dash: none

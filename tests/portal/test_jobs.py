@@ -334,6 +334,15 @@ def test_a_job_runs_end_to_end_in_the_portal(
     # generator adds is visible in every trial.
     assert 0 < competent.result["engine_ttft_p50_ms"] <= competent.result["engine_ttft_p95_ms"]
     assert competent.result["engine_queue_p95_ms"] is not None
+    # ... and where it went, as the engine saw it, beside the simulator's split of it.
+    assert competent.result["engine_queue_mean_ms"] >= 0 and competent.result["engine_prefill_mean_ms"] > 0
+    assert competent.result["ttft_mean_ms"] > 0 and competent.result["engine_ttft_mean_ms"] > 0
+    assert set(competent.result["predicted"]["ttft_split_ms"]) == {
+        "outside_engine",
+        "queueing",
+        "prefill",
+        "preemption",
+    }
     # Trial 2 is the search's first candidate: something other than the baseline.
     assert candidate.result["phase"] == "search" and candidate.assignment != competent.assignment
     # Without confirmation rounds nothing is called a confirmed gain: said so, never a "win".

@@ -57,6 +57,10 @@ def test_delta_gives_rates_interval_percentiles_and_hit_rate() -> None:
     assert delta.prefix_cache_hit_rate == 0.75
     # Only the 6 new observations, all in (0.1, 1.0]: the median is in the middle of that bucket.
     assert delta.ttft_p50_ms == pytest.approx((0.1 + 0.9 * 3 / 6) * 1000)
+    # The interval's mean is exact: (2.0 - 0.2) s over the 6 new observations.
+    assert delta.ttft_mean_ms == pytest.approx(1.8 / 6 * 1000)
+    # No queue or prefill histograms in these texts: no means, rather than zeros.
+    assert math.isnan(delta.queue_mean_ms) and math.isnan(delta.prefill_mean_ms)
 
 
 def test_parser_handles_escapes_infinities_and_old_prefixes() -> None:

@@ -114,6 +114,16 @@ def predict(
         out[f"{key}ttft_p95_ms"] = _finite(s.ttft_ms.p95)
         out[f"{key}tpot_p50_ms"] = _finite(s.tpot_ms.p50)
         if not key:
+            mean = result.attribution.mean
+            # Where the predicted TTFT goes (means, ms), in the engine's own terms: outside the
+            # engine loop, waiting to be scheduled, scheduled to first token (own compute and
+            # others' tokens in shared steps), and preemption.
+            out["ttft_split_ms"] = {
+                "outside_engine": _finite(mean.overhead_ms),
+                "queueing": _finite(mean.queueing_ms),
+                "prefill": _finite(mean.prefill_compute_ms + mean.chunking_delay_ms),
+                "preemption": _finite(mean.preemption_ms),
+            }
             out["tpot_mean_ms"] = _finite(s.tpot_ms.mean)
             out["dominant_cause"] = result.attribution.dominant_cause
             out["knob"] = result.attribution.knob

@@ -137,6 +137,13 @@ class TrialResult:
     engine_ttft_p50_ms: float | None = None
     engine_ttft_p95_ms: float | None = None
     engine_queue_p95_ms: float | None = None
+    # Where TTFT went, as means: the client's own, and the engine's split of its part into
+    # waiting to be scheduled (queue) and scheduled to first token (prefill); the client's mean
+    # minus the engine's is what happens outside the engine loop (HTTP, tokenizer, the client).
+    ttft_mean_ms: float | None = None
+    engine_ttft_mean_ms: float | None = None
+    engine_queue_mean_ms: float | None = None
+    engine_prefill_mean_ms: float | None = None
     host_wait_s: float = 0.0  # queued behind another measurement of the same host
     host_waited_for: str = ""
     # The discarded warm-up replay before the measurement: requests sent and their p50 TTFT.
@@ -376,6 +383,10 @@ def _run_held(
             engine_ttft_p50_ms=_finite(engine_view.ttft_p50_ms),
             engine_ttft_p95_ms=_finite(engine_view.ttft_p95_ms),
             engine_queue_p95_ms=_finite(engine_view.queue_p95_ms),
+            ttft_mean_ms=float(np.mean(ttfts)) if ttfts else None,
+            engine_ttft_mean_ms=_finite(engine_view.ttft_mean_ms),
+            engine_queue_mean_ms=_finite(engine_view.queue_mean_ms),
+            engine_prefill_mean_ms=_finite(engine_view.prefill_mean_ms),
             warmup=warm,
         )
     except EngineDiedError as exc:
