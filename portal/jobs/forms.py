@@ -31,6 +31,17 @@ class ServedModelForm(forms.Form):
     path = forms.CharField(max_length=500, help_text="A model directory on the serving host.")
 
 
+def _own_samples_and_models(form: forms.Form, organization: Organization) -> None:
+    """Limit a form's `traffic_sample` and `served_model` choices to the organization's own
+    (ready samples; `fields` is typed as plain `Field`s, these are declared choice fields)."""
+    cast(forms.ModelChoiceField, form.fields["traffic_sample"]).queryset = selectors.ready_samples(
+        organization=organization
+    )
+    cast(forms.ModelChoiceField, form.fields["served_model"]).queryset = selectors.served_model_list(
+        organization=organization
+    )
+
+
 class TuningJobForm(forms.Form):
     name = forms.CharField(max_length=120, required=False)
     traffic_sample: forms.ModelChoiceField[TrafficSample] = forms.ModelChoiceField(
@@ -124,13 +135,7 @@ class TuningJobForm(forms.Form):
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # `fields` is typed as plain `Field`s; these are the declared choice fields above.
-        cast(forms.ModelChoiceField, self.fields["traffic_sample"]).queryset = selectors.ready_samples(
-            organization=organization
-        )
-        cast(forms.ModelChoiceField, self.fields["served_model"]).queryset = selectors.served_model_list(
-            organization=organization
-        )
+        _own_samples_and_models(self, organization)
         pools = pools_for(organization=organization)
         cast(forms.ChoiceField, self.fields["pool"]).choices = [("", "—")] + [
             (p.name, f"{p.name} ({p.accelerator} x{p.devices_per_host}, {p.region})") for p in pools
@@ -181,9 +186,4 @@ class WhatIfForm(forms.Form):
 
     def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cast(forms.ModelChoiceField, self.fields["traffic_sample"]).queryset = selectors.ready_samples(
-            organization=organization
-        )
-        cast(forms.ModelChoiceField, self.fields["served_model"]).queryset = selectors.served_model_list(
-            organization=organization
-        )
+        _own_samples_and_models(self, organization)
