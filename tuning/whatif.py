@@ -109,6 +109,7 @@ def forecast(
                 max_prompt_tokens=max_prompt_tokens,
                 max_output_tokens=max_output_tokens,
                 efficiency=efficiency,
+                prices={hw.name: price},
             )
             if score.error is None:
                 break
@@ -137,12 +138,7 @@ def forecast(
             max_output_tokens=max_output_tokens,
             efficiency=efficiency,
         )
-        cost = score.cost_per_million_tokens_usd
-        catalog_price = hw.price_per_hour_usd.value
-        if cost is not None and catalog_price > 0:
-            cost = cost * price / catalog_price
-        elif catalog_price <= 0:
-            cost = None  # no price: no cost, rather than a free machine
+        cost = score.cost_per_million_tokens_usd if price > 0 else None  # unpriced is not free
         out.append(
             Forecast(
                 hw.name,

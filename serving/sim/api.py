@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,8 +128,11 @@ def rank_candidates(
     seed: int = 0,
     keep_results: bool = False,
     efficiency: Efficiency | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> list[CandidateScore]:
     """Simulate every (hardware, config) candidate on the same requests; best first.
+
+    `prices`: per-device hourly prices by hardware name that replace the catalog's.
 
     Order: candidates meeting `targets` by cost per million tokens (then p95 TTFT); then the
     rest by p95 TTFT; candidates that cannot run (do not fit, invalid) last, with the reason.
@@ -159,7 +162,7 @@ def rank_candidates(
             continue
         s = result.summary
         tokens = s.input_throughput_tps * s.duration_s + s.output_throughput_tps * s.duration_s
-        price = hw.price_per_hour_usd.value * config.tensor_parallel_size
+        price = (prices or {}).get(hw.name, hw.price_per_hour_usd.value) * config.tensor_parallel_size
         cost = price * s.duration_s / 3600.0 / (tokens / 1e6) if tokens > 0 else None
         scored.append(
             CandidateScore(

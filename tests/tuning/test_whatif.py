@@ -66,6 +66,10 @@ def test_the_operators_price_sets_the_cost(requests) -> None:  # type: ignore[no
     assert catalog.usd_per_million_tokens is not None and doubled.usd_per_million_tokens is not None
     assert doubled.usd_per_million_tokens == pytest.approx(2 * catalog.usd_per_million_tokens)
     assert doubled.price_per_device_hour_usd == pytest.approx(2 * h200.price_per_hour_usd.value)
+    # A machine the catalog does not price costs what its operator says it does.
+    cpu = get_hardware("local-cpu")
+    (priced,) = forecast(requests, **{**kwargs, "hardware": [cpu]}, prices={"local-cpu": 0.5})  # type: ignore[arg-type]
+    assert priced.usd_per_million_tokens is not None and priced.usd_per_million_tokens > 0
 
 
 def test_a_model_too_large_for_a_node_is_withheld_with_the_fit_report(requests) -> None:  # type: ignore[no-untyped-def]
