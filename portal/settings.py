@@ -313,12 +313,12 @@ LOOP_MIN_LIVE_SPAN_S = env.int("LOOP_MIN_LIVE_SPAN_S", 600, minimum=30)
 LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=False)
 # The one beat of background work, `redispatch` (portal/outbox), every REDISPATCH_INTERVAL_S:
 # - recovers what a dead worker or a lost message left, as each app registers it
-#   (portal.outbox.recovery): job steps the broker never got or lost, sent again (a step the broker
-#   took but nobody claimed after TUNING_REDISPATCH_AFTER_S), steps and trials whose worker died
-#   replaced (a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails); sample ingests
-#   and benchmark runs whose worker died, queued again;
-# - sends what the task outbox holds and the broker did not take (it was down): sample ingests,
-#   endpoint operations, benchmark runs, invitations and billing notices are recorded there with
+#   (portal.outbox.recovery): job steps and batch trials the broker lost, owed again (a message
+#   the broker took but nobody claimed after TUNING_REDISPATCH_AFTER_S), steps and trials whose
+#   worker died replaced (a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails);
+#   sample ingests and benchmark runs whose worker died, queued again;
+# - sends what the task outbox holds and the broker did not take (it was down): job steps and
+#   batch trials, sample ingests, endpoint operations, benchmark runs, invitations and billing notices are recorded there with
 #   the change that makes them due, at most OUTBOX_BATCH a run; messages sent more than
 #   OUTBOX_KEEP_SENT_DAYS ago are deleted;
 # - then delivers the alerts that are due (webhooks and e-mail, which may be slow).

@@ -49,6 +49,7 @@ from portal.benchmarks import measure
 from portal.benchmarks.models import BenchmarkReport, BenchmarkShareLink, BenchmarkTarget
 from portal.benchmarks.selectors import user_is_benchmark_staff
 from portal.outbox.models import OutboxMessage
+from portal.outbox.selectors import outbox_lost
 from portal.outbox.services import outbox_enqueue
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
@@ -564,16 +565,11 @@ def benchmark_reports_recover(*, now: datetime | None = None) -> dict[str, int]:
                 # Once per run that died: the next run's claim counts one more attempt.
                 counts["died"] += 1
     lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
-    sent_long_ago = OutboxMessage.objects.filter(
-        task="portal.benchmarks.tasks.benchmark_report_run",
-        status=OutboxMessage.Status.SENT,
-        sent_at__lt=lost_before,
-    )
     window = int(now.timestamp() // settings.TUNING_REDISPATCH_AFTER_S)
     # A report made since `lost_before` cannot have had its message sent before it.
     queued = BenchmarkReport.objects.filter(status=BenchmarkReport.Status.QUEUED, created_at__lt=lost_before)
     for report in queued.only("id"):
-        if not sent_long_ago.filter(key__startswith=f"benchmark_report.run:{report.id}:").exists():
+        if not outbox_lost(key_prefix=f"benchmark_report.run:{report.id}:", sent_before=lost_before):
             continue
         with transaction.atomic():
             # Once per redispatch window: a message the broker took and lost is sent again.

@@ -9,11 +9,22 @@ from django.conf import settings
 from django.db import models
 
 from portal.leases import Leased
+from portal.outbox.selectors import outbox_waiting
 from tuning.search.job import JobSpec
 from tuning.search.slo import SLOParseError, SLOTarget, parse_slo
 
 # The sections of a finished job's report that the portal reads (TuningJob.report_section).
 ReportSection = Literal["selection", "confirmation", "caps", "golden_set", "baselines"]
+
+
+# The task outbox's keys of a job's messages (portal.outbox.selectors): one per step owed, and
+# one per time a trial of a batch is sent to its pool.
+def step_key_prefix(job_id: object) -> str:
+    return f"tuning_job.step:{job_id}:"
+
+
+def trial_key_prefix(trial_id: object) -> str:
+    return f"tuning_trial.run:{trial_id}:"
 
 
 class ServedModel(models.Model):
@@ -50,8 +61,9 @@ class TuningJob(Leased):
         CANCELLED = "cancelled", "Cancelled"
 
     class Dispatch(models.TextChoices):
-        PENDING = "pending", "Waiting for the task queue"
-        SENT = "sent", "In the task queue"
+        # A step is owed: its message is in the task outbox (portal.outbox), waiting for the
+        # broker or sent to it, and no step has claimed the job yet.
+        PENDING = "pending", "Step owed"
         TAKEN = "taken", "Taken by a worker"
         # A batch of its trials is out on the pool's hosts (one per host, each a task with its
         # own lease); the last of them to finish owes the job's next step.
@@ -84,13 +96,11 @@ class TuningJob(Leased):
     winner_trial = models.IntegerField(null=True, blank=True)
     # The worker step that holds the job (`Leased`: its lease owner and heartbeat; another worker
     # takes over only when the heartbeat is older than TUNING_LEASE_S, a killed worker).
-    # A transactional outbox for the job's next step. The row says a step is owed (PENDING) in
-    # the transaction that makes it due; the message goes to the broker after the commit and is
-    # marked SENT only once the broker took it; the step that claims the job marks it TAKEN.
-    # `jobs_redispatch` re-sends what the broker never got (it was down), what it lost, and what
-    # a dead step left behind, so a job is never shown as queued or running with nothing to run it.
+    # Whether the job's next step is owed (PENDING: recorded in the task outbox, `portal.outbox`, in
+    # the transaction that made it due), taken by a step (TAKEN), or waiting for a batch of trials
+    # (TRIALS). `jobs_redispatch` owes a new step where the broker lost its copy or a step died,
+    # so a job is never shown as queued or running with nothing to run it.
     dispatch = models.CharField(max_length=16, choices=Dispatch.choices, default=Dispatch.PENDING)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
     # Steps that died (worker killed, database lost) since the job's last finished trial; the
     # job fails at TUNING_MAX_INTERRUPTIONS rather than retrying a step that cannot finish.
     interruptions = models.IntegerField(default=0)
@@ -118,7 +128,11 @@ class TuningJob(Leased):
     @property
     def awaits_broker(self) -> bool:
         """Its next step is owed but the task queue has not taken it yet (it was unreachable)."""
-        return self.is_active and self.dispatch == self.Dispatch.PENDING
+        return (
+            self.is_active
+            and self.dispatch == self.Dispatch.PENDING
+            and outbox_waiting(key_prefix=step_key_prefix(self.id))
+        )
 
     # Typed reads of the spec (issue 22): every reader goes through these, with one default each,
     # instead of `(job.spec or {}).get(...)` and its own fallback.
@@ -189,11 +203,11 @@ class Trial(Leased):
     # A trial of a batch measured at once on a pool's hosts (its own task, not the job's step):
     # what to measure (`tuning.search.job.PlannedTrial`, as a dict), the number of the batch's
     # first trial (it is measured against the history before the batch, whichever sibling ends
-    # first), the host measuring it, and its own lease and outbox time, as the job's step has.
+    # first), the host measuring it, and its own lease, as the job's step has (its task's messages
+    # are in the outbox under `trial_key_prefix`).
     planned = models.JSONField(null=True, blank=True)
     batch = models.IntegerField(null=True, blank=True)
     host = models.ForeignKey("pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    dispatched_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering: ClassVar = ["number"]

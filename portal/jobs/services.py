@@ -6,12 +6,13 @@ lease held and does nothing, and a step whose worker was killed loses the lease 
 `TUNING_LEASE_S`, so the re-delivered task re-runs only the unfinished trial. Finished trials
 are never repeated: they are rows, written as each trial ends.
 
-The broker is not trusted to hold the only copy of "this job has a step to run": the job row
-records it (`TuningJob.dispatch`, an outbox) in the transaction that makes the step due, and the
-message is sent after the commit. A broker that is down or hangs costs the user a few seconds at
-most and leaves the job queued in the database; `jobs_redispatch` (beat) sends it when the broker
-is back, and also replaces steps that died (worker killed, database restarted) once their lease
-runs out.
+The broker is not trusted to hold the only copy of "this job has a step to run": the transaction
+that makes the step due sets the job's `dispatch` to PENDING and records the step's message in
+the task outbox (`portal.outbox`, the one durable way to hand work to the broker), which sends it
+after the commit. A broker that is down or hangs costs the user a few seconds at most and leaves
+the job queued in the database; the outbox's beat sends it when the broker is back, and
+`tuning_jobs_redispatch` (a recoverer of that beat) owes a new step where the broker lost its
+copy, and replaces steps that died (worker killed, database restarted) once their lease runs out.
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ import logging
 import re
 import shutil
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerError
 
 from compliance.holders import DataHolder
 from compliance.selectors import allowed_regions
@@ -44,7 +44,9 @@ from portal.accounts.services import require_role
 from portal.catalog import model_folders
 from portal.catalog.selectors import job_price_per_hour
 from portal.jobs import admission, selectors
-from portal.jobs.models import ServedModel, Trial, TuningJob
+from portal.jobs.models import ServedModel, Trial, TuningJob, step_key_prefix, trial_key_prefix
+from portal.outbox.selectors import outbox_lost
+from portal.outbox.services import outbox_enqueue
 from portal.pools import selectors as pool_selectors
 from portal.pools.models import Pool
 from portal.pools.services import pool_require_usable
@@ -75,9 +77,9 @@ from tuning.workload.synth import MIN_LENGTH_SCALE
 
 logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 5.0
-# One quick second try inside the request; the outbox and `jobs_redispatch` are the real retry.
-# Each try is bounded by the broker's socket timeouts (settings.REDIS_BROKER_TIMEOUTS).
-SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 0.5}
+# The tasks the outbox sends for a job: its steps, and the trials of a batch out on a pool's hosts.
+STEP_TASK = "portal.jobs.tasks.tuning_job_step"
+TRIAL_TASK = "portal.jobs.tasks.tuning_trial_run"
 
 # The minimum budget and its message are the library's (tuning.search.job), which refuses less
 # whoever asks; the form and the API say it before the job is built.
@@ -371,47 +373,39 @@ def _job_create(
                 **({"length_scale": length_scale} if length_scale != 1.0 else {}),
             },
         )
-        job_id = str(job.id)
-        # The job is durably queued (dispatch PENDING) once this commits, whatever the broker does.
-        transaction.on_commit(lambda: _step_send(job_id))
+        # The job is durably queued (dispatch PENDING, its step in the outbox) once this commits,
+        # whatever the broker does.
+        _step_owe(job)
     return job
 
 
-def _step_send(job_id: str) -> bool:
-    """Hands the job's next step to the broker and records that it did. Never raises for a
-    broker that is down or stuck: the job stays PENDING and `jobs_redispatch` sends it later."""
-    from portal.jobs.tasks import tuning_job_step
-
-    pool = Pool.objects.filter(tuning_jobs__id=job_id).first()
-    try:
-        # A pool's job goes to the pool's queue (Celery routing on the `pool` argument), where
-        # only that pool's agents take it.
-        tuning_job_step.apply_async(
-            (job_id,), {"pool": pool.name} if pool else {}, retry=True, retry_policy=SEND_RETRY_POLICY
-        )
-    except (BrokerError, OSError) as exc:
-        logger.warning(
-            "tuning job %s: the task queue did not take its next step (%s); it stays queued", job_id, exc
-        )
-        return False
-    # Only from PENDING: a fast worker may already have claimed the step (TAKEN).
-    TuningJob.objects.filter(id=job_id, dispatch=TuningJob.Dispatch.PENDING).update(
-        dispatch=TuningJob.Dispatch.SENT, dispatched_at=timezone.now()
+def _step_owe(job: TuningJob) -> None:
+    """Records the job's next step in the task outbox, inside the caller's transaction (the one
+    that made the step due and left `dispatch` PENDING); the outbox sends it after the commit, or
+    its beat does once a broker that was away is back. A pool's job goes to the pool's queue (Celery
+    routing on the `pool` argument), where only that pool's agents take it; with no live host there
+    the job says so, never silent."""
+    pool = job.pool
+    outbox_enqueue(
+        task=STEP_TASK,
+        kwargs={"job_id": str(job.id), **({"pool": pool.name} if pool is not None else {})},
+        # One message per step owed: a step owed again (lost, died) is a new message.
+        key=step_key_prefix(job.id) + uuid.uuid4().hex,
     )
     if pool is not None:
-        # Never silent: with no live host the step waits in the pool's queue, and the job says so.
         waiting = pool_selectors.pool_waiting_reason(pool=pool)
         if waiting:
-            TuningJob.objects.filter(id=job_id, dispatch=TuningJob.Dispatch.SENT).update(phase=waiting[:300])
-    return True
+            TuningJob.objects.filter(id=job.id).update(phase=waiting[:300])
 
 
 def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
-    """Sends again every step that the broker should hold but may not. Returns counts by case.
+    """Owes again every step that the broker should hold but may not (a recoverer of the outbox's
+    beat, which then sends what it recorded). Returns counts by case:
 
-    - pending: the step was due while the broker was unreachable;
-    - lost: the broker took it TUNING_REDISPATCH_AFTER_S ago and no step has claimed the job (a
-      broker that lost its data; in a merely long queue the copy is a no-op, the lease sees to it);
+    - lost: the job's step is owed (PENDING), nothing in the outbox waits to send it, and the
+      broker took its last message TUNING_REDISPATCH_AFTER_S ago or more with no step claiming the
+      job since (a broker that lost its data; in a merely long queue the copy is a no-op, the lease
+      sees to it);
     - died: a step claimed the job and stopped without finishing (worker killed, database lost)
       and its lease ran out. The job fails instead at its TUNING_MAX_INTERRUPTIONS-th death in a
       row, so a step that cannot finish is not retried for ever.
@@ -421,26 +415,28 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
     unheld = TuningJob.objects.filter(status__in=[TuningJob.Status.QUEUED, TuningJob.Status.RUNNING]).filter(
         leases.free_or_stale(settings.TUNING_LEASE_S, now)
     )
-    counts = {"pending": 0, "lost": 0, "died": 0, "failed": 0, "unsent": 0}
-
-    def send(job_id: str, case: str) -> None:
-        counts[case if _step_send(job_id) else "unsent"] += 1
-
-    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.PENDING).values_list("id", flat=True):
-        send(str(job_id), "pending")
+    counts = {"lost": 0, "died": 0, "failed": 0}
     lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
-    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.SENT, dispatched_at__lt=lost_before).values_list(
-        "id", flat=True
-    ):
-        if unheld.filter(id=job_id, dispatch=TuningJob.Dispatch.SENT).update(
-            dispatch=TuningJob.Dispatch.PENDING
-        ):
-            send(str(job_id), "lost")
+    for job_id in unheld.filter(dispatch=TuningJob.Dispatch.PENDING).values_list("id", flat=True):
+        if not outbox_lost(key_prefix=step_key_prefix(job_id), sent_before=lost_before):
+            continue
+        with transaction.atomic():
+            job = (
+                unheld.select_for_update(skip_locked=True, of=("self",))
+                .select_related("pool")
+                .filter(id=job_id, dispatch=TuningJob.Dispatch.PENDING)
+                .first()
+            )
+            # Seen again under the row's lock: a concurrent beat may have owed it meanwhile.
+            if job is None or not outbox_lost(key_prefix=step_key_prefix(job_id), sent_before=lost_before):
+                continue
+            _step_owe(job)
+            counts["lost"] += 1
     for job_id in unheld.filter(dispatch=TuningJob.Dispatch.TAKEN).values_list("id", flat=True):
         with transaction.atomic():
             job = (
-                unheld.select_for_update(skip_locked=True)
-                .select_related("organization")
+                unheld.select_for_update(skip_locked=True, of=("self",))
+                .select_related("organization", "pool")
                 .filter(id=job_id, dispatch=TuningJob.Dispatch.TAKEN)
                 .first()
             )
@@ -467,7 +463,8 @@ def tuning_jobs_redispatch(*, now: datetime | None = None) -> dict[str, int]:
                 **leases.FREE,
             )
             logger.warning("tuning job %s: its step stopped without finishing; sending it again", job_id)
-        send(str(job_id), "died")
+            _step_owe(job)
+            counts["died"] += 1
     counts.update(_trials_redispatch(now))
     return counts
 
@@ -774,7 +771,7 @@ def _step(job_id: str, owner: str) -> str:
             report=live_report,
             phase="",
         )
-        transaction.on_commit(lambda: _step_send(job_id))
+        _step_owe(job)
     return f"trial {number}"
 
 
@@ -806,13 +803,15 @@ def _slots(job: TuningJob) -> int:
 def _batch_send(
     job: TuningJob, history: Sequence[TrialRecord], batch: Sequence[PlannedTrial], owner: str
 ) -> str:
+    pool = job.pool
+    assert pool is not None, "a batch of trials runs on a pool's hosts"  # _slots: 1 without a pool
     first = len(history)
     numbers = list(range(first, first + len(batch)))
     with transaction.atomic():
         if not leases.held(TuningJob.objects.filter(id=job.id), owner):
             return "lease-lost"
         for number, planned in zip(numbers, batch, strict=True):
-            Trial.objects.update_or_create(
+            trial, _ = Trial.objects.update_or_create(
                 job=job,
                 number=number,
                 defaults={
@@ -825,36 +824,26 @@ def _batch_send(
                     "result": None,
                     "host": None,
                     **leases.FREE,
-                    "dispatched_at": None,
                 },
             )
+            _trial_owe(trial, pool)
         TuningJob.objects.filter(id=job.id).update(
             **leases.FREE,
             dispatch=TuningJob.Dispatch.TRIALS,
             interruptions=0,
-            phase=f"trials {first}-{numbers[-1]} at once on the hosts of pool {job.pool.name if job.pool else ''}",
+            phase=f"trials {first}-{numbers[-1]} at once on the hosts of pool {pool.name}",
         )
-        transaction.on_commit(lambda: [_trial_send(str(job.id), n) for n in numbers])
     return f"trials {first}-{numbers[-1]}"
 
 
-def _trial_send(job_id: str, number: int) -> bool:
-    """Hands one trial of a batch to its pool's queue; never raises for a broker that is down
-    (the trial's `dispatched_at` stays empty and `jobs_redispatch` sends it later)."""
-    from portal.jobs.tasks import tuning_trial_run
-
-    trial = Trial.objects.select_related("job__pool").filter(job__id=job_id, number=number).first()
-    if trial is None or trial.job.pool is None:
-        return False
-    try:
-        tuning_trial_run.apply_async(
-            (str(trial.pk),), {"pool": trial.job.pool.name}, retry=True, retry_policy=SEND_RETRY_POLICY
-        )
-    except (BrokerError, OSError) as exc:
-        logger.warning("tuning job %s: the task queue did not take trial %s (%s)", job_id, number, exc)
-        return False
-    Trial.objects.filter(pk=trial.pk, status=Trial.Status.RUNNING).update(dispatched_at=timezone.now())
-    return True
+def _trial_owe(trial: Trial, pool: Pool) -> None:
+    """Records one trial of a batch in the task outbox for its pool's queue, inside the caller's
+    transaction (sent after the commit, or by the outbox's beat while the broker is away)."""
+    outbox_enqueue(
+        task=TRIAL_TASK,
+        kwargs={"trial_id": str(trial.pk), "pool": pool.name},
+        key=trial_key_prefix(trial.pk) + uuid.uuid4().hex,
+    )
 
 
 def _trial_claim(trial_id: int, owner: str) -> bool:
@@ -934,17 +923,18 @@ def _trial_record(job: TuningJob, trial: Trial, result: dict[str, Any], *, owner
         )
         if job.trials.filter(status=Trial.Status.RUNNING).exists():
             return f"trial {trial.number}"
-        TuningJob.objects.filter(id=job.id, dispatch=TuningJob.Dispatch.TRIALS).update(
+        if TuningJob.objects.filter(id=job.id, dispatch=TuningJob.Dispatch.TRIALS).update(
             dispatch=TuningJob.Dispatch.PENDING, phase=""
-        )
-        transaction.on_commit(lambda: _step_send(str(job.id)))
+        ):
+            _step_owe(TuningJob.objects.select_related("pool").get(id=job.id))
     return f"trial {trial.number} (last of its batch)"
 
 
 def _trials_redispatch(now: datetime) -> dict[str, int]:
-    """The batch trials the broker should hold but may not: never sent (broker down), sent long
-    ago and never claimed (lost), or claimed by a task whose lease ran out (its host died)."""
-    counts = {"trials_sent": 0, "trials_died": 0, "trials_failed": 0}
+    """The batch trials the broker should hold but may not: unclaimed, with nothing in the outbox
+    waiting to send them and the broker's last copy taken TUNING_REDISPATCH_AFTER_S ago or more
+    (lost), or claimed by a task whose lease ran out (its host died)."""
+    counts = {"trials_lost": 0, "trials_died": 0, "trials_failed": 0}
     stale = leases.stale_before(settings.TUNING_LEASE_S, now)
     lost_before = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S)
     out = Trial.objects.filter(
@@ -952,17 +942,28 @@ def _trials_redispatch(now: datetime) -> dict[str, int]:
         batch__isnull=False,
         job__status=TuningJob.Status.RUNNING,
         job__dispatch=TuningJob.Dispatch.TRIALS,
+        job__pool__isnull=False,
     )
-    unsent = out.filter(lease_owner="").filter(
-        Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=lost_before)
-    )
-    for job_id, number in unsent.values_list("job_id", "number"):
-        counts["trials_sent"] += int(_trial_send(str(job_id), number))
+    for pk in out.filter(lease_owner="").values_list("pk", flat=True):
+        if not outbox_lost(key_prefix=trial_key_prefix(pk), sent_before=lost_before):
+            continue
+        with transaction.atomic():
+            trial = (
+                out.select_for_update(skip_locked=True, of=("self",))
+                .select_related("job__pool")
+                .filter(pk=pk, lease_owner="")
+                .first()
+            )
+            if trial is None or not outbox_lost(key_prefix=trial_key_prefix(pk), sent_before=lost_before):
+                continue
+            assert trial.job.pool is not None
+            _trial_owe(trial, trial.job.pool)
+            counts["trials_lost"] += 1
     for pk in out.exclude(lease_owner="").filter(lease_heartbeat_at__lt=stale).values_list("pk", flat=True):
         with transaction.atomic():
             trial = (
                 out.select_for_update(skip_locked=True, of=("self",))
-                .select_related("job", "host")
+                .select_related("job__pool", "host")
                 .filter(pk=pk, lease_heartbeat_at__lt=stale)
                 .first()
             )
@@ -983,11 +984,12 @@ def _trials_redispatch(now: datetime) -> dict[str, int]:
                 _trial_record(trial.job, trial, result, owner=None)
                 counts["trials_failed"] += 1
                 continue
-            Trial.objects.filter(pk=pk).update(**leases.FREE, attempts=F("attempts") + 1, dispatched_at=None)
+            Trial.objects.filter(pk=pk).update(**leases.FREE, attempts=F("attempts") + 1)
             logger.warning(
                 "tuning job %s: trial %s stopped on %s; sending it again", trial.job_id, trial.number, named
             )
-            transaction.on_commit(partial(_trial_send, str(trial.job_id), trial.number))
+            assert trial.job.pool is not None
+            _trial_owe(trial, trial.job.pool)
             counts["trials_died"] += 1
     return counts
 

@@ -30,7 +30,8 @@ from django.utils import timezone
 
 from portal.accounts.models import User
 from portal.jobs import services as job_services
-from portal.jobs.models import TuningJob
+from portal.jobs.models import TuningJob, trial_key_prefix
+from portal.outbox.models import OutboxMessage
 from portal.pools import selectors as pool_selectors
 from portal.pools import services
 from portal.pools.models import Host
@@ -251,7 +252,7 @@ def test_a_pool_job_waits_visibly_is_taken_by_an_agent_and_rerun_elsewhere_when_
         )
     job.refresh_from_db()
     # No host of the pool: never silent. The step waits in the pool's queue, not the default one.
-    assert job.dispatch == TuningJob.Dispatch.SENT
+    assert job.dispatch == TuningJob.Dispatch.PENDING and not job.awaits_broker
     assert job.phase.startswith("waiting for a host of pool cpu-a"), job.phase
     queues = redis.Redis.from_url(broker, socket_timeout=5)
     assert queues.llen("pool.cpu-a") == 1
@@ -631,10 +632,18 @@ def test_batch_trials_whose_host_died_are_sent_again_then_failed_with_the_host_n
     assert job_services.tuning_job_step(job_id=str(job.id), owner="stray") == "busy-or-done"
     with django_capture_on_commit_callbacks(execute=True):
         counts = job_services.tuning_jobs_redispatch()
-    assert counts["trials_sent"] == 1 and counts["trials_died"] == 1, counts
+    assert counts["trials_lost"] == 1 and counts["trials_died"] == 1, counts
     assert queue.llen("pool.cpu-gone") == 2  # both trials, on the pool's queue for any live host
     second.refresh_from_db()
-    assert second.attempts == 2 and second.lease_owner == "" and second.dispatched_at is not None
+    assert second.attempts == 2 and second.lease_owner == ""
+    # Each went through the task outbox, sent: a beat now owes neither again.
+    for trial in (first, second):
+        sent = OutboxMessage.objects.filter(key__startswith=trial_key_prefix(trial.pk))
+        assert [m.status for m in sent] == [OutboxMessage.Status.SENT]
+    with django_capture_on_commit_callbacks(execute=True):
+        again = job_services.tuning_jobs_redispatch()
+    assert again["trials_lost"] == 0 and again["trials_died"] == 0, again
+    assert queue.llen("pool.cpu-gone") == 2
     # Each dies again on its host, up to the limit: then it is recorded as failed, the host named,
     # and the batch's last owes the job's next step.
     Trial.objects.filter(pk__in=[first.pk, second.pk]).update(
@@ -650,6 +659,6 @@ def test_batch_trials_whose_host_died_are_sent_again_then_failed_with_the_host_n
         assert trial.result["error"].startswith("host engine-gone stopped while it measured this trial")
         assert trial.result["host"]["name"] == "engine-gone"
     job.refresh_from_db()
-    assert job.dispatch == TuningJob.Dispatch.SENT
+    assert job.dispatch == TuningJob.Dispatch.PENDING and not job.awaits_broker
     messages = [m.decode(errors="replace") for m in queue.lrange("pool.cpu-gone", 0, -1)]
     assert len(messages) == 1 and "tuning_job_step" in messages[0]

@@ -29,7 +29,8 @@ from compliance.models import AuditChainHead, AuditEvent
 from compliance.services import audit_verify
 from portal.accounts.models import Organization, User
 from portal.jobs import services
-from portal.jobs.models import TuningJob
+from portal.jobs.models import TuningJob, step_key_prefix
+from portal.outbox.models import OutboxMessage
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
 from tests.factories import LOOSE_SLO, build_model_dir, ready_sample, served_model
@@ -256,7 +257,8 @@ def test_a_database_restart_during_a_step(
             peak_rps=1.0,
             budget_trials=2,
         )
-        assert TuningJob.objects.get(pk=job.pk).dispatch == TuningJob.Dispatch.SENT
+        queued = TuningJob.objects.get(pk=job.pk)
+        assert queued.dispatch == TuningJob.Dispatch.PENDING and not queued.awaits_broker
         with fault_worker(fault_worker_env(redis_url, settings, model_root), tmp_path) as log:
             writer: int | None = None
 
@@ -418,9 +420,9 @@ def test_redispatch_leaves_live_steps_alone_and_stops_a_job_whose_step_keeps_dyi
                 slo=LOOSE_SLO,
                 peak_rps=1.0,
             )
-            for name in ("live", "died once", "died thrice", "lost by the broker")
+            for name in ("live", "died once", "died thrice", "lost by the broker", "sent lately", "unsent")
         ]
-        live, died, dying, lost = jobs
+        live, died, dying, lost, lately, _unsent = jobs
         now = timezone.now()
         fresh, stale = now - timedelta(seconds=1), now - timedelta(seconds=settings.TUNING_LEASE_S + 1)
         running = {"status": TuningJob.Status.RUNNING, "dispatch": TuningJob.Dispatch.TAKEN}
@@ -429,21 +431,43 @@ def test_redispatch_leaves_live_steps_alone_and_stops_a_job_whose_step_keeps_dyi
         TuningJob.objects.filter(pk=dying.pk).update(
             **running, lease_owner="c", lease_heartbeat_at=stale, interruptions=2
         )
-        TuningJob.objects.filter(pk=lost.pk).update(
-            dispatch=TuningJob.Dispatch.SENT,
-            dispatched_at=now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S + 1),
-        )
+        # The broker took two steps' messages: one long ago and nobody claimed the job (lost),
+        # one a second ago (in the queue). "unsent" never reached the broker: the outbox's own
+        # sends see to it, not the job's recoverer.
+        long_ago = now - timedelta(seconds=settings.TUNING_REDISPATCH_AFTER_S + 1)
+        for job, sent_at in ((lost, long_ago), (lately, fresh)):
+            OutboxMessage.objects.filter(key__startswith=step_key_prefix(job.pk)).update(
+                status=OutboxMessage.Status.SENT, sent_at=sent_at
+            )
         counts = services.tuning_jobs_redispatch(now=now)
 
-    assert counts == {"pending": 0, "lost": 0, "died": 0, "failed": 1, "unsent": 2} | dict.fromkeys(
-        ("trials_sent", "trials_died", "trials_failed"), 0
+    assert counts == {"lost": 1, "died": 1, "failed": 1} | dict.fromkeys(
+        ("trials_lost", "trials_died", "trials_failed"), 0
     )
     by_name = {j.name: j for j in TuningJob.objects.all()}
+    messages = {
+        name: list(
+            OutboxMessage.objects.filter(key__startswith=step_key_prefix(job.pk))
+            .order_by("created_at", "id")
+            .values_list("status", flat=True)
+        )
+        for name, job in by_name.items()
+    }
     assert by_name["live"].dispatch == TuningJob.Dispatch.TAKEN and by_name["live"].lease_owner == "a"
-    # Owed again, recorded as such (the broker is still down): the next tick sends it.
+    # Owed again, recorded as such in the outbox (the broker is still down): its beat sends it.
     assert by_name["died once"].dispatch == TuningJob.Dispatch.PENDING
     assert by_name["died once"].interruptions == 1 and by_name["died once"].lease_owner == ""
+    assert messages["died once"] == ["pending", "pending"]
     assert by_name["lost by the broker"].dispatch == TuningJob.Dispatch.PENDING
+    assert (
+        messages["lost by the broker"] == ["sent", "pending"] and by_name["lost by the broker"].awaits_broker
+    )
+    assert messages["sent lately"] == ["sent"] and not by_name["sent lately"].awaits_broker
+    assert messages["unsent"] == ["pending"] and by_name["unsent"].awaits_broker
+    # Run again at once, the beat owes nothing more: what it recorded waits for the broker.
+    with sending_to(f"redis://127.0.0.1:{_closed_port()}/0", settings.REDIS_BROKER_TIMEOUTS):
+        again = services.tuning_jobs_redispatch(now=now)
+    assert again["lost"] == 0 and again["died"] == 0, again
     stopped = by_name["died thrice"]
     assert stopped.status == TuningJob.Status.FAILED and stopped.lease_owner == ""
     assert "3 interrupted attempts in a row" in stopped.error

@@ -133,7 +133,7 @@ def test_a_step_keeps_the_log_current_while_its_trial_runs(  # type: ignore[no-u
         services, "next_trials", lambda prepared, history, slots: [] if history else [planned]
     )
     monkeypatch.setattr(services, "report", lambda prepared, history: {})
-    monkeypatch.setattr(services, "_step_send", lambda job_id: True)
+    monkeypatch.setattr(services, "_step_owe", lambda job: None)
     seen: list[str] = []
 
     def execute(prepared, planned, history, work_dir: Path, **kwargs) -> dict[str, Any]:  # type: ignore[no-untyped-def]
