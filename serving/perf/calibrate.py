@@ -42,10 +42,11 @@ import dataclasses
 import json
 import math
 import platform
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -202,6 +203,11 @@ def predict_observation(obs: Observation, step_model: StepTimeModel) -> float:
 # -- measuring the machine ---------------------------------------------------------------------
 
 
+# A machine check's figures (serving.perf.machine) and a calibration's are each the median of this
+# many measurements: one draw moves by more than the check's tolerance on a shared host.
+CHECK_ROUNDS = 5
+
+
 def measure_cpu() -> dict[str, float]:
     """fp32/bf16 matmul TFLOPS (torch, this process's threads) and copy bandwidth (GB/s)."""
     import torch
@@ -232,6 +238,20 @@ def measure_cpu() -> dict[str, float]:
             if line.startswith("MemTotal:"):
                 out["memory_gb"] = int(line.split()[1]) * 1024 / 1e9
     return out
+
+
+def median_of_rounds(
+    measure: Callable[[], Mapping[str, float]], rounds: int = CHECK_ROUNDS
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Each figure's median over `rounds` calls of `measure` (1 to 20), and its (lowest, highest)."""
+    if not 1 <= rounds <= 20:
+        raise ValueError(f"a machine check measures 1 to 20 rounds, not {rounds}")
+    draws: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for key, value in measure().items():
+            draws.setdefault(key, []).append(float(value))
+    median = {k: float(statistics.median(v)) for k, v in draws.items()}
+    return median, {k: (min(v), max(v)) for k, v in draws.items()}
 
 
 def _cpu_name() -> str:
@@ -437,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from serving.engine import EngineConfig
 
-    hardware_figures = measure_cpu()
+    hardware_figures, _ = median_of_rounds(measure_cpu)
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # The catalog reads the CPU figures from this file: write them before fitting against them.

@@ -118,3 +118,28 @@ def test_a_cpu_engine_on_every_core_is_simulated_with_its_compute_shared_over_th
     ).summary.ttft_ms.p50 == (
         simulate_trace(trace, model="tiny-llama-m", hardware="h200", config=default).summary.ttft_ms.p50
     )
+
+
+def test_the_check_is_the_median_of_several_measurements(tmp_path: Path) -> None:
+    """One noisy draw does not decide: the copy bandwidth below swings by a third between draws
+    (as it did on this host), and only its median is compared with the calibration."""
+    path = tmp_path / "local_cpu.json"
+    path.write_text(json.dumps({"measured_at": "2026-12-04T13:13:03+00:00", "hardware": CALIBRATED}))
+    bandwidths = iter([44.0, 58.0, 45.0, 43.0, 57.0])
+
+    def measure() -> dict[str, float]:
+        return {**CALIBRATED, "memory_bandwidth_gbps": next(bandwidths)}
+
+    check = check_local_machine(path, measure=measure, rounds=5)
+    data = check.to_dict()
+    assert check.matches, data["differences"]
+    assert data["measured_now"]["memory_bandwidth_gbps"] == 45.0
+    assert data["measured_range"]["memory_bandwidth_gbps"] == [43.0, 58.0] and data["rounds"] == 5
+    # The same draws one at a time: the second alone would have named a different machine.
+    assert machine_differences(CALIBRATED, {"memory_bandwidth_gbps": 58.0})
+    # A machine that really moved still differs, whatever one draw says.
+    slow = iter([30.0, 44.0, 29.0, 31.0, 30.0])
+    moved = check_local_machine(path, measure=lambda: {"memory_bandwidth_gbps": next(slow)}, rounds=5)
+    assert moved.differences == ["copy bandwidth 30 GB/s now, 44 GB/s when calibrated (0.68x)"]
+    with pytest.raises(ValueError, match="1 to 20 rounds"):
+        check_local_machine(path, measure=measure, rounds=0)
