@@ -318,9 +318,9 @@ LOOP_RETUNE_ON_SERVING_HOST = env.bool("LOOP_RETUNE_ON_SERVING_HOST", default=Fa
 #   worker died replaced (a job whose step dies TUNING_MAX_INTERRUPTIONS times in a row fails);
 #   sample ingests and benchmark runs whose worker died, queued again;
 # - sends what the task outbox holds and the broker did not take (it was down): job steps and
-#   batch trials, sample ingests, endpoint operations, benchmark runs, invitations and billing notices are recorded there with
-#   the change that makes them due, at most OUTBOX_BATCH a run; messages sent more than
-#   OUTBOX_KEEP_SENT_DAYS ago are deleted;
+#   batch trials, sample ingests, endpoint operations, benchmark runs, invitations and billing
+#   notices are recorded there with the change that makes them due, at most OUTBOX_BATCH a run;
+#   messages sent more than OUTBOX_KEEP_SENT_DAYS ago are deleted;
 # - then delivers the alerts that are due (webhooks and e-mail, which may be slow).
 REDISPATCH_INTERVAL_S = env.int("REDISPATCH_INTERVAL_S", 15, minimum=1)
 for _old in ("TUNING_REDISPATCH_INTERVAL_S", "OUTBOX_REDISPATCH_INTERVAL_S", "ALERT_REDISPATCH_INTERVAL_S"):
