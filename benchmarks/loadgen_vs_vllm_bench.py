@@ -20,7 +20,9 @@ A third phase holds 1, 8 and 32 streams open at once and compares our client wit
 independent raw-socket clients, one process each (no event loop, no shared interpreter), in
 alternating rounds of the same requests, beside the engine's own TTFT from its /metrics
 histogram: whatever our client adds as streams grow shows as a ratio above 1, with a bootstrap
-95% interval over the pairs of rounds. Summary figures `p50_ttft_max_dev` and `p95_ttft_max_dev`
+95% interval over the pairs of rounds. Both sides connect before the first send (the raw clients
+before their shared barrier, ours by the load generator's connection warm-up), so neither TTFT
+holds a TCP handshake. Summary figures `p50_ttft_max_dev` and `p95_ttft_max_dev`
 are the largest |ours / raw - 1| over those loads.
 
 Requests: lengths of the first requests of the Azure LLM inference trace 2023 (conversation;

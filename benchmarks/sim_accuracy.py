@@ -43,6 +43,15 @@ replayed as one tenant's jobs, each predicted with the correction the product ma
 earlier jobs' trials (`tuning.search.prior.sim_prior`), for every choice of earlier jobs, so no
 job corrects itself; `calibration_convergence` holds the error curve by number of earlier jobs.
 
+The engine's speed drifts on this shared host (fp32 matmul read 0.72x the calibration's at the
+start of one live run and 1.0x at its end), so each case's fresh engine is first timed on the
+calibration's own shapes (`serving.perf.machine.probe_engine_speed`: single prefills of 512
+tokens, or the configuration's step budget where smaller, and one request's decode steps, in
+words no case uses), and that case is predicted from the stored calibration scaled by what the
+probe found (`prediction` in each row). The stored calibration alone is shown beside
+(`stored_calibration_only`). With `--other-live`, `live_repeat_*` is the noise floor: this run's
+cases measured again in the kept runs, |other / this - 1|; no prediction can be held to less.
+
 One live run is a noisy truth on this shared 2-core machine: a few requests per case stall in
 the API server (benchmarks/stream_stalls.py). Every full live run is therefore kept in
 `results/sim_accuracy_live/`. If `serving/perf/data/h200.json` holds an H200 operator profile,
@@ -100,10 +109,11 @@ from serving.loadgen.api import replay_trace  # noqa: E402
 from serving.loadgen.traces import read_trace  # noqa: E402
 from serving.metrics import scrape, snapshot_delta  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
+from serving.perf.calibrate import PREFILL_LENGTHS  # noqa: E402
 from serving.perf.feedback import Pair  # noqa: E402
 from serving.perf.h200_profile import held_out_errors  # noqa: E402
-from serving.perf.machine import check_local_machine  # noqa: E402
-from serving.perf.model import Efficiency  # noqa: E402
+from serving.perf.machine import PROBE_PREFILL_TOKENS, EngineSpeed, check_local_machine, probe_engine_speed  # noqa: E402
+from serving.perf.model import Efficiency, load_efficiency  # noqa: E402
 from serving.sim import simulate_trace  # noqa: E402
 from tuning.search.prior import sim_prior  # noqa: E402
 
@@ -171,6 +181,14 @@ def configs() -> dict[str, EngineConfig]:
         "max_seqs_2": cfg(max_num_seqs=2),
         "budget_256": cfg(max_num_batched_tokens=256),
     }
+
+
+def probe_tokens(config: EngineConfig) -> int:
+    """The engine probe's prompt: the longest calibrated length one step of `config` prefills."""
+    budget = config.max_num_batched_tokens
+    if budget is None or budget >= PROBE_PREFILL_TOKENS:
+        return PROBE_PREFILL_TOKENS
+    return max((n for n in PREFILL_LENGTHS if n <= budget), default=PREFILL_LENGTHS[0])
 
 
 def window_requests(trace: str, *, time_scale: float, window_s: float) -> int:
@@ -692,8 +710,14 @@ def simulated_rows(
         if name not in chosen or key not in cases:
             continue
         config, case, measured = chosen[name], cases[key], live[key]
-        predicted = sim_case(config, case)
-        errors = {metric: rel_error(predicted[metric], measured[metric]) for metric in METRICS}
+        stored = sim_case(config, case)
+        stored_errors = {metric: rel_error(stored[metric], measured[metric]) for metric in METRICS}
+        predicted, errors, how = stored, stored_errors, "stored calibration"
+        if measured.get("engine_speed"):
+            speed = EngineSpeed.from_dict(measured["engine_speed"])
+            predicted = sim_case(config, case, efficiency=speed.correct(stored_calibration()))
+            errors = {metric: rel_error(predicted[metric], measured[metric]) for metric in METRICS}
+            how = "stored calibration x this case's engine probe"
         rows.append(
             {
                 "config": name,
@@ -708,8 +732,11 @@ def simulated_rows(
                 "max_output_tokens": MAX_OUTPUT_TOKENS,
                 "seed": case.seed,
                 "live": measured,
+                "prediction": how,
                 "sim": predicted,
                 "error": errors,
+                "sim_stored_calibration": stored,
+                "error_stored_calibration": stored_errors,
             }
         )
         if show:
@@ -719,6 +746,46 @@ def simulated_rows(
                 f"{predicted['ttft_p95_ms']:7.1f}  tpot {measured['tpot_mean_ms']:6.2f} vs {predicted['tpot_mean_ms']:6.2f}"
             )
     return rows
+
+
+def stored_calibration() -> Efficiency:
+    found = load_efficiency("local-cpu")
+    if found is None:
+        raise RuntimeError("no local-cpu calibration: run python -m serving.perf.calibrate first")
+    return found
+
+
+def stored_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` as predicted from the stored calibration alone (no engine probe)."""
+    return [{**r, "sim": r["sim_stored_calibration"], "error": r["error_stored_calibration"]} for r in rows]
+
+
+def live_repeat(
+    live: dict[Key, dict[str, Any]], cases: dict[Key, Case], others: Sequence[Path]
+) -> dict[str, Any]:
+    """The live noise floor: each case of this run measured again in the kept runs `others`
+    (identical trace, load, pace, requests and caps; other words, another engine, another hour),
+    as |other / this - 1| of p50 and p95 TTFT. A prediction cannot be held to a smaller error than
+    the engine's own repeat of the same case."""
+    errors: dict[str, list[float]] = {"ttft_p50_ms": [], "ttft_p95_ms": []}
+    runs = 0
+    for path in others:
+        old_live, old_cases, _ = read_live(path)
+        same = [k for k in old_live if k in cases and k in live and _same_case(old_cases[k], cases[k])]
+        runs += bool(same)
+        for key in same:
+            for metric, values in errors.items():
+                value = rel_error(old_live[key][metric], live[key][metric])
+                if value is not None:
+                    values.append(abs(value))
+    return {
+        "runs": runs,
+        "cases": len(errors["ttft_p50_ms"]),
+        "p50_ttft_mape": float(np.mean(errors["ttft_p50_ms"])) if errors["ttft_p50_ms"] else None,
+        "p95_ttft_mape": float(np.mean(errors["ttft_p95_ms"])) if errors["ttft_p95_ms"] else None,
+        "p50_interval": bootstrap_mean(errors["ttft_p50_ms"]),
+        "p95_interval": bootstrap_mean(errors["ttft_p95_ms"]),
+    }
 
 
 def mape_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -883,6 +950,15 @@ def measure(
                 engine = start_engine(model=str(model_dir), config=chosen[name], startup_timeout_s=600)
                 try:
                     _throwaway(engine.base_url, model_dir)
+                    # How fast this engine runs now against the calibrated one (fresh words,
+                    # shapes no case sends): the probed prediction carries it.
+                    speed = probe_engine_speed(
+                        engine.base_url,
+                        engine.endpoint.model_name,
+                        model_dir,
+                        seed=70_000 + run.seed,
+                        prefill_tokens=probe_tokens(chosen[name]),
+                    )
                     mine = {engine.engine_pid, engine.watchdog_pid, *engine.leftover_pids()}
                     if (os.cpu_count() or 1) > MAX_OTHERS_CORES:  # else: measure whatever else runs
                         wait_for_free_machine(mine, max_wait_s=30.0, strict=False)
@@ -891,6 +967,7 @@ def measure(
                 finally:
                     engine.stop()
                 row["attempts"] = attempt
+                row["engine_speed"] = speed.to_dict()
                 row["other_engines_seen"] = len(watch.seen)
                 row["others_cpu_cores"] = watch.others_cores
                 measured[(name, case.trace, case.load)] = run
@@ -1110,6 +1187,17 @@ def main() -> int:
         "top3_hit_rate_p95": rank["summary"]["top3_hit_rate_p95"],
         "ranked_groups": rank["summary"]["groups"],
         "cases": len(rows),
+        "prediction": (
+            "each case from the stored calibration scaled by its own engine's speed probe "
+            "(serving.perf.machine.probe_engine_speed, before the case's requests)"
+            if rows and all(r["prediction"] != "stored calibration" for r in rows)
+            else "the stored calibration alone"
+            + (
+                " (some cases carry an engine probe)"
+                if any(r["prediction"] != "stored calibration" for r in rows)
+                else ""
+            )
+        ),
         "held_out": held["all_after_calibration"],
         "live_run_on_calibrated_machine": _same_machine(live_meta),
     }
@@ -1164,6 +1252,26 @@ def main() -> int:
             **mape_summary(median_rows),
             **ranking(median_rows)["summary"],
         }
+    if any(r["prediction"] != "stored calibration" for r in rows):
+        stored_rows = stored_only(rows)
+        stored_rank = ranking(stored_rows)["summary"]
+        summary["stored_calibration_only"] = {
+            "label": "the same live cases predicted from the stored calibration without the engine probe",
+            **mape_summary(stored_rows),
+            **{k: stored_rank[k] for k in ("rank_tau", "top3_hit_rate", "rank_tau_p95", "top3_hit_rate_p95")},
+        }
+    if args.other_live:
+        repeat = live_repeat(live, cases, args.other_live)
+        summary["live_repeat_p50_ttft_mape"] = repeat["p50_ttft_mape"]
+        summary["live_repeat_p95_ttft_mape"] = repeat["p95_ttft_mape"]
+        summary["live_repeat_cases"] = repeat["cases"]
+        intervals["live_repeat_p50_ttft_mape"] = repeat["p50_interval"] or {}
+        intervals["live_repeat_p95_ttft_mape"] = repeat["p95_interval"] or {}
+        summary["live_repeat_how"] = (
+            "the noise floor: this run's cases measured again in the kept runs given by --other-live "
+            f"({repeat['runs']} with identical cases), |other / this - 1|, on whatever machine state "
+            "each run met"
+        )
     convergence = calibration_convergence(rows, chosen, cases)
     for name in ("calibration_gain", "calibration_gain_tpot"):
         summary[name] = convergence[name]

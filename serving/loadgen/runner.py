@@ -4,8 +4,10 @@ Design notes:
 - Open loop: each request leaves at its scheduled time whether or not earlier ones finished; a
   slow endpoint shows up as latency, never as a slower offered load. Send lateness (actual minus
   scheduled send time) is recorded per request so a client that cannot keep up is visible.
-- One event loop and one shared connection pool; prompts are synthesised and request bodies
-  serialised before the first send, so the loop does nothing heavy while requests are in flight.
+- One event loop and one shared connection pool, its keep-alive connections opened before the
+  first send (a served model's clients keep theirs open; a handshake is not the engine's time);
+  prompts are synthesised and request bodies serialised before the first send, so the loop does
+  nothing heavy while requests are in flight.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ _START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it 
 # imported its client and opened its loop before the first send.
 _SHARDED_START_LEAD_S = 3.0
 MAX_CLIENT_PROCESSES = 32
+# Keep-alive connections opened before the first timed send (at most one per request): a client
+# of a served model keeps its connections open, so a TTFT that paid for a TCP handshake and the
+# client's first connection set-up would be the client's cost, largest at low load.
+WARM_CONNECTIONS_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -214,13 +220,16 @@ async def run_prepared(
     progress: ProgressBar | None = None,
     start_at: float | None = None,
     connect_to: Mapping[str, Sequence[str]] | None = None,
+    warm_connections: int | None = None,
 ) -> tuple[list[RequestResult], float, str]:
     """Send `prepared` on schedule; returns per-request results, the run's duration and start time.
 
     `start_at`: the `time.perf_counter()` instant that schedule offsets count from (a shared start
     across client processes: the clock is the system's monotonic one); default just after setup.
     `connect_to`: host name -> the addresses to connect to for it (see PinnedResolver); None
-    resolves names as usual."""
+    resolves names as usual.
+    `warm_connections`: keep-alive connections opened before the first send (None: one per
+    request up to WARM_CONNECTIONS_MAX; 0: none), each by a GET whose answer is ignored."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
     # limit=0: no cap on open connections, so a slow endpoint never holds back a send (open loop).
     connector = aiohttp.TCPConnector(
@@ -231,6 +240,11 @@ async def run_prepared(
     order = sorted(prepared, key=lambda r: r.scheduled_s)
     timings: dict[int, Timing] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if order:
+            wanted = min(len(order), WARM_CONNECTIONS_MAX) if warm_connections is None else warm_connections
+            if max_connections > 0:
+                wanted = min(wanted, max_connections)
+            await _warm(session, order[0].url, wanted, headers)
 
         async def one(request: PreparedRequest) -> None:
             timing = await send_streaming(session, request, headers)
@@ -253,6 +267,35 @@ async def run_prepared(
     results = [_to_result(r, timings[r.index], start) for r in prepared]
     first_send = min((timings[r.index].sent_at for r in prepared), default=start)
     return results, finished - first_send, started_at
+
+
+def warm_url(url: str) -> str:
+    """Where to open a connection without asking for a completion: the API's model list (the
+    OpenAI API's `GET .../v1/models`) where the request path has a /v1/ part, else the root."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    head, found, _ = parts.path.partition("/v1/")
+    path = f"{head}/v1/models" if found else "/"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+async def _warm(session: aiohttp.ClientSession, url: str, count: int, headers: dict[str, str]) -> None:
+    """Open up to `count` keep-alive connections to `url`'s host, all at once (so each takes its
+    own), reading each answer whole so the connection returns to the pool. Best effort: a target
+    that refuses the GET is then connected to by the timed requests themselves."""
+    if count < 1:
+        return
+    probe = warm_url(url)
+
+    async def one() -> None:
+        try:
+            async with session.get(probe, headers=headers, allow_redirects=False) as response:
+                await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            pass
+
+    await asyncio.gather(*(one() for _ in range(count)))
 
 
 def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:

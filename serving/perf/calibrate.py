@@ -37,7 +37,6 @@ Run: `python -m serving.perf.calibrate --model-dir DIR [--catalog-model tiny-lla
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import math
@@ -313,54 +312,76 @@ def measure_rounds(
     return combined, by_label
 
 
-def measure_engine(
-    base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int = 0, max_model_len: int = 4096
-) -> list[Observation]:
-    """Timed single requests and decode batches against a running engine (fresh prompts each)."""
-    from serving.loadgen.client import PreparedRequest, build_body
-    from serving.loadgen.prompts import PromptSynthesizer
-    from serving.loadgen.runner import Target, run_event_loop, run_prepared
-    from serving.loadgen.tokenizer import PromptTokenizer
-    from serving.loadgen.traces import TraceRequest
-    from serving.metrics import scrape
+class Requests:
+    """Sends timed requests of given lengths to a running engine, each prompt in fresh words."""
 
-    target = Target(base_url=base_url, model=model_name)
-    synth = PromptSynthesizer(PromptTokenizer(tokenizer_dir), seed=seed)
-    counter = [10_000]
+    def __init__(self, base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int) -> None:
+        from serving.loadgen.prompts import PromptSynthesizer
+        from serving.loadgen.runner import Target
+        from serving.loadgen.tokenizer import PromptTokenizer
 
-    def batch(num: int, prompt: int, output: int) -> list:
-        prepared = []
-        for i in range(num):
-            counter[0] += 1
-            req = TraceRequest(arrival_s=0.0, num_prompt_tokens=prompt, num_output_tokens=output)
-            p = synth.synthesize(req, request_index=counter[0])
-            body = build_body(
-                api="completions", model=model_name, prompt=p.text, max_output_tokens=output, ignore_eos=True
-            )
-            prepared.append(PreparedRequest(i, 0.0, target.url, body, p.num_prompt_tokens, output))
-        results, _, _ = asyncio.run(run_prepared(prepared, headers=target.headers()))
-        bad = [r.error for r in results if r.error]
-        if bad:
-            raise RuntimeError(f"calibration request failed: {bad[0]}")
-        return results
+        self.target = Target(base_url=base_url, model=model_name)
+        self.synth = PromptSynthesizer(PromptTokenizer(tokenizer_dir), seed=seed)
+        self.counter = 10_000
 
-    def timed(schedule: list[tuple[float, int, int]]) -> list:
+    def timed(self, schedule: Sequence[tuple[float, int, int]]) -> list:
         """Requests sent at their offsets (seconds), results in the given order."""
+        from serving.loadgen.client import PreparedRequest, build_body
+        from serving.loadgen.runner import run_event_loop, run_prepared
+        from serving.loadgen.traces import TraceRequest
+
         prepared = []
         for i, (at, prompt, output) in enumerate(schedule):
-            counter[0] += 1
+            self.counter += 1
             req = TraceRequest(arrival_s=0.0, num_prompt_tokens=prompt, num_output_tokens=output)
-            p = synth.synthesize(req, request_index=counter[0])
+            p = self.synth.synthesize(req, request_index=self.counter)
             body = build_body(
-                api="completions", model=model_name, prompt=p.text, max_output_tokens=output, ignore_eos=True
+                api="completions",
+                model=self.target.model,
+                prompt=p.text,
+                max_output_tokens=output,
+                ignore_eos=True,
             )
-            prepared.append(PreparedRequest(i, at, target.url, body, p.num_prompt_tokens, output))
-        results, _, _ = run_event_loop(run_prepared(prepared, headers=target.headers()))
+            prepared.append(PreparedRequest(i, at, self.target.url, body, p.num_prompt_tokens, output))
+        # No connections opened ahead: the stored calibrations were measured so, and the engine
+        # probe (serving.perf.machine) is compared with them.
+        results, _, _ = run_event_loop(
+            run_prepared(prepared, headers=self.target.headers(), warm_connections=0)
+        )
         bad = [r.error for r in results if r.error]
         if bad:
             raise RuntimeError(f"calibration request failed: {bad[0]}")
         by_index = {r.index: r for r in results}
         return [by_index[i] for i in range(len(prepared))]
+
+    def batch(self, num: int, prompt: int, output: int) -> list:
+        """`num` requests of these lengths sent at once."""
+        return self.timed([(0.0, prompt, output)] * num)
+
+    def single_prefill_s(self, prompt: int, repeats: int) -> float:
+        """The median TTFT (seconds) of `repeats` single requests of `prompt` tokens, one at a time."""
+        ttfts = sorted(float(self.batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(repeats))
+        return ttfts[len(ttfts) // 2]
+
+    def decode_step_s(self, num: int, prompt: int, output: int) -> float:
+        """The mean decode step (seconds) of `num` concurrent requests: the engine's own
+        inter-token latency over the batch, the client's token gaps only where it recorded none."""
+        from serving.metrics import scrape
+
+        before = scrape(self.target.base_url)
+        results = self.batch(num, prompt, output)
+        itl = scrape(self.target.base_url).itl_s.minus(before.itl_s)
+        if itl.count > 0:
+            return float(itl.mean)
+        return float(np.mean([r.tpot_ms for r in results if r.tpot_ms is not None])) / 1000
+
+
+def measure_engine(
+    base_url: str, model_name: str, tokenizer_dir: Path, *, seed: int = 0, max_model_len: int = 4096
+) -> list[Observation]:
+    """Timed single requests and decode batches against a running engine (fresh prompts each)."""
+    requests = Requests(base_url, model_name, tokenizer_dir, seed=seed)
+    batch, timed = requests.batch, requests.timed
 
     batch(4, 64, 8)  # warm-up
     observations: list[Observation] = []
@@ -368,9 +389,13 @@ def measure_engine(
     # a fit that stops at 2,000 tokens over-extrapolates the long prompts of real traces.
     lengths = [n for n in PREFILL_LENGTHS if n + 8 <= max_model_len]
     for prompt in lengths:
-        ttfts = sorted(float(batch(1, prompt, 2)[0].ttft_ms or 0) / 1000 for _ in range(PREFILL_REPEATS))
         observations.append(
-            Observation("ttft", f"single prefill {prompt}", ttfts[len(ttfts) // 2], (prefill_shape(prompt),))
+            Observation(
+                "ttft",
+                f"single prefill {prompt}",
+                requests.single_prefill_s(prompt, PREFILL_REPEATS),
+                (prefill_shape(prompt),),
+            )
         )
     # Short requests sent while others stream from the same client (as a replay sends them): the
     # API server and the streams share the CPU, so each open stream delays the new request.
@@ -411,15 +436,7 @@ def measure_engine(
         (4, 1000, 48),
         (8, 512, 48),
     ):
-        before = scrape(base_url)
-        results = batch(num, prompt, output)
-        itl = scrape(base_url).itl_s.minus(before.itl_s)
-        # The engine's own step gaps; the client's only where the engine recorded none.
-        tpot = (
-            itl.mean
-            if itl.count > 0
-            else float(np.mean([r.tpot_ms for r in results if r.tpot_ms is not None])) / 1000
-        )
+        tpot = requests.decode_step_s(num, prompt, output)
         observations.append(
             Observation(
                 "tpot", f"decode x{num} ctx {prompt}", tpot, (decode_shape(num, prompt + output // 2),)

@@ -82,13 +82,7 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
     gaps = [p.measured_ttft_p50_ms - p.predicted_ttft_p50_ms * scale for p in usable]
     shift = weight * weighted_median(gaps, [1.0 / p.measured_ttft_p50_ms for p in usable]) if gaps else 0.0
     return dataclasses.replace(
-        efficiency,
-        gemm_efficiency=efficiency.gemm_efficiency / scale,
-        attention_efficiency=efficiency.attention_efficiency / scale,
-        memory_efficiency=efficiency.memory_efficiency / scale,
-        step_overhead_ms=efficiency.step_overhead_ms * scale,
-        seq_overhead_ms=efficiency.seq_overhead_ms * scale,
-        token_overhead_ms=efficiency.token_overhead_ms * scale,
+        efficiency.scaled(compute=scale, step=scale, why="live trials"),
         request_overhead_ms=max(0.0, efficiency.request_overhead_ms + shift),
         how=f"{efficiency.how.split('; corrected from')[0]}; corrected from {len(pairs)} live trial(s) "
         f"(step x{scale:.3f}, request {shift:+.1f} ms)",

@@ -14,6 +14,13 @@ more than the tolerance on its own (the live run of benchmarks/results/sim_accur
 2026-12-04T22-36.json: its check at the start named fp32 matmul and copy bandwidth, its check at
 the end, on the same machine, nothing). The check takes the median of `CHECK_ROUNDS`
 measurements (a few seconds) and records their range beside it.
+
+A matmul and a copy loop are not the engine, and they moved apart on this host (fp32 matmul at
+0.72x the calibration's while copy bandwidth read 1.24x). `probe_engine_speed` asks the running
+engine itself: one request's prefill of `PROBE_PREFILL_TOKENS` tokens (fewer where the
+configuration's step budget would chunk it) and one request's decode steps, the shapes the calibration measured under the same labels, so the ratios say how much
+slower or faster this engine runs now than the calibrated one (`EngineSpeed`), and a prediction
+for this engine can carry them (`Efficiency.scaled`). About a second on a small model.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serving.perf.calibrate import CHECK_ROUNDS, measure_cpu, median_of_rounds
-from serving.perf.model import DATA_DIR
+from serving.perf.calibrate import CHECK_ROUNDS, Observation, Requests, measure_cpu, median_of_rounds
+from serving.perf.model import DATA_DIR, Efficiency
 
 TOLERANCE = 0.2  # a figure more than 20% away from the calibration's is a different machine state
 FIGURES = (
@@ -103,4 +110,101 @@ def check_local_machine(
         differences=machine_differences(calibrated, now, tolerance=tolerance),
         measured_range=spread,
         rounds=rounds,
+    )
+
+
+# The engine speed probe: shapes the calibration measures under these labels.
+PROBE_PREFILL_TOKENS = 512  # one step under every step budget of 512 tokens or more
+PROBE_PREFILL_REPEATS = 3
+PROBE_DECODE = (1, 64, 48)  # one request, 64 prompt tokens, 48 output tokens
+DECODE_LABEL = f"decode x{PROBE_DECODE[0]} ctx {PROBE_DECODE[1]}"
+
+
+def prefill_label(tokens: int) -> str:
+    return f"single prefill {tokens}"
+
+
+@dataclass(frozen=True)
+class EngineSpeed:
+    """A running engine's probe beside the calibration's measurements of the same shapes."""
+
+    prefill_s: float  # median TTFT of single prompts of `prefill_tokens`
+    decode_s: float  # mean decode step of one request
+    calibrated_prefill_s: float
+    calibrated_decode_s: float
+    prefill_tokens: int = PROBE_PREFILL_TOKENS
+
+    @property
+    def compute_scale(self) -> float:
+        """How much longer a prefill (compute-bound) takes now than when calibrated."""
+        return self.prefill_s / self.calibrated_prefill_s
+
+    @property
+    def step_scale(self) -> float:
+        """How much longer a small decode step (bandwidth and fixed costs) takes now."""
+        return self.decode_s / self.calibrated_decode_s
+
+    def correct(self, efficiency: Efficiency) -> Efficiency:
+        """`efficiency` for this engine as it runs now."""
+        return efficiency.scaled(
+            compute=self.compute_scale,
+            step=self.step_scale,
+            why=f"engine probe: prefill x{self.compute_scale:.3f}, decode step x{self.step_scale:.3f}",
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_ms": self.prefill_s * 1000.0,
+            "decode_ms": self.decode_s * 1000.0,
+            "calibrated_prefill_ms": self.calibrated_prefill_s * 1000.0,
+            "calibrated_decode_ms": self.calibrated_decode_s * 1000.0,
+            "compute_scale": self.compute_scale,
+            "step_scale": self.step_scale,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineSpeed:
+        return cls(
+            prefill_s=float(data["prefill_ms"]) / 1000.0,
+            decode_s=float(data["decode_ms"]) / 1000.0,
+            calibrated_prefill_s=float(data["calibrated_prefill_ms"]) / 1000.0,
+            calibrated_decode_s=float(data["calibrated_decode_ms"]) / 1000.0,
+            prefill_tokens=int(data.get("prefill_tokens", PROBE_PREFILL_TOKENS)),
+        )
+
+
+def calibrated_probe_shapes(prefill_tokens: int, path: Path | None = None) -> tuple[float, float]:
+    """The calibration's own prefill and decode measurements of the probe's shapes (seconds)."""
+    source = path or DATA_DIR / "local_cpu.json"
+    data = json.loads(source.read_text())
+    found = {
+        o.label: o.measured_s for o in (Observation.from_mapping(raw) for raw in data.get("observations", []))
+    }
+    labels = (prefill_label(prefill_tokens), DECODE_LABEL)
+    missing = [label for label in labels if label not in found]
+    if missing:
+        raise ValueError(f"{source} has no observation {missing[0]!r}: probe a calibrated shape")
+    return found[labels[0]], found[labels[1]]
+
+
+def probe_engine_speed(
+    base_url: str,
+    model_name: str,
+    tokenizer_dir: Path,
+    *,
+    seed: int,
+    prefill_tokens: int = PROBE_PREFILL_TOKENS,
+    path: Path | None = None,
+) -> EngineSpeed:
+    """Time the probe's shapes on a running engine (fresh words from `seed`): see the module.
+    `prefill_tokens`: a prompt length the calibration measured, one step for the engine."""
+    calibrated_prefill, calibrated_decode = calibrated_probe_shapes(prefill_tokens, path)
+    requests = Requests(base_url, model_name, tokenizer_dir, seed=seed)
+    return EngineSpeed(
+        prefill_s=requests.single_prefill_s(prefill_tokens, PROBE_PREFILL_REPEATS),
+        decode_s=requests.decode_step_s(*PROBE_DECODE),
+        calibrated_prefill_s=calibrated_prefill,
+        calibrated_decode_s=calibrated_decode,
+        prefill_tokens=prefill_tokens,
     )

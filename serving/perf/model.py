@@ -20,7 +20,8 @@ nearest measured hardware, and every `StepTimeModel` says which it did (`basis`)
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from serving.catalog.hardware import Hardware, get_hardware
@@ -85,6 +86,22 @@ class Efficiency:
 
     def to_mapping(self) -> dict[str, object]:
         return asdict(self)
+
+    def scaled(self, *, compute: float, step: float, why: str) -> Efficiency:
+        """These factors for an engine whose compute-bound work takes `compute` times as long and
+        whose bandwidth-bound work and fixed costs take `step` times as long; `why` joins `how`."""
+        if not (compute > 0 and step > 0 and math.isfinite(compute) and math.isfinite(step)):
+            raise ValueError(f"scales must be positive and finite, not {compute} and {step}")
+        return replace(
+            self,
+            gemm_efficiency=self.gemm_efficiency / compute,
+            attention_efficiency=self.attention_efficiency / compute,
+            memory_efficiency=self.memory_efficiency / step,
+            step_overhead_ms=self.step_overhead_ms * step,
+            seq_overhead_ms=self.seq_overhead_ms * step,
+            token_overhead_ms=self.token_overhead_ms * step,
+            how=f"{self.how}; {why}",
+        )
 
 
 # Used for accelerators when no accelerator has been measured: typical shares for well-tuned

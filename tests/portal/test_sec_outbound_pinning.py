@@ -350,6 +350,11 @@ def _replay_cell(url: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, A
     return cell, calls
 
 
+def _posts(server: Server) -> list[dict[str, str]]:
+    """The requests `server` saw, without the load generator's connection warm-up GETs."""
+    return [r for r in server.seen if r["method"] == "POST"]
+
+
 def _send(url: str, connect_to: dict[str, Any]) -> list[Any]:
     request = PreparedRequest(
         index=0, scheduled_s=0.0, url=url, body=b"{}", num_prompt_tokens=1, max_output_tokens=1
@@ -377,7 +382,12 @@ def test_a_benchmark_target_on_localhost_is_refused_unless_allowed(
         assert set(pins) == {"localhost"} and "127.0.0.1" in pins["localhost"]
         # The load generator with those pins reaches the receiver, naming the host it was given.
         _send(f"http://localhost:{receiver.port}/v1/chat/completions", pins)
-        assert [r["host"] for r in receiver.seen] == [f"localhost:{receiver.port}"]
+        # The connection it opened ahead (GET /v1/models) and the request, both to that host.
+        assert [(r["method"], r["path"]) for r in receiver.seen] == [
+            ("GET", "/v1/models"),
+            ("POST", "/v1/chat/completions"),
+        ]
+        assert {r["host"] for r in receiver.seen} == {f"localhost:{receiver.port}"}
     finally:
         receiver.close()
 
@@ -392,8 +402,8 @@ def test_the_load_generator_connects_only_to_the_pinned_addresses(
     assert pins == {REBIND: ("127.0.0.1",)} and rebinding == ["127.0.0.1"]
     # The name would now answer 127.0.0.2; the load generator never asks it again.
     _send(f"http://{REBIND}:{harmless.port}/v1/chat/completions", pins)
-    assert rebinding == ["127.0.0.1"] and len(harmless.seen) == 1 and internal.seen == []
+    assert rebinding == ["127.0.0.1"] and len(_posts(harmless)) == 1 and internal.seen == []
     # A name the run was not pinned to is not looked up or connected to at all.
     (result,) = _send(f"http://localhost:{internal.port}/v1/chat/completions", pins)
     assert result.error and result.error.startswith("ClientConnectorDNSError")
-    assert len(harmless.seen) == 1 and internal.seen == []
+    assert len(_posts(harmless)) == 1 and internal.seen == []

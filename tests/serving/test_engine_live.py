@@ -254,6 +254,37 @@ def test_metrics_snapshot_of_the_live_engine(engine: EngineProcess, shared_trace
     assert not math.isnan(snapshot.prefix_cache_hit_rate)
 
 
+def test_the_engine_probe_times_the_calibrated_shapes_on_the_running_engine(
+    engine: EngineProcess, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The speed probe a prediction for this engine carries: the calibration's own prefill and
+    decode shapes timed on the live engine, each beside the calibrated figure it is read against."""
+    from serving.perf.machine import DECODE_LABEL, probe_engine_speed
+
+    calibration = tmp_path / "local_cpu.json"
+    rows = [
+        {"kind": "ttft", "label": "single prefill 128", "measured_s": 0.010, "steps": []},
+        {"kind": "tpot", "label": DECODE_LABEL, "measured_s": 0.002, "steps": []},
+    ]
+    calibration.write_text(json.dumps({"observations": rows}))
+    before = scrape(engine.base_url)
+    speed = probe_engine_speed(
+        engine.base_url,
+        engine.endpoint.model_name,
+        tiny_model_dir,
+        seed=5,
+        prefill_tokens=128,
+        path=calibration,
+    )
+    delta = snapshot_delta(before, scrape(engine.base_url))
+    assert speed.prefill_tokens == 128 and speed.calibrated_prefill_s == 0.010
+    assert speed.prefill_s > 0 and speed.decode_s > 0
+    assert speed.compute_scale == speed.prefill_s / 0.010 and speed.step_scale == speed.decode_s / 0.002
+    # Three single prefills of 128 tokens and one decode request of 64: in fresh words, no cache hit.
+    assert delta.prompt_tokens.count == 4 and delta.prompt_tokens.sum == 3 * 128 + 64
+    assert delta.prefix_cache_hit_rate == 0.0
+
+
 def test_replay_command_writes_json(engine: EngineProcess, shared_traces: Path, tmp_path: Path) -> None:
     from tailguard.cli import main
 

@@ -317,3 +317,53 @@ def test_requests_spread_over_client_processes_keep_one_schedule(
         from serving.loadgen.runner import run_sharded
 
         run_sharded([], headers={}, processes=0)
+
+
+def test_connections_are_opened_before_the_first_timed_send() -> None:
+    """The timed requests ride keep-alive connections opened ahead (one per request, by GETs of the
+    API's model list), so no TTFT pays for a handshake; warm_connections=0 opens none."""
+    from serving.loadgen.runner import warm_url
+
+    assert warm_url("http://h:1/v1/completions") == "http://h:1/v1/models"
+    assert warm_url("https://h/prefix/v1/chat/completions?x=1") == "https://h/prefix/v1/models"
+    assert warm_url("http://h:1/generate") == "http://h:1/"
+
+    async def scenario(warm: int | None) -> tuple[list[tuple[str, int]], list[RequestResult]]:
+        seen: list[tuple[str, int]] = []  # (method, the client's port: one per connection)
+
+        async def models(request: web.Request) -> web.Response:
+            seen.append(("GET", request.transport.get_extra_info("peername")[1]))  # type: ignore[union-attr]
+            return web.json_response({"data": []})
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            seen.append(("POST", request.transport.get_extra_info("peername")[1]))  # type: ignore[union-attr]
+            return await _fake_completions(request)
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        body = build_body(api="completions", model="m", prompt="x", max_output_tokens=2, ignore_eos=True)
+        prepared = [
+            PreparedRequest(i, 0.0, f"http://127.0.0.1:{port}/v1/completions", body, 7, 2) for i in range(3)
+        ]
+        try:
+            results, _, _ = await run_prepared(
+                prepared, headers={"Authorization": "Bearer k"}, request_timeout_s=30, warm_connections=warm
+            )
+        finally:
+            await runner.cleanup()
+        return seen, results
+
+    seen, results = asyncio.run(scenario(None))
+    assert all(r.error is None for r in results), [r.error for r in results]
+    gets = [port for method, port in seen if method == "GET"]
+    posts = [port for method, port in seen if method == "POST"]
+    assert [method for method, _ in seen] == ["GET"] * 3 + ["POST"] * 3
+    assert len(set(gets)) == 3 and set(posts) <= set(gets)  # every request on a warmed connection
+    seen, results = asyncio.run(scenario(0))
+    assert all(r.error is None for r in results) and [m for m, _ in seen] == ["POST"] * 3

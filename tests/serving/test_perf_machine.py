@@ -143,3 +143,41 @@ def test_the_check_is_the_median_of_several_measurements(tmp_path: Path) -> None
     assert moved.differences == ["copy bandwidth 30 GB/s now, 44 GB/s when calibrated (0.68x)"]
     with pytest.raises(ValueError, match="1 to 20 rounds"):
         check_local_machine(path, measure=measure, rounds=0)
+
+
+def _calibration_with(tmp_path: Path, observations: dict[str, float]) -> Path:
+    """A calibration file holding these (label: seconds) observations."""
+    path = tmp_path / "local_cpu.json"
+    rows = [
+        {"kind": "ttft", "label": label, "measured_s": s, "steps": []} for label, s in observations.items()
+    ]
+    path.write_text(json.dumps({"hardware": CALIBRATED, "observations": rows}))
+    return path
+
+
+def test_an_engine_probe_scales_the_calibration_by_what_moved(tmp_path: Path) -> None:
+    from serving.perf.machine import EngineSpeed, calibrated_probe_shapes
+    from serving.perf.model import load_efficiency
+
+    path = _calibration_with(tmp_path, {"single prefill 512": 0.020, "decode x1 ctx 64": 0.0025})
+    assert calibrated_probe_shapes(512, path) == (0.020, 0.0025)
+    with pytest.raises(ValueError, match="single prefill 256"):
+        calibrated_probe_shapes(256, path)
+
+    # Prefills take 1.5x as long now, decode steps 0.8x.
+    speed = EngineSpeed(
+        prefill_s=0.030, decode_s=0.002, calibrated_prefill_s=0.020, calibrated_decode_s=0.0025
+    )
+    assert speed.compute_scale == pytest.approx(1.5) and speed.step_scale == pytest.approx(0.8)
+    assert EngineSpeed.from_dict(speed.to_dict()) == speed
+    stored = load_efficiency("local-cpu")
+    assert stored is not None
+    now = speed.correct(stored)
+    assert now.gemm_efficiency == pytest.approx(stored.gemm_efficiency / 1.5)
+    assert now.attention_efficiency == pytest.approx(stored.attention_efficiency / 1.5)
+    assert now.memory_efficiency == pytest.approx(stored.memory_efficiency / 0.8)
+    assert now.step_overhead_ms == pytest.approx(stored.step_overhead_ms * 0.8)
+    assert now.request_overhead_ms == stored.request_overhead_ms  # the frontend's: not the engine's
+    assert "engine probe: prefill x1.500, decode step x0.800" in now.how
+    with pytest.raises(ValueError, match="positive and finite"):
+        stored.scaled(compute=0.0, step=1.0, why="x")
