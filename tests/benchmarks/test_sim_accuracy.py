@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks import sim_accuracy
@@ -27,3 +30,33 @@ def test_a_tenant_on_a_slower_machine_is_learnt_from_its_earlier_jobs() -> None:
     # step times are scaled by 1.5 ** (2/3) and a third of the way in log terms remains.
     assert out["curve"][1]["tpot_mape"] == pytest.approx(1 - 1.5 ** (2 / 3) / 1.5, abs=0.01)
     assert out["calibration_gain_tpot"] > 2 and out["calibration_gain_tpot_ci_low"] > 1
+
+
+def test_the_live_noise_floor_counts_only_identical_cases(tmp_path: Path) -> None:
+    """A kept run's case counts towards the noise floor only where its trace, load, pace, request
+    count and caps equal this run's; its error is |other / this - 1|."""
+    this_case = sim_accuracy.Case("azure2023_conv.csv", "light", 1.0, 26, 2000, 10_001)
+    this = {("default", this_case.trace, "light"): {"ttft_p50_ms": 20.0, "ttft_p95_ms": 100.0}}
+    cases = {("default", this_case.trace, "light"): this_case}
+
+    def kept(name: str, max_requests: int, p50: float, p95: float) -> Path:
+        row = {
+            "config": "default",
+            "trace": this_case.trace,
+            "load": "light",
+            "time_scale": 1.0,
+            "max_requests": max_requests,
+            "max_prompt_tokens": 2000,
+            "seed": 99,  # other words: a repeat is never the same prompts
+            "live": {"ttft_p50_ms": p50, "ttft_p95_ms": p95},
+        }
+        path = tmp_path / name
+        path.write_text(json.dumps({"cases": [row], "live_run": {}}))
+        return path
+
+    same = kept("same.json", 26, 25.0, 90.0)
+    other_load = kept("other.json", 400, 500.0, 900.0)
+    floor = sim_accuracy.live_repeat(this, cases, [same, other_load])
+    assert floor["runs"] == 1 and floor["cases"] == 1
+    assert floor["p50_ttft_mape"] == pytest.approx(0.25) and floor["p95_ttft_mape"] == pytest.approx(0.10)
+    assert sim_accuracy.live_repeat(this, cases, [other_load])["p50_ttft_mape"] is None
