@@ -69,10 +69,11 @@ Duration on this 2-core machine when it is quiet (starting an engine, its throwa
 stopping it take about 30 s, from the kept runs of 2026-12-01): the knee probe about 2.5 minutes
 (two engines; the 30 requests span 20 s at x1 on Azure, 22 s on Mooncake, and half, a third ...
 of that at each next step), then 24 cases of about 51 s each (30 s, 18 s of sends, the drain):
-about 23 minutes in all, 25 if loaded cases drain slowly. Each configuration beyond 6 adds about
+about 23 minutes in all, 25 if loaded cases drain slowly (the kept run of 2026-12-05 00:59, with
+the engine probe before every case, took 25.6 minutes). Each configuration beyond 6 adds about
 3.5 minutes; `--case-seconds` trades noise for time.
 
-    .venv/bin/python benchmarks/sim_accuracy.py             # about 23 minutes on 2 cores
+    .venv/bin/python benchmarks/sim_accuracy.py             # about 25 minutes on 2 cores
     .venv/bin/python benchmarks/sim_accuracy.py --other-live benchmarks/results/sim_accuracy_live/A.json ...
         # a new live run; medians over the kept runs beside it
     .venv/bin/python benchmarks/sim_accuracy.py --reuse-live benchmarks/results/sim_accuracy_live/A.json --out /tmp/x.json
