@@ -293,7 +293,9 @@ async def _warm(session: aiohttp.ClientSession, url: str, count: int, headers: d
             async with session.get(probe, headers=headers, allow_redirects=False) as response:
                 await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
-            pass
+            # Not an error of the run: the timed request then opens its own connection, and a
+            # target that cannot be reached fails that request, where it is recorded.
+            return
 
     await asyncio.gather(*(one() for _ in range(count)))
 
