@@ -28,10 +28,12 @@ of its rounds, so that a minute in which the shared machine runs slow does not b
 calibration.
 
 Every observation is a sum of step shapes with a measured duration; `fit_efficiency` solves for
-the factors of `Efficiency` by non-negative least squares on relative error. The result is
-written to `serving/perf/data/local_cpu.json` with the raw observations, machine and date.
+the factors of `Efficiency` by non-negative least squares on relative error, in the step model's
+own roofline form (per step, the slower of compute and memory). The result is written to
+`serving/perf/data/local_cpu.json` with the raw observations, machine and date.
 
-Run: `python -m serving.perf.calibrate --model-dir DIR [--catalog-model tiny-llama-s]`.
+Run: `python -m serving.perf.calibrate --model-dir DIR [--catalog-model tiny-llama-s]`;
+`--refit` fits the stored observations again (after a change of the fit) without measuring.
 """
 
 from __future__ import annotations
@@ -136,6 +138,64 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
+ROOFLINE_FIT_ROUNDS = 20  # refits with the binding side of each roofline, until it settles
+
+
+def _work(probe: StepTimeModel, obs: Observation) -> np.ndarray:
+    """Per step of `obs`: (sequences, gemm FLOPs, weight bytes, attention FLOPs, KV bytes)."""
+    terms = []
+    for shape in obs.steps:
+        gemm, attn, seqs, tokens = probe.work_terms(shape)
+        kv_bytes = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * probe._kv_bytes
+        terms.append((seqs, gemm, probe._weight_bytes(int(tokens)), attn, kv_bytes))
+    return np.asarray(terms, dtype=float).reshape(-1, 5)
+
+
+def _design_row(obs: Observation, work: np.ndarray, x: np.ndarray | None) -> np.ndarray:
+    """One observation's row of the fit. The step model takes the larger of compute and memory
+    time for the matmuls and for attention (a roofline each); with `x` None both sides count
+    (the first, linear fit), else only the side that binds under `x`, so that the fitted row
+    is exactly what the step model will predict with those factors."""
+    # request, step, per-seq, s/gemm-flop, s/attn-flop, s/byte, per open stream at send
+    row = np.zeros(7)
+    for seqs, gemm, weight_bytes, attn, kv_bytes in work:
+        gemm_binds = x is None or gemm * x[3] >= weight_bytes * x[5]
+        attn_binds = x is None or attn * x[4] >= kv_bytes * x[5]
+        memory = (weight_bytes if x is None or not gemm_binds else 0.0) + (
+            kv_bytes if x is None or not attn_binds else 0.0
+        )
+        row += [0.0, 1.0, seqs, gemm if gemm_binds else 0.0, attn if attn_binds else 0.0, memory, 0.0]
+    if obs.kind == "ttft":
+        row[0] = 1.0
+        row[6] = float(obs.open_streams)
+    return row
+
+
+def _solve(
+    observations: Sequence[Observation], works: Sequence[np.ndarray], x: np.ndarray | None
+) -> np.ndarray:
+    weights = np.asarray([1.0 / o.measured_s for o in observations])  # relative error
+    a = (
+        np.asarray([_design_row(o, w, x) for o, w in zip(observations, works, strict=True)])
+        * weights[:, None]
+    )
+    targets = np.asarray([o.measured_s for o in observations]) * weights
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    return _nnls(a / scale, targets) / scale
+
+
+def _roofline_residual(
+    observations: Sequence[Observation], works: Sequence[np.ndarray], x: np.ndarray
+) -> float:
+    """Sum of squared relative errors of the step model's own (max-form) prediction under `x`."""
+    total = 0.0
+    for obs, work in zip(observations, works, strict=True):
+        predicted = float(_design_row(obs, work, x) @ x)
+        total += (predicted / obs.measured_s - 1.0) ** 2
+    return total
+
+
 def fit_efficiency(
     observations: Sequence[Observation],
     model: ModelSpec,
@@ -144,7 +204,14 @@ def fit_efficiency(
     compute_format: str,
     how: str,
 ) -> Efficiency:
-    """Solve for the per-step costs and efficiencies that best explain `observations`."""
+    """Solve for the per-step costs and efficiencies that best explain `observations`.
+
+    The step model is a roofline (compute or memory, whichever is slower), not a sum: a linear
+    fit of the sum would share each step's time between the two and the model would then drop
+    the smaller share, predicting every step where both matter too fast (decode batches, by 5
+    to 25% on the calibration of 2026-12-04). So the linear fit only starts the search; each
+    next fit keeps, per observation, the side that binds under the previous factors, until the
+    binding sides settle, and the factors whose own prediction errs least are kept."""
     hardware = get_hardware(hardware_name)
     probe = StepTimeModel(
         model,
@@ -153,25 +220,18 @@ def fit_efficiency(
         compute_format=compute_format,
         efficiency=Efficiency(hardware_name, 1, 1, 1, 1, 0, 0, 0, 0, 0, True, "probe"),
     )
-    rows = []
-    targets = []
-    for obs in observations:
-        # request, step, per-seq, s/gemm-flop, s/attn-flop, s/byte, per open stream at send
-        row = np.zeros(7)
-        for shape in obs.steps:
-            gemm, attn, seqs, tokens = probe.work_terms(shape)
-            kv_bytes = (shape.decode_ctx_tokens + shape.prefill_cached_tokens + tokens) * probe._kv_bytes
-            row += [0.0, 1.0, seqs, gemm, attn, probe._weight_bytes(int(tokens)) + kv_bytes, 0.0]
-        if obs.kind == "ttft":
-            row[0] = 1.0
-            row[6] = float(obs.open_streams)
-        weight = 1.0 / obs.measured_s  # relative error
-        rows.append(row * weight)
-        targets.append(obs.measured_s * weight)
-    a = np.asarray(rows)
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    x = _nnls(a / scale, np.asarray(targets)) / scale
+    works = [_work(probe, o) for o in observations]
+    x = _solve(observations, works, None)
+    best, best_residual = x, _roofline_residual(observations, works, x)
+    for _ in range(ROOFLINE_FIT_ROUNDS):
+        nxt = _solve(observations, works, x)
+        residual = _roofline_residual(observations, works, nxt)
+        if residual < best_residual:
+            best, best_residual = nxt, residual
+        if np.allclose(nxt, x, rtol=1e-9, atol=0.0):
+            break
+        x = nxt
+    x = best
     peak = hardware.peak_flops(compute_format)
     bw = hardware.memory_bandwidth_bytes_per_s
     big = 1e6  # an unused term: effectively infinite throughput (it never binds)
@@ -449,7 +509,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model-dir", type=Path, required=True, help="local random-weight model to serve")
+    parser.add_argument(
+        "--model-dir", type=Path, help="local random-weight model to serve (not with --refit)"
+    )
     parser.add_argument("--catalog-model", default="tiny-llama-s")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "local_cpu.json")
     parser.add_argument("--max-model-len", type=int, default=4096)
@@ -466,9 +528,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ROUNDS,
         help=f"times the whole series is measured, minutes apart; each figure is their median (default {ROUNDS})",
     )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="measure nothing: fit the factors again to the observations already stored in --out "
+        "(and each stored format's factor to its own observations), as after a change of the fit",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.refit:
+        return refit_stored(args.out)
+    if args.model_dir is None:
+        parser.error("--model-dir is required (the engine measures it) unless --refit")
     if args.dtype == "bfloat16":
         return _calibrate_format(args, "bf16")
 
@@ -522,6 +594,78 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{row['label']:<24} measured {row['measured_ms']:8.2f} ms  fitted {row['fitted_ms']:8.2f} ms")
     print(f"wrote {args.out}")
     return 0
+
+
+def refit_stored(path: Path) -> int:
+    """Fit `path`'s stored observations again with this code's fit; the measurements, their date
+    and machine stay as they were, and the file says when and by which code it was refitted."""
+    if not path.exists():
+        raise SystemExit(f"{path}: no calibration to refit (run with --model-dir first)")
+    data = json.loads(path.read_text())
+    stored = data.get("observations")
+    if not isinstance(stored, list) or not stored or "engine" not in data:
+        raise SystemExit(f"{path}: holds no stored observations to refit")
+    observations = [Observation.from_mapping(o) for o in stored]
+    model = get_model(str(data["engine"]["model"]))
+    old = Efficiency.from_mapping(data["efficiency"])
+    how = old.how.split("; refitted")[0]
+    today = datetime.now(UTC)
+    eff = fit_efficiency(
+        observations,
+        model,
+        hardware_name=old.hardware,
+        compute_format="fp32",
+        how=f"{how}; refitted {today.date().isoformat()}",
+    )
+    for compute_format, record in sorted(data.get("formats", {}).items()):
+        format_obs = [Observation.from_mapping(o) for o in record.get("observations", [])]
+        if not format_obs:
+            continue
+        factor, memory_factor, error = fit_format_factors(format_obs, model, eff, compute_format)
+        eff = dataclasses.replace(
+            eff,
+            format_factors={**eff.format_factors, compute_format: factor},
+            format_memory_factors={**eff.format_memory_factors, compute_format: memory_factor},
+        )
+        record.update(factor=factor, memory_factor=memory_factor, median_relative_error=error)
+    step_model = StepTimeModel(model, get_hardware(old.hardware), weight_format="fp32", efficiency=eff)
+    data["efficiency"] = eff.to_mapping()
+    data["fit"] = [
+        {
+            "label": o.label,
+            "measured_ms": o.measured_s * 1000,
+            "fitted_ms": predict_observation(o, step_model) * 1000,
+        }
+        for o in observations
+    ]
+    data["refitted"] = {
+        "at": today.isoformat(timespec="seconds"),
+        "how": "python -m serving.perf.calibrate --refit: the stored observations, fitted again",
+        **_code_state(),
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    for row in data["fit"]:
+        print(f"{row['label']:<24} measured {row['measured_ms']:8.2f} ms  fitted {row['fitted_ms']:8.2f} ms")
+    print(f"refitted {len(observations)} observations; wrote {path}")
+    return 0
+
+
+def _code_state() -> dict[str, object]:
+    """The commit this code is at and whether the fit's own files differ from it."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    changed = git("status", "--porcelain", "--", "calibrate.py", "model.py")
+    return {
+        "commit": git("rev-parse", "HEAD") or "unknown",
+        "dirty": None if changed is None else bool(changed),
+    }
 
 
 def fit_format_factors(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from serving.perf.calibrate import (
     prefill_shape,
     trimmed_mean,
 )
-from serving.perf.model import apply_moe_fit
+from serving.perf.model import DATA_DIR, apply_moe_fit
 
 GPU_EFF = dataclasses.replace(ACCELERATOR_PRIOR, hardware="test", measured=True, how="test")
 
@@ -158,6 +159,31 @@ def test_calibration_recovers_known_factors_from_synthetic_observations() -> Non
     )
     for o in obs:
         assert predict_observation(o, refit) == pytest.approx(o.measured_s, rel=0.02)
+
+
+def test_calibration_fits_the_roofline_it_predicts_with_where_memory_binds() -> None:
+    # Decode steps of this truth are bound by the weights' bytes, prefills by their FLOPs: a fit
+    # of the sum of both would share each step between them and the max-form model would then
+    # predict the decode steps too fast.
+    truth = Efficiency("local-cpu", 0.5, 0.4, 0.2, 1.0, 0.0, 1.0, 0.08, 0.0, 7.0, True, "synthetic")
+    spec = get_model("tiny-llama-s")
+    model = StepTimeModel(
+        spec, get_hardware("local-cpu"), weight_format="fp32", compute_format="fp32", efficiency=truth
+    )
+    obs = [Observation("ttft", f"p{p}", 0.0, (prefill_shape(p),)) for p in (32, 128, 512, 1024, 2000, 3000)]
+    obs += [
+        Observation("tpot", f"d{n}x{c}", 0.0, (decode_shape(n, c),))
+        for n, c in ((1, 64), (4, 64), (16, 64), (32, 64), (1, 3000), (4, 1000), (8, 512))
+    ]
+    obs = [dataclasses.replace(o, measured_s=predict_observation(o, model)) for o in obs]
+    decode = model.step_time(decode_shape(8, 512))
+    assert decode.gemm_s == pytest.approx(model._weight_bytes(8) * model._s_per_byte)  # memory binds
+    fitted = fit_efficiency(obs, spec, hardware_name="local-cpu", compute_format="fp32", how="test")
+    refit = StepTimeModel(
+        spec, get_hardware("local-cpu"), weight_format="fp32", compute_format="fp32", efficiency=fitted
+    )
+    for o in obs:
+        assert predict_observation(o, refit) == pytest.approx(o.measured_s, rel=0.02), o.label
 
 
 def test_a_step_with_no_tokens_takes_no_time() -> None:
@@ -307,3 +333,35 @@ def test_the_stream_cost_estimate_ignores_a_probe_that_waited_for_a_whole_stream
         trimmed_mean([], 0.2)
     with pytest.raises(ValueError, match="trim"):
         trimmed_mean([1.0], 0.5)
+
+
+def test_refit_fits_the_stored_observations_again_and_keeps_them(tmp_path: Path) -> None:
+    from serving.perf.calibrate import main as calibrate
+
+    stored = json.loads((DATA_DIR / "local_cpu.json").read_text())
+    path = tmp_path / "local_cpu.json"
+    path.write_text(json.dumps(stored))
+    assert calibrate(["--refit", "--out", str(path)]) == 0
+    refitted = json.loads(path.read_text())
+    assert refitted["observations"] == stored["observations"]
+    assert refitted["measured_at"] == stored["measured_at"]
+    assert refitted["refitted"]["how"].startswith("python -m serving.perf.calibrate --refit")
+    assert "; refitted " in refitted["efficiency"]["how"]
+    assert [r["label"] for r in refitted["fit"]] == [o["label"] for o in stored["observations"]]
+    for row in refitted["fit"]:
+        assert row["fitted_ms"] > 0 and math.isfinite(row["fitted_ms"])
+    # the fit leaves the median observation within 15% (its measurements are medians of rounds)
+    errors = sorted(abs(r["fitted_ms"] / r["measured_ms"] - 1) for r in refitted["fit"])
+    assert errors[len(errors) // 2] < 0.15
+
+
+def test_refit_without_stored_observations_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    from serving.perf.calibrate import main as calibrate
+
+    path = tmp_path / "local_cpu.json"
+    path.write_text(json.dumps({"hardware": {"fp32_tflops": 0.2}}))
+    with pytest.raises(SystemExit, match="no stored observations"):
+        calibrate(["--refit", "--out", str(path)])
+    assert json.loads(path.read_text()) == {"hardware": {"fp32_tflops": 0.2}}
+    with pytest.raises(SystemExit, match="no calibration to refit"):
+        calibrate(["--refit", "--out", str(tmp_path / "absent.json")])
