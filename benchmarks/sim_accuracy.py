@@ -18,12 +18,14 @@ configurations apart.
 
 Loads: `light` is the trace's own pace (Azure x1, Mooncake stretched x3: nearly no queueing);
 `loaded` multiplies that rate by a factor. By default (`--loaded-factor knee`) the factor is
-measured per trace by a short probe of the competent default configuration on a fresh engine:
-rates x1, 2, 3, 4, 6, 8, 12 of the light rate, each step the trace's first `--probe-requests` (30)
-requests (the same lengths at every step, so only the rate changes) in fresh words, and
-the first at which its p50 TTFT reaches 1.5x its p50 at x1 is the trace's knee (x12 if none
-does). `--loaded-factor 4` instead fixes the multiple for both traces. The rule and the probe's
-measurements are recorded in the result (`loads`).
+measured per trace by a probe of the competent default configuration on a fresh engine: rates
+x1, 1.5, 2, 3, 4, 6, 8, 12 of the light rate, each step sending what a case at that rate sends
+(the requests of the trace's first `--probe-seconds`, by default `--case-seconds`, at that pace)
+in fresh words, and the first at which its p50 TTFT reaches 1.5x its p50 at x1 is the trace's
+knee (x12 if none does). Until 2026-12-05 each step sent only the trace's first 30 requests; such
+a burst drains before a queue shows, and the Azure knee came out at x12, nearly three times what
+the engine could serve (its p50 TTFT 14 s). `--loaded-factor 4` instead fixes the multiple for
+both traces. The rule and the probe's measurements are recorded in the result (`loads`).
 
 Every case (configuration x trace x load) runs on a freshly started engine with prompts from
 its own seed, after one throwaway request of other words; a case that somebody else's CPU use
@@ -66,14 +68,14 @@ the Mooncake synthetic trace (kvcache-ai/Mooncake); prompts capped at 2,000 / 3,
 (Mooncake keeps its leading shared blocks), outputs at 32 tokens.
 
 Duration on this 2-core machine when it is quiet (starting an engine, its throwaway request and
-stopping it take about 30 s, from the kept runs of 2026-12-01): the knee probe about 2.5 minutes
-(two engines; the 30 requests span 20 s at x1 on Azure, 22 s on Mooncake, and half, a third ...
-of that at each next step), then 24 cases of about 51 s each (30 s, 18 s of sends, the drain):
-about 23 minutes in all, 25 if loaded cases drain slowly (the kept run of 2026-12-05 00:59, with
-the engine probe before every case, took 25.6 minutes). Each configuration beyond 6 adds about
-3.5 minutes; `--case-seconds` trades noise for time.
+stopping it take about 30 s, from the kept runs of 2026-12-01): the knee probe two engines and,
+per trace, up to 8 steps of 18 s of sends and their drain (the last step, past the knee, drains
+longest); then 24 cases of about 51 s each (30 s, 18 s of sends, the drain): about 23 minutes
+for the cases, 25 if loaded cases drain slowly (the kept run of 2026-12-05 00:59, with the engine
+probe before every case, took 25.6 minutes). Each configuration beyond 6 adds about 3.5 minutes;
+`--case-seconds` trades noise for time.
 
-    .venv/bin/python benchmarks/sim_accuracy.py             # about 25 minutes on 2 cores
+    .venv/bin/python benchmarks/sim_accuracy.py             # about 30 minutes on 2 cores
     .venv/bin/python benchmarks/sim_accuracy.py --other-live benchmarks/results/sim_accuracy_live/A.json ...
         # a new live run; medians over the kept runs beside it
     .venv/bin/python benchmarks/sim_accuracy.py --reuse-live benchmarks/results/sim_accuracy_live/A.json --out /tmp/x.json
@@ -130,9 +132,10 @@ MODEL = "tiny-llama-s"
 MAX_MODEL_LEN = 4096
 MAX_OUTPUT_TOKENS = 32
 MAX_TRIES = 3  # a case disturbed by somebody else's CPU use is measured again (fresh engine, seed)
-KNEE_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)  # multiples of the light rate the probe tries
+KNEE_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)  # multiples of the light rate the probe tries
 KNEE_P50_RATIO = 1.5  # the knee: the default's p50 TTFT at this multiple of its unloaded p50
 TOP_K = 3
+MAX_CASE_SECONDS = 120.0  # a case's (and a knee-probe step's) span of sends: bounds the run
 
 
 @dataclass(frozen=True)
@@ -649,10 +652,13 @@ def held_out(
 # --- the knee probe -----------------------------------------------------------------------------
 
 
-def probe_knee(model_dir: Path, spec: TraceSpec, *, num_requests: int, max_wait_s: float) -> dict[str, Any]:
+def probe_knee(model_dir: Path, spec: TraceSpec, *, window_s: float, max_wait_s: float) -> dict[str, Any]:
     """The default configuration on a fresh engine at rising multiples of the light rate, until
-    its p50 TTFT reaches KNEE_P50_RATIO x its p50 at x1. Every step sends the same first
-    `num_requests` of the trace (only the rate changes), each step in its own words."""
+    its p50 TTFT reaches KNEE_P50_RATIO x its p50 at x1. Each step sends what a case at that
+    rate sends, the requests of the trace's first `window_s` seconds at that pace, each step in
+    its own words: a load is sustained or not over the case's span, and a short burst of the
+    first requests (30 before 2026-12-05) drains before its queue shows, which put the run of
+    2026-12-05 02:14 at x12 on Azure, nearly three times what the engine could serve."""
     config = configs()["default"]
     wait_for_free_machine(max_wait_s=max_wait_s, strict=False)
     engine = start_engine(model=str(model_dir), config=config, startup_timeout_s=600)
@@ -666,7 +672,7 @@ def probe_knee(model_dir: Path, spec: TraceSpec, *, num_requests: int, max_wait_
                 trace=spec.trace,
                 load=f"probe x{factor:g}",
                 time_scale=scale,
-                max_requests=num_requests,
+                max_requests=window_requests(spec.trace, time_scale=scale, window_s=window_s),
                 max_prompt_tokens=spec.max_prompt_tokens,
                 seed=spec.seed_base + 9_000 + i,
             )
@@ -1072,7 +1078,9 @@ def main() -> int:
     )
     parser.add_argument("--case-seconds", type=float, default=18.0, help="each case's span of send times")
     parser.add_argument(
-        "--probe-requests", type=int, default=30, help="requests per knee-probe step (the trace's first)"
+        "--probe-seconds",
+        type=float,
+        help="each knee-probe step's span of send times (default: --case-seconds, the load a case sustains)",
     )
     parser.add_argument(
         "--other-live",
@@ -1102,6 +1110,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     MAX_OTHERS_CORES = args.max_others_cores
+    probe_seconds = args.case_seconds if args.probe_seconds is None else args.probe_seconds
+    if not (0 < args.case_seconds <= MAX_CASE_SECONDS and 0 < probe_seconds <= MAX_CASE_SECONDS):
+        parser.error(f"--case-seconds and --probe-seconds: above 0 and at most {MAX_CASE_SECONDS:g}")
 
     chosen = all_configs
     if args.configs:
@@ -1149,9 +1160,7 @@ def main() -> int:
         loads: dict[str, Any] = {}
         for spec in specs:
             if args.loaded_factor == "knee":
-                probe = probe_knee(
-                    model_dir, spec, num_requests=args.probe_requests, max_wait_s=args.max_wait_s
-                )
+                probe = probe_knee(model_dir, spec, window_s=probe_seconds, max_wait_s=args.max_wait_s)
                 factors[spec.trace] = probe["factor"]
                 loads[spec.trace] = {"loaded_factor": probe["factor"], "probe": probe["steps"]}
             else:
@@ -1164,7 +1173,8 @@ def main() -> int:
                 + (
                     f"loaded: the light rate times the first of {'/'.join(f'{f:g}' for f in KNEE_FACTORS[1:])} at "
                     f"which the default configuration's p50 TTFT reached {KNEE_P50_RATIO}x its p50 at x1, "
-                    f"measured on a fresh engine, the trace's first {args.probe_requests} requests a step (x{KNEE_FACTORS[-1]:g} "
+                    f"measured on a fresh engine, each step the requests sent within the trace's first {probe_seconds:g} s "
+                    f"at its pace (x{KNEE_FACTORS[-1]:g} "
                     "if none did)"
                     if args.loaded_factor == "knee"
                     else f"loaded: the light rate x{args.loaded_factor:g} (fixed)"
