@@ -16,7 +16,8 @@ values (the median of those values weighted by their inverse, chosen with hindsi
 honest config-blind predictor does better). A simulator that cannot beat it does not tell
 configurations apart.
 
-Loads: `light` is the trace's own pace (Azure x1, Mooncake stretched x3: nearly no queueing);
+Loads: `light` is the trace's own pace (Azure x1, Mooncake stretched x3), stretched further where
+this machine's calibration says it would queue there (`light_time_scale`: nearly no queueing);
 `loaded` multiplies that rate by a factor. By default (`--loaded-factor knee`) the factor is
 measured per trace by a probe of the competent default configuration on a fresh engine: rates
 x1, 1.5, 2, 3, 4, 6, 8, 12 of the light rate, each step sending what a case at that rate sends
@@ -98,7 +99,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ KNEE_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)  # multiples of the lig
 KNEE_P50_RATIO = 1.5  # the knee: the default's p50 TTFT at this multiple of its unloaded p50
 TOP_K = 3
 MAX_CASE_SECONDS = 120.0  # a case's (and a knee-probe step's) span of sends: bounds the run
+MIN_CASE_REQUESTS = 20  # a case sends at least this many where MAX_CASE_SECONDS allows
+LIGHT_STRETCHES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # of a trace's light stretch
+LIGHT_BUSY_SHARE = 0.35  # the light level: the engine predicted busy at most this share of time
 
 
 @dataclass(frozen=True)
@@ -200,12 +204,46 @@ def probe_tokens(config: EngineConfig) -> int:
 
 
 def window_requests(trace: str, *, time_scale: float, window_s: float) -> int:
-    """How many of the trace's first requests are sent within `window_s` at this pace."""
+    """How many of the trace's first requests are sent within `window_s` at this pace, or, where
+    that is fewer than MIN_CASE_REQUESTS (a slow machine stretches the light level), the first
+    MIN_CASE_REQUESTS as long as they are sent within MAX_CASE_SECONDS."""
     requests = read_trace(TRACES / trace, max_requests=20_000)
     if not requests:
         raise ValueError(f"{trace}: no requests")
     first = requests[0].arrival_s
-    return max(2, sum(1 for r in requests if (r.arrival_s - first) * time_scale <= window_s))
+    offsets = [(r.arrival_s - first) * time_scale for r in requests]
+    within = sum(1 for t in offsets if t <= window_s)
+    bounded = sum(1 for t in offsets if t <= MAX_CASE_SECONDS)
+    return max(2, within, min(MIN_CASE_REQUESTS, bounded))
+
+
+def light_time_scale(spec: TraceSpec, *, window_s: float) -> tuple[float, list[dict[str, float]]]:
+    """The light level's stretch on this machine: the trace's own light stretch times the first
+    of LIGHT_STRETCHES at which the simulator, with this machine's calibration, keeps the default
+    configuration's engine busy at most LIGHT_BUSY_SHARE of the time. A machine five times slower
+    than the one the light stretches were chosen on (the AVX2 host of 2026-12-05 against the
+    AVX512 one before) would otherwise queue at its "light" level. The simulator only picks the
+    level; every figure scored is measured live at it."""
+    config = configs()["default"]
+    tried = []
+    for stretch in LIGHT_STRETCHES:
+        scale = spec.light_time_scale * stretch
+        result = simulate_trace(
+            TRACES / spec.trace,
+            model=MODEL,
+            hardware="local-cpu",
+            config=config,
+            time_scale=scale,
+            max_requests=window_requests(spec.trace, time_scale=scale, window_s=window_s),
+            max_prompt_tokens=spec.max_prompt_tokens,
+            max_output_tokens=MAX_OUTPUT_TOKENS,
+            seed=spec.seed_base,
+        )
+        share = result.busy_s / max(result.summary.duration_s, 1e-9)
+        tried.append({"stretch": stretch, "predicted_busy_share": share})
+        if share <= LIGHT_BUSY_SHARE:
+            return scale, tried
+    return spec.light_time_scale * LIGHT_STRETCHES[-1], tried
 
 
 def build_cases(
@@ -1158,18 +1196,26 @@ def main() -> int:
             print("warning: not the calibration's machine: " + "; ".join(check.differences), flush=True)
         factors: dict[str, float] = {}
         loads: dict[str, Any] = {}
+        stretched = []
+        for spec in specs:
+            scale, tried = light_time_scale(spec, window_s=args.case_seconds)
+            loads[spec.trace] = {"light_stretch_tried": tried}
+            stretched.append(replace(spec, light_time_scale=scale))
+        specs = tuple(stretched)
         for spec in specs:
             if args.loaded_factor == "knee":
                 probe = probe_knee(model_dir, spec, window_s=probe_seconds, max_wait_s=args.max_wait_s)
                 factors[spec.trace] = probe["factor"]
-                loads[spec.trace] = {"loaded_factor": probe["factor"], "probe": probe["steps"]}
+                loads[spec.trace].update(loaded_factor=probe["factor"], probe=probe["steps"])
             else:
                 factors[spec.trace] = float(args.loaded_factor)
-                loads[spec.trace] = {"loaded_factor": float(args.loaded_factor)}
+                loads[spec.trace]["loaded_factor"] = float(args.loaded_factor)
             loads[spec.trace]["light_time_scale"] = spec.light_time_scale
         live_meta["loads"] = {
             "rule": (
-                f"light: the trace's own pace x{'/'.join(f'{s.light_time_scale:g}' for s in specs)} stretch; "
+                f"light: the trace's own pace stretched x{'/'.join(f'{s.light_time_scale:g}' for s in specs)}, "
+                f"the first stretch at which the simulator keeps the default configuration's engine busy at most "
+                f"{LIGHT_BUSY_SHARE:g} of the time on this machine's calibration; "
                 + (
                     f"loaded: the light rate times the first of {'/'.join(f'{f:g}' for f in KNEE_FACTORS[1:])} at "
                     f"which the default configuration's p50 TTFT reached {KNEE_P50_RATIO}x its p50 at x1, "
@@ -1179,7 +1225,8 @@ def main() -> int:
                     if args.loaded_factor == "knee"
                     else f"loaded: the light rate x{args.loaded_factor:g} (fixed)"
                 )
-                + f"; each case the requests sent within its first {args.case_seconds:g} s"
+                + f"; each case the requests sent within its first {args.case_seconds:g} s (at least "
+                f"{MIN_CASE_REQUESTS} where they are sent within {MAX_CASE_SECONDS:g} s)"
             ),
             **loads,
         }
