@@ -682,8 +682,14 @@ def fit_format_factors(
     """
     hardware = get_hardware(base.hardware)
     grid = np.geomspace(0.125, 8.0, 49)
+    # The compute factor scales time at this format's own matmul peak, which measure_cpu takes
+    # from torch: on an AVX2 host without bf16 instructions that peak is ~70x below float32's
+    # while the engine's bf16 kernels are ~2x slower, so the compute grid is centred on float32's
+    # peak over this format's (1.0 where the format's peak is the same or not measured).
+    fp32_peak, own_peak = hardware.peak_flops("fp32"), hardware.peak_flops(compute_format)
+    centre = own_peak / fp32_peak if fp32_peak > 0 and own_peak > 0 else 1.0
     best = (1.0, 1.0, math.inf)
-    for compute in grid:
+    for compute in grid * centre:
         for memory in grid:
             probe = StepTimeModel(
                 model,

@@ -276,6 +276,18 @@ class StepTimeModel:
             basis = basis or found_basis
         self.efficiency = efficiency
         self.basis = basis or f"given efficiency ({efficiency.how})"
+        if (
+            hardware.kind == "cpu"
+            and efficiency.measured
+            and self.compute_format != "fp32"
+            and self.compute_format not in efficiency.format_factors
+        ):
+            # The CPU fit is float32's; another format's engine kernels were not timed on this
+            # host, so only the matmul peak measured for it scales the fit (not its kernels).
+            self.basis += (
+                f"; {self.compute_format} not calibrated on this host: the float32 fit at its "
+                "measured matmul peak"
+            )
         eff = efficiency
         peak = hardware.peak_flops(self.compute_format)
         bw = hardware.memory_bandwidth_bytes_per_s

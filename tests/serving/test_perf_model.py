@@ -365,3 +365,13 @@ def test_refit_without_stored_observations_says_so_and_writes_nothing(tmp_path: 
     assert json.loads(path.read_text()) == {"hardware": {"fp32_tflops": 0.2}}
     with pytest.raises(SystemExit, match="no calibration to refit"):
         calibrate(["--refit", "--out", str(tmp_path / "absent.json")])
+
+
+def test_a_cpu_format_without_its_own_calibration_says_so_in_the_basis() -> None:
+    fitted = Efficiency("local-cpu", 0.5, 0.4, 0.2, 1.0, 0.0, 1.0, 0.08, 0.0, 7.0, True, "fp32 fit")
+    spec, cpu = get_model("tiny-llama-s"), get_hardware("local-cpu")
+    bf16 = StepTimeModel(spec, cpu, weight_format="bf16", efficiency=fitted)
+    assert "bf16 not calibrated on this host" in bf16.basis
+    timed = dataclasses.replace(fitted, format_factors={"bf16": 2.0}, format_memory_factors={"bf16": 2.0})
+    assert "not calibrated" not in StepTimeModel(spec, cpu, weight_format="bf16", efficiency=timed).basis
+    assert "not calibrated" not in StepTimeModel(spec, cpu, weight_format="fp32", efficiency=fitted).basis
