@@ -621,13 +621,16 @@ def refit_stored(path: Path) -> int:
         format_obs = [Observation.from_mapping(o) for o in record.get("observations", [])]
         if not format_obs:
             continue
-        factor, memory_factor, error = fit_format_factors(format_obs, model, eff, compute_format)
-        eff = dataclasses.replace(
-            eff,
-            format_factors={**eff.format_factors, compute_format: factor},
-            format_memory_factors={**eff.format_memory_factors, compute_format: memory_factor},
+        factor, attention_factor, memory_factor, error = fit_format_factors(
+            format_obs, model, eff, compute_format
         )
-        record.update(factor=factor, memory_factor=memory_factor, median_relative_error=error)
+        eff = _with_format(eff, compute_format, factor, attention_factor, memory_factor)
+        record.update(
+            factor=factor,
+            attention_factor=attention_factor,
+            memory_factor=memory_factor,
+            median_relative_error=error,
+        )
     step_model = StepTimeModel(model, get_hardware(old.hardware), weight_format="fp32", efficiency=eff)
     data["efficiency"] = eff.to_mapping()
     data["fit"] = [
@@ -668,45 +671,64 @@ def _code_state() -> dict[str, object]:
     }
 
 
+FORMAT_GRID = np.geomspace(0.125, 8.0, 25)  # each format factor's candidates (x1.19 apart)
+
+
 def fit_format_factors(
     observations: Sequence[Observation], model: ModelSpec, base: Efficiency, compute_format: str
-) -> tuple[float, float, float]:
-    """The multipliers of the compute time and of the memory time in `compute_format` that best
-    explain `observations` (taken in that format) with the float32 fit's other factors, and the
-    median relative error they leave.
+) -> tuple[float, float, float, float]:
+    """The multipliers of the matmuls' compute time, of attention's and of the memory time in
+    `compute_format` that best explain `observations` (taken in that format) with the float32
+    fit's other factors, and the median relative error they leave.
 
     A grid search (log-spaced, 1/8x to 8x each): the step time is not linear in the factors (each
     operator takes the larger of its compute and its memory time), and the median keeps a stalled
     observation from deciding them. The fixed costs per step and per sequence are the scheduler's,
-    the same in every format, so they are not scaled.
+    the same in every format, so they are not scaled. Attention has its own factor: a format's
+    attention kernel is not its matmul's (on the AVX2 host of 2026-12-05 one shared factor left
+    the bf16 runs 16% off at the median, long prefills predicted 1.5x too slow).
     """
     hardware = get_hardware(base.hardware)
-    grid = np.geomspace(0.125, 8.0, 49)
-    # The compute factor scales time at this format's own matmul peak, which measure_cpu takes
+    # The compute factors scale time at this format's own matmul peak, which measure_cpu takes
     # from torch: on an AVX2 host without bf16 instructions that peak is ~70x below float32's
-    # while the engine's bf16 kernels are ~2x slower, so the compute grid is centred on float32's
-    # peak over this format's (1.0 where the format's peak is the same or not measured).
+    # while the engine's bf16 kernels are ~2x slower, so the compute grids are centred on
+    # float32's peak over this format's (1.0 where the format's peak is the same or not measured).
     fp32_peak, own_peak = hardware.peak_flops("fp32"), hardware.peak_flops(compute_format)
     centre = own_peak / fp32_peak if fp32_peak > 0 and own_peak > 0 else 1.0
-    best = (1.0, 1.0, math.inf)
-    for compute in grid * centre:
-        for memory in grid:
-            probe = StepTimeModel(
-                model,
-                hardware,
-                weight_format=compute_format,
-                compute_format=compute_format,
-                efficiency=dataclasses.replace(
-                    base,
-                    format_factors={compute_format: float(compute)},
-                    format_memory_factors={compute_format: float(memory)},
-                ),
-            )
-            errors = [abs(predict_observation(o, probe) - o.measured_s) / o.measured_s for o in observations]
-            error = float(np.median(errors))
-            if error < best[2]:
-                best = (float(compute), float(memory), error)
+    best = (1.0, 1.0, 1.0, math.inf)
+    for compute in FORMAT_GRID * centre:
+        for attention in FORMAT_GRID * centre:
+            for memory in FORMAT_GRID:
+                probe = StepTimeModel(
+                    model,
+                    hardware,
+                    weight_format=compute_format,
+                    compute_format=compute_format,
+                    efficiency=dataclasses.replace(
+                        base,
+                        format_factors={compute_format: float(compute)},
+                        format_attention_factors={compute_format: float(attention)},
+                        format_memory_factors={compute_format: float(memory)},
+                    ),
+                )
+                errors = [
+                    abs(predict_observation(o, probe) - o.measured_s) / o.measured_s for o in observations
+                ]
+                error = float(np.median(errors))
+                if error < best[3]:
+                    best = (float(compute), float(attention), float(memory), error)
     return best
+
+
+def _with_format(
+    eff: Efficiency, compute_format: str, compute: float, attention: float, memory: float
+) -> Efficiency:
+    return dataclasses.replace(
+        eff,
+        format_factors={**eff.format_factors, compute_format: compute},
+        format_attention_factors={**eff.format_attention_factors, compute_format: attention},
+        format_memory_factors={**eff.format_memory_factors, compute_format: memory},
+    )
 
 
 def _measure_engine_config(
@@ -742,19 +764,18 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     started = datetime.now(UTC)
     observations, rounds = _measure_engine_config(args, config)
     model = get_model(args.catalog_model)
-    factor, memory_factor, error = fit_format_factors(observations, model, base, compute_format)
-    efficiency = dataclasses.replace(
-        base,
-        format_factors={**base.format_factors, compute_format: factor},
-        format_memory_factors={**base.format_memory_factors, compute_format: memory_factor},
+    factor, attention_factor, memory_factor, error = fit_format_factors(
+        observations, model, base, compute_format
     )
+    efficiency = _with_format(base, compute_format, factor, attention_factor, memory_factor)
     data["efficiency"] = efficiency.to_mapping()
     data.setdefault("formats", {})[compute_format] = {
         "measured_at": started.isoformat(timespec="seconds"),
-        "how": f"python -m serving.perf.calibrate --dtype {args.dtype}: the multipliers of the compute and "
+        "how": f"python -m serving.perf.calibrate --dtype {args.dtype}: the multipliers of the matmuls', attention's and "
         f"the memory time in {compute_format} that minimise the median relative error of the float32 "
         f"fit's predictions of {len(observations)} observations",
         "factor": factor,
+        "attention_factor": attention_factor,
         "memory_factor": memory_factor,
         "median_relative_error": error,
         "engine": {"config": config.to_mapping(), "model": args.catalog_model},
@@ -763,7 +784,8 @@ def _calibrate_format(args: argparse.Namespace, compute_format: str) -> int:
     }
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(
-        f"{compute_format} compute-time factor {factor:.3f}, memory-time factor {memory_factor:.3f} "
+        f"{compute_format} compute-time factor {factor:.3f}, attention {attention_factor:.3f}, "
+        f"memory-time factor {memory_factor:.3f} "
         f"(median relative error {error:.3f} over "
         f"{len(observations)} observations); wrote {args.out}"
     )

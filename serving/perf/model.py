@@ -52,6 +52,11 @@ class Efficiency:
     format_factors: dict[str, float] = field(default_factory=dict)
     # The same for the memory time (weights and KV cache read in that format), where measured.
     format_memory_factors: dict[str, float] = field(default_factory=dict)
+    # The same for attention's FLOP time where measured apart from the matmuls' (a format's
+    # attention kernel need not be its matmul's: on the AVX2 host of 2026-12-05 the engine's
+    # bf16 short prefills took 2-3x their float32 time, its 3,500-token ones 1.4x); where
+    # absent, attention takes the matmuls' factor.
+    format_attention_factors: dict[str, float] = field(default_factory=dict)
     # Client-visible delay added to a request's arrival per other request streaming when it is
     # sent (the API server and the streams share CPU); 0 where not measured.
     stream_overhead_ms: float = 0.0
@@ -70,7 +75,7 @@ class Efficiency:
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
         scalars = {"stream_overhead_ms", *MOE_FIT_FIELDS}
-        optional = {"format_factors", "format_memory_factors", *scalars}
+        optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
         fields.update({k: data[k] for k in scalars if k in data})
 
@@ -82,6 +87,7 @@ class Efficiency:
             **fields,  # type: ignore[arg-type]
             format_factors=factors("format_factors"),
             format_memory_factors=factors("format_memory_factors"),
+            format_attention_factors=factors("format_attention_factors"),
         )
 
     def to_mapping(self) -> dict[str, object]:
@@ -296,8 +302,12 @@ class StepTimeModel:
         if not compute_parallelism > 0:
             raise ValueError("compute_parallelism must be positive")
         factor = eff.format_factors.get(self.compute_format, 1.0) / compute_parallelism
+        attn_factor = (
+            eff.format_attention_factors.get(self.compute_format, factor * compute_parallelism)
+            / compute_parallelism
+        )
         self._s_per_gemm_flop = factor / (peak * eff.gemm_efficiency)
-        self._s_per_attn_flop = factor / (peak * eff.attention_efficiency)
+        self._s_per_attn_flop = attn_factor / (peak * eff.attention_efficiency)
         self._s_per_byte = eff.format_memory_factors.get(self.compute_format, 1.0) / (
             bw * eff.memory_efficiency * compute_parallelism
         )

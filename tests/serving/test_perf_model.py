@@ -250,21 +250,29 @@ def test_live_feedback_moves_the_calibration_towards_the_measurements() -> None:
 
     base = load_efficiency("local-cpu")
     assert base is not None
-    trace = [TraceRequest(i * 0.5, 800, 20) for i in range(20)]
     spec, hw = get_model("tiny-llama-s"), get_hardware("local-cpu")
 
-    def run(eff: Efficiency) -> ReplaySummary:
+    def run(eff: Efficiency, trace: list[TraceRequest]) -> ReplaySummary:
         model = StepTimeModel(spec, hw, weight_format="fp32", efficiency=eff)
         return simulate(
             trace, model=spec, hardware=hw, config=EngineConfig.cpu_default(), step_model=model
         ).summary
 
+    # The engine the trials met: every step 1.6x the calibration's (a slower host) and 30 ms more
+    # per request outside the engine (what the correction is built to find).
     slower = dataclasses.replace(
-        base, step_overhead_ms=base.step_overhead_ms * 3 + 2, request_overhead_ms=30.0
+        base.scaled(compute=1.6, step=1.6, why="test"),
+        request_overhead_ms=base.request_overhead_ms + 30.0,
     )
-    live, predicted = run(slower), run(base)
+    # Requests far enough apart that none queues, even once the correction scales every step by
+    # the TPOT ratio (whatever machine the stored calibration was measured on).
+    one = [TraceRequest(0.0, 800, 20)]
+    ratio = run(slower, one).tpot_ms.mean / run(base, one).tpot_ms.mean
+    gap_s = 3.0 * ratio * run(slower, one).e2e_ms.mean / 1000.0
+    trace = [TraceRequest(i * gap_s, 800, 20) for i in range(20)]
+    live, predicted = run(slower, trace), run(base, trace)
     corrected = correct_efficiency(base, [(live, predicted)], weight=1.0)
-    after = run(corrected)
+    after = run(corrected, trace)
     assert abs(after.tpot_ms.mean - live.tpot_ms.mean) < abs(predicted.tpot_ms.mean - live.tpot_ms.mean)
     assert abs(after.ttft_ms.p50 - live.ttft_ms.p50) < abs(predicted.ttft_ms.p50 - live.ttft_ms.p50)
     assert "corrected from 1 live trial" in corrected.how
