@@ -303,7 +303,9 @@ class StepTimeModel:
             raise ValueError("compute_parallelism must be positive")
         factor = eff.format_factors.get(self.compute_format, 1.0) / compute_parallelism
         attn_factor = (
-            eff.format_attention_factors.get(self.compute_format, factor * compute_parallelism)
+            eff.format_attention_factors.get(
+                self.compute_format, eff.format_factors.get(self.compute_format, 1.0)
+            )
             / compute_parallelism
         )
         self._s_per_gemm_flop = factor / (peak * eff.gemm_efficiency)
