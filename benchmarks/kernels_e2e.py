@@ -4,7 +4,9 @@ One MoE architecture with random weights (`--load-format dummy`: only config.jso
 tokenizer), in two shapes written here: Qwen3-30B-A3B's own (128 experts, expert width 768: vLLM
 ships an H200 table for E=128,N=768) and the same model with 64 experts (E=64,N=768: no H200
 table in vLLM 0.32, so vLLM runs its generic default and warns "sub-optimal"). Whether the
-host's vLLM ships a table for each shape is checked on the host, not assumed.
+host's vLLM ships a table for each shape is checked on the host, not assumed. The device tool may
+lend an H100 for an H200: `--hardware auto` simulates the loads and plans the tables for the GPU
+torch sees there (its memory, its table file names), and the result says which.
 
 Three arms per shape, each a fresh engine per block:
 - `default`: no VLLM_TUNED_CONFIG_FOLDER (vLLM's shipped table, or its generic default);
@@ -76,8 +78,10 @@ from tuning.search.confirm import Block, ratio  # noqa: E402
 TRACES_DIR = REPO / "data" / "traces"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
 ARMS = ("default", "uniform", "traffic")
-HARDWARE = "h200"
-GPU_NAME = "NVIDIA H200"
+# The simulator's hardware for each GPU the device tool may lend, and the memory a process gets
+# there (torch's total_memory): the loads and the tuning plans are simulated for the GPU that runs.
+HARDWARE_BY_GPU = {"H200": "h200", "H100": "h100"}
+USABLE_MEMORY_GIB = {"h200": 139.8, "h100": 79.1}
 # Qwen3-30B-A3B's published config.json fields that decide its shapes and the engine's behaviour.
 _QWEN3_MOE: dict[str, Any] = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -127,6 +131,21 @@ MAX_STEADY_BATCH = 512  # vLLM's largest CUDA-graph capture size by default
 
 
 # -- the plan (CPU) ------------------------------------------------------------------------------
+
+
+def gpu_name(hardware: str) -> str:
+    """The name torch gives the GPU of a catalog hardware (table file names are made from it)."""
+    return {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}[hardware]
+
+
+def hardware_of(device_name: str) -> str:
+    """The catalog hardware of the GPU torch names; refused for one the simulator does not know."""
+    for key, hardware in HARDWARE_BY_GPU.items():
+        if key in device_name:
+            return hardware
+    raise ValueError(
+        f"GPU {device_name!r} is none of {', '.join(HARDWARE_BY_GPU)}: no simulated loads for it"
+    )
 
 
 def model_spec(shape: str) -> ModelSpec:
@@ -193,7 +212,7 @@ def find_loads(
         res = simulate_trace(
             trace,
             model=spec,
-            hardware=HARDWARE,
+            hardware=args.hardware,
             config=config,
             rate_scale=scale,
             max_requests=n,
@@ -249,15 +268,21 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     config = engine_config(args)
     shipped_dir = shipped_tables_dir()
     shipped = {p.name for p in shipped_dir.glob("*.json")} if shipped_dir else set()
-    plan: dict[str, Any] = {"engine_config": config.to_mapping(), "shapes": {}, "device_memory_gib": 139.8}
-    memory = int(139.8 * 2**30)
+    gib = USABLE_MEMORY_GIB[args.hardware]
+    plan: dict[str, Any] = {
+        "engine_config": config.to_mapping(),
+        "hardware": args.hardware,
+        "shapes": {},
+        "device_memory_gib": gib,
+    }
+    memory = int(gib * 2**30)
     for shape in args.shapes:
         spec = model_spec(shape)
         table_plans: dict[str, Any] = {}
         uniform = moe_step.plan_tables(
             model=spec,
             config=config,
-            gpu_name=GPU_NAME,
+            gpu_name=gpu_name(args.hardware),
             sample=None,
             budget=args.tune_trials,
             time_budget_s=args.tune_budget_s,
@@ -275,7 +300,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                 moe_step.step_sample(
                     trace,
                     model=spec,
-                    hardware=HARDWARE,
+                    hardware=args.hardware,
                     config=config,
                     rate_scale=scale,
                     max_requests=args.sim_requests,
@@ -287,7 +312,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
             traffic = moe_step.plan_tables(
                 model=spec,
                 config=config,
-                gpu_name=GPU_NAME,
+                gpu_name=gpu_name(args.hardware),
                 sample=merged_steps(samples),
                 budget=args.tune_trials,
                 time_budget_s=args.tune_budget_s,
@@ -357,7 +382,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
 def _covers(plan: Mapping[str, Any] | None, args: argparse.Namespace) -> bool:
     """Whether a kept plan has every shape and trace this command asks for."""
-    if not plan:
+    if not plan or plan.get("hardware", "h200") != args.hardware:
         return False
     shapes = plan.get("shapes", {})
     return all(s in shapes and all(t in shapes[s]["traces"] for t in args.traces) for s in args.shapes)
@@ -365,8 +390,8 @@ def _covers(plan: Mapping[str, Any] | None, args: argparse.Namespace) -> bool:
 
 def _merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """A new plan that keeps the kept plan's entries (blocks measured under them keep their loads)."""
-    if not old:
-        return new
+    if not old or old.get("hardware", "h200") != new["hardware"]:
+        return new  # a plan for another GPU: its loads and tables do not apply here
     merged = json.loads(json.dumps(new))
     for shape, entry in old.get("shapes", {}).items():
         target = merged["shapes"].setdefault(shape, entry)
@@ -826,6 +851,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engine-start-s", type=float, default=180.0, help="estimate for a cold start")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--hardware",
+        choices=["auto", *USABLE_MEMORY_GIB],
+        default="auto",
+        help="GPU the loads are simulated for (auto: the one torch sees; h200 in a dry run)",
+    )
+    parser.add_argument(
         "--tokenizer-from", type=Path, help="folder with tokenizer.json (required on the GPU)"
     )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tailguard-kernels-e2e")
@@ -878,6 +909,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 2 <= getattr(args, name) <= 2048:
             parser.error(f"--{name.replace('_', '-')} must be in [2, 2048]")
     args.state = args.state or args.work / "state.json"
+    if args.hardware == "auto":
+        if args.dry_run:
+            args.hardware = "h200"
+        else:
+            import torch
+
+            if not torch.cuda.is_available():
+                parser.error("needs a CUDA GPU (use --dry-run to check the plan here)")
+            try:
+                args.hardware = hardware_of(torch.cuda.get_device_name())
+            except ValueError as exc:
+                parser.error(str(exc))
 
     # The plan (simulated loads and step distributions) is made once and kept in the state, so a
     # resumed run measures against the same loads and spends no device time re-simulating.
@@ -1021,7 +1064,7 @@ def run(args: argparse.Namespace, plan: dict[str, Any], state: dict[str, Any]) -
                 moe_step.step_sample(
                     TRACES_DIR / TRACES[trace],
                     model=spec,
-                    hardware=HARDWARE,
+                    hardware=args.hardware,
                     config=config,
                     rate_scale=scale,
                     max_requests=args.sim_requests,

@@ -210,3 +210,31 @@ def test_a_resumed_state_carries_the_commit_of_the_command_that_extends_it(tmp_p
     resumed = load_state(path, stamp={"commit": "bbb", "dirty": False})
     assert resumed == {"commit": "bbb", "dirty": False, "device_seconds": 12.5}
     assert list(resumed)[:2] == ["commit", "dirty"]
+
+
+def test_the_plan_is_simulated_for_the_gpu_that_runs_it(tmp_path: Path) -> None:
+    # The device tool may lend an H100 for an H200 call: the GPU torch names picks the simulated
+    # hardware, its memory and the table file name; a GPU the simulator does not know is refused.
+    assert e2e.hardware_of("NVIDIA H100 80GB HBM3") == "h100"
+    assert e2e.hardware_of("NVIDIA H200") == "h200"
+    with pytest.raises(ValueError, match="no simulated loads"):
+        e2e.hardware_of("NVIDIA A10G")
+    plans = {}
+    for hardware in ("h100", "h200"):
+        plan_path = tmp_path / f"plan-{hardware}.json"
+        argv = [
+            "--dry-run", "--no-validate", "--hardware", hardware, "--shapes", "qwen3-30b-a3b-e64",
+            "--traces", "azure_conv", "--sim-requests", "60", "--sim-window-s", "5",
+            "--work", str(tmp_path / "work"), "--plan-out", str(plan_path),
+        ]  # fmt: skip
+        assert e2e.main(argv) == 0
+        plans[hardware] = json.loads(plan_path.read_text())
+    h100, h200 = plans["h100"], plans["h200"]
+    assert (h100["hardware"], h100["device_memory_gib"]) == ("h100", 79.1)
+    assert h100["shapes"]["qwen3-30b-a3b-e64"]["table_file_name"].endswith(
+        "device_name=NVIDIA_H100_80GB_HBM3.json"
+    )
+    # A kept plan for one GPU is not resumed on the other: its loads were simulated for that one.
+    args = argparse.Namespace(hardware="h100", shapes=["qwen3-30b-a3b-e64"], traces=["azure_conv"])
+    assert e2e._covers(h100, args) and not e2e._covers(h200, args)
+    assert e2e._merge(h200, h100) == h100
