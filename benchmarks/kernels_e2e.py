@@ -45,7 +45,6 @@ engine's flags through vLLM's own parser) and writes it to `--plan-out`, startin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -417,137 +416,12 @@ def validate_plan(plan: Mapping[str, Any]) -> None:
 # -- on the GPU ----------------------------------------------------------------------------------
 
 
-_VLLM_CONTEXT = contextlib.ExitStack()  # held for the process: vLLM's current config, where needed
-_PROBE_CONFIG = {
-    "BLOCK_SIZE_M": 16,
-    "BLOCK_SIZE_N": 64,
-    "BLOCK_SIZE_K": 64,
-    "GROUP_SIZE_M": 1,
-    "num_warps": 4,
-    "num_stages": 3,
-}
-
-
 def vllm_kernel(
     layer: moe_tuning.MoEShape, *, seed: int, rep_ms: int
 ) -> tuple[moe_tuning.Bench, moe_tuning.Check, str, moe_tuning.Baseline | None]:
-    """(bench, check, what is timed, the engine's own configuration per token count): vLLM's
-    fused-MoE kernel with a forced configuration; the last is None where vLLM cannot say."""
-    import torch
-
-    from kernels.tune import bench_us
-
-    try:
-        from vllm.model_executor.layers.fused_moe import override_config
-        from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
-    except ImportError as exc:
-        log(f"vLLM's fused_experts/override_config not importable ({exc}); timing kernels.moe_gemm")
-        return (
-            moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
-            moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
-            "kernels.moe_gemm",
-            None,
-        )
-    with contextlib.suppress(Exception):  # some vLLM versions read the current config inside the op
-        from vllm.config import VllmConfig, set_current_vllm_config
-
-        _VLLM_CONTEXT.enter_context(set_current_vllm_config(VllmConfig()))
-    e, n, k, top_k = layer.num_experts, layer.shard_intermediate_size, layer.hidden_size, layer.top_k
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    w1 = torch.randn(e, 2 * n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    w2 = torch.randn(e, k, n, generator=gen, device="cuda", dtype=torch.bfloat16) * n**-0.5
-    inputs: dict[int, tuple[Any, Any, Any]] = {}
-
-    def inp(tokens: int) -> tuple[Any, Any, Any]:
-        if tokens not in inputs:
-            x = torch.randn(tokens, k, generator=gen, device="cuda", dtype=torch.bfloat16)
-            scores = torch.rand(tokens, e, generator=gen, device="cuda")
-            w, ids = scores.topk(top_k, dim=1)
-            inputs[tokens] = (x, (w / w.sum(dim=1, keepdim=True)).float(), ids.to(torch.int32))
-        return inputs[tokens]
-
-    import vllm.model_executor.layers.fused_moe as vllm_fused_moe
-
-    @contextlib.contextmanager
-    def configured(cfg: Mapping[str, int] | None) -> Any:
-        # vLLM's override_config puts the previous configuration back only when its block exits
-        # cleanly: a candidate that fails inside it (out of shared memory, say) would stay in
-        # force for every later call, vLLM's own choice included. So it is put back here.
-        before = vllm_fused_moe.get_config()
-        try:
-            with override_config(None if cfg is None else dict(cfg)):
-                yield
-        finally:
-            vllm_fused_moe._config = before
-
-    def run(cfg: Mapping[str, int], tokens: int) -> Any:
-        x, w, ids = inp(tokens)
-        with configured(cfg):
-            return fused_experts(x, w1, w2, w, ids)
-
-    def reference(tokens: int) -> Any:
-        x, w, ids = inp(tokens)
-        out = torch.zeros(tokens, k, device="cuda", dtype=torch.float32)
-        for expert in range(e):
-            tok, slot = torch.nonzero(ids == expert, as_tuple=True)
-            if tok.numel():
-                h = x[tok].float() @ w1[expert].float().T
-                act = torch.nn.functional.silu(h[:, :n]) * h[:, n:]
-                out.index_add_(0, tok, (act @ w2[expert].float().T) * w[tok, slot, None])
-        return out
-
-    refs: dict[int, Any] = {}
-
-    def check(cfg: Mapping[str, int], tokens: int) -> None:
-        t = min(tokens, 256)  # a failing configuration fails at any size; the reference is slow
-        if t not in refs:
-            refs[t] = reference(t)
-        out = run(cfg, t).float()
-        err = float((out - refs[t]).norm() / refs[t].norm().clamp(min=1e-30))
-        if not err < 3e-2:
-            raise ValueError(f"relative error {err:.3g} against the reference")
-
-    # The engine replays the op inside its CUDA graphs (decode steps up to the largest captured
-    # size; piecewise graphs around attention beyond): timed the same way, every size. Run 6's
-    # tables were timed with a 0.2 ms probe deciding, and fused_experts' Python path alone is
-    # longer: its small buckets timed that path (1 token: 168-302 us for a kernel that streams
-    # 75 MB of expert weights, ~20 us at the copy rate), and their winners were noise.
-    in_graph = True
-
-    def bench(cfg: Mapping[str, int], tokens: int) -> float:
-        return bench_us(lambda: run(cfg, tokens), rep_ms=rep_ms, graph=True, always_graph=in_graph)
-
-    try:  # one known-good configuration: if vLLM's op cannot be called here, say so and time ours
-        check(_PROBE_CONFIG, 8)
-        try:
-            bench(_PROBE_CONFIG, 8)
-        except Exception as exc:  # the op cannot be captured here: plain timing, and the result says so
-            log(f"vLLM's fused_experts could not be captured in a CUDA graph ({exc}); timing it plainly")
-            in_graph = False
-    except Exception as exc:
-        log(f"vLLM's fused_experts failed on a plain configuration ({exc}); timing kernels.moe_gemm")
-        return (
-            moe_tuning.moe_gemm_bench(layer, seed=seed, rep_ms=rep_ms),
-            moe_tuning.moe_gemm_check(layer, device="cuda", seed=seed),
-            f"kernels.moe_gemm (vLLM's fused_experts failed: {str(exc)[:200]})",
-            None,
-        )
-    engine_config_at: moe_tuning.Baseline | None = None
-    try:  # what vLLM itself runs at a token count without our table (its own table or default)
-        from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
-
-        def engine_config_at(tokens: int) -> Mapping[str, int]:
-            with configured(None):  # no override in force: the engine's own table or default
-                return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, None, tokens))
-
-        engine_config_at(8)
-    except Exception as exc:
-        log(f"vLLM's own configuration choice is not callable here ({exc}): tuned without a baseline")
-        engine_config_at = None
-    timed = "vllm fused_experts (override_config), " + (
-        "CUDA-graph replays at every size" if in_graph else "plain timing (CUDA-graph capture failed)"
-    )
-    return bench, check, timed, engine_config_at
+    """vLLM's fused-MoE kernel with a forced configuration (`tailguard.moe_step.vllm_bench`, the
+    product's job step times the same)."""
+    return moe_step.vllm_bench(layer, seed=seed, rep_ms=rep_ms, log=log)
 
 
 def vllm_file_name(table: moe_tables.TableShape) -> str | None:

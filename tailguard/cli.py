@@ -17,6 +17,7 @@ from kernels import cli as kernels_cli
 from serving import commands as serving_commands
 from serving import sim_commands
 from serving.runner import cli as runner_cli
+from tailguard import moe_cli
 from tuning import __version__
 from tuning.commands import tune as tune_commands
 from tuning.commands import workload as workload_commands
@@ -25,6 +26,7 @@ from tuning.commands import workload as workload_commands
 REGISTRARS: tuple[Callable[[Any], None], ...] = (
     workload_commands.register,  # profile, drift, synth
     kernels_cli.register,  # kernels tune
+    moe_cli.register,  # moe-tables tune
     serving_commands.register,  # engine, replay
     sim_commands.register,  # simulate
     tune_commands.register,  # tune

@@ -40,6 +40,11 @@ class Endpoint(models.Model):
         "pools.Host", null=True, blank=True, on_delete=models.SET_NULL, related_name="endpoints"
     )
     config = models.JSONField()  # the EngineConfig mapping now serving (no key in it)
+    # The tuned fused-MoE tables it serves with (vLLM file name -> table JSON; issue 25), from
+    # the job whose winner it serves; empty: vLLM's own tables. The note says why a job's tables
+    # were not shipped (another device, say), or is empty.
+    moe_tables = models.JSONField(default=dict, blank=True)
+    moe_tables_note = models.TextField(blank=True)
     # The stable address's port on the host that serves it, as that host's agent picked it when
     # it started the endpoint (only the host knows which of its ports are free; two hosts may
     # well use the same number). Empty until the host reports it (and for Kubernetes endpoints,
@@ -105,6 +110,10 @@ class EndpointRevision(models.Model):
     measured_ttft_p50_ms = models.FloatField(null=True, blank=True)
     measured_ttft_p95_ms = models.FloatField(null=True, blank=True)
     measured_tokens_per_s = models.FloatField(null=True, blank=True)
+    # The MoE tables this generation runs (their digest; empty: vLLM's own) and why a job's
+    # tables were not shipped, if they were not.
+    moe_tables_digest = models.CharField(max_length=12, blank=True)
+    moe_tables_note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

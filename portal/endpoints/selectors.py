@@ -636,6 +636,13 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
                 "job_name": revision.job.name if revision.job else None,
                 "trial_number": revision.trial_number,
                 "diff": config_diff(previous.config, revision.config) if previous else [],
+                # The fused-MoE tables it runs (their digest; '' is vLLM's own) and whether they
+                # changed from the generation before.
+                "moe_tables_digest": revision.moe_tables_digest,
+                "moe_tables_changed": previous is not None
+                and previous.moe_tables_digest != revision.moe_tables_digest,
+                "moe_tables_before": previous.moe_tables_digest if previous else "",
+                "moe_tables_note": revision.moe_tables_note,
                 "is_first": previous is None,
                 "ttft_p50_ms": p50,
                 "ttft_p95_ms": _finite(revision.measured_ttft_p95_ms),
@@ -647,6 +654,26 @@ def optimization_history(*, endpoint: Endpoint) -> list[dict[str, Any]]:
             }
         )
         previous = revision
+    return rows
+
+
+def moe_tables_rows(endpoint: Endpoint) -> list[dict[str, object]]:
+    """The tuned fused-MoE tables the endpoint serves with: each file vLLM reads, and the token
+    counts (batch-size keys) it has a configuration for."""
+    rows: list[dict[str, object]] = []
+    for name, text in sorted((endpoint.moe_tables or {}).items()):
+        try:
+            keys = sorted(int(k) for k in json.loads(text))
+        except (TypeError, ValueError):
+            keys = []
+        rows.append(
+            {
+                "file": name,
+                "keys": len(keys),
+                "smallest": min(keys, default=None),
+                "largest": max(keys, default=None),
+            }
+        )
     return rows
 
 
@@ -748,6 +775,7 @@ def endpoint_dashboard(*, endpoint: Endpoint, range_name: str, now: datetime | N
         "serving_generation": next((r["generation"] for r in history if r["serving"]), None),
         "iterations": loop_iterations(endpoint=endpoint),
         "config": config_rows(endpoint.config),
+        "moe_tables": moe_tables_rows(endpoint),
         "base_url": endpoint_base_url(endpoint),
         "model_id": endpoint_model_id(endpoint),
         "client": client_snippets(

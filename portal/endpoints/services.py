@@ -47,6 +47,8 @@ from portal.outbox.services import outbox_enqueue
 from portal.pools.models import Pool
 from portal.pools.selectors import host_here, pool_waiting_reason
 from portal.pools.services import pool_require_usable
+from serving.engine.config import EngineConfig, InvalidEngineConfig
+from serving.runner import k8s_tables
 from serving.runner.base import (
     EndpointLaunch,
     EndpointRunner,
@@ -75,6 +77,25 @@ def _winner(job: TuningJob) -> tuple[int, dict[str, object]]:
     if trial is None or not trial.result:
         raise ValidationError({"job": "The winning trial's record is missing."})
     return trial.number, trial.result
+
+
+def _tables_to_ship(
+    job: TuningJob | None, *, hardware: str, config: dict[str, object]
+) -> tuple[dict[str, str], str, str]:
+    """(tables, digest, note): the job's tuned fused-MoE tables where the endpoint's engine can
+    read them; none, with the reason in the note, where it cannot (tables for another device, a
+    configuration already pointing vLLM elsewhere): the engine then runs vLLM's own."""
+    if job is None or not job.moe_tables:
+        return {}, "", ""
+    try:
+        shipped = k8s_tables.tables_from_files(job.moe_tables)
+        k8s_tables.check_tables(
+            shipped, hardware=hardware, model=None, config=EngineConfig.from_mapping(config)
+        )
+    except (k8s_tables.TablesRefused, InvalidEngineConfig) as exc:
+        note = f"tuning job {job.name!r} tuned MoE tables that are not shipped ({exc}); the engine runs vLLM's own"
+        return {}, "", note[:2000]
+    return dict(shipped.files), shipped.digest, ""
 
 
 DEPLOY_TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{20,64}$")
@@ -140,6 +161,9 @@ def endpoint_deploy(
     # Clients name the model by its short name (the one registered in the portal), not by the
     # folder it was loaded from: the engine serves it under that name.
     config = {**dict(result["config"]), "served_model_name": job.served_model.name}  # type: ignore[call-overload]
+    tables, digest, tables_note = _tables_to_ship(
+        job, hardware=chosen.accelerator if chosen is not None else job.hardware, config=config
+    )
     prefix, secret = secrets.token_hex(4), secrets.token_urlsafe(32)
     api_key = f"{ENDPOINT_KEY_PREFIX}{prefix}_{secret}"
     # No port here: the host that starts it picks one of its own free ports and reports it
@@ -156,6 +180,8 @@ def endpoint_deploy(
             runner_kind=runner_kind_for(chosen),
             base_url=public_base_url(pool=chosen, port=None, endpoint_id=str(endpoint_id)),
             config=config,
+            moe_tables=tables,
+            moe_tables_note=tables_note,
             api_key_prefix=prefix,
             api_key_hash=tokens.digest(api_key),
             # The host that starts it reads the key from here (never from a message or a command line).
@@ -171,6 +197,7 @@ def endpoint_deploy(
             number,
             result,
             f"deployed the winner of tuning job {job.name!r} (trial {number})",
+            tables=(digest, tables_note),
         )
         event = audit_record(
             actor=actor,
@@ -238,8 +265,20 @@ def endpoint_switch(
         generation = (
             locked.revisions.order_by("-generation").values_list("generation", flat=True).first() or 0
         ) + 1
-        revision = _revision(locked, generation, config, job, trial_number, result, reason)
-        Endpoint.objects.filter(pk=endpoint.pk).update(config=config, **({"job": job} if job else {}))
+        # A job's winner brings the job's tables (a promotion can change them); a switch without
+        # a job keeps the tables serving now.
+        if job is not None:
+            hardware = locked.pool.accelerator if locked.pool is not None else job.hardware
+            tables, digest, note = _tables_to_ship(job, hardware=hardware, config=config)
+        else:
+            tables, note = dict(locked.moe_tables or {}), locked.moe_tables_note
+            digest = k8s_tables.tables_from_files(tables).digest if tables else ""
+        revision = _revision(
+            locked, generation, config, job, trial_number, result, reason, tables=(digest, note)
+        )
+        Endpoint.objects.filter(pk=endpoint.pk).update(
+            config=config, moe_tables=tables, moe_tables_note=note, **({"job": job} if job else {})
+        )
         audit_record(
             actor=actor,
             organization=endpoint.organization,
@@ -383,6 +422,7 @@ def endpoint_start(*, endpoint_id: str) -> str:
             else None
         ),
         edge_ingest_token=settings.SLA_EDGE_INGEST_TOKEN,
+        moe_tables=dict(endpoint.moe_tables or {}),
     )
     if here is not None:
         # One host serves it: a start delivered twice (a redelivery after a crash) to another
@@ -439,7 +479,9 @@ def endpoint_config_sync(*, endpoint_id: str) -> bool:
     if handle is None:
         return False
     try:
-        changed = runner.apply_config(handle, dict(endpoint.config))
+        changed = runner.apply_config(
+            handle, dict(endpoint.config), moe_tables=dict(endpoint.moe_tables or {})
+        )
     except (RunnerError, OSError) as exc:
         # The next watch round tries again; one endpoint's failure must not stop the watch.
         logger.warning("endpoint %s: configuration not handed over (%s)", endpoint_id, exc)
@@ -486,6 +528,8 @@ def _revision(
     number: int | None,
     result: dict[str, object],
     reason: str,
+    *,
+    tables: tuple[str, str] = ("", ""),  # (digest, note), as _tables_to_ship gives them
 ) -> EndpointRevision:
     return EndpointRevision.objects.create(
         organization_id=endpoint.organization_id,
@@ -498,6 +542,8 @@ def _revision(
         measured_ttft_p50_ms=result.get("ttft_p50_ms"),  # type: ignore[misc]  # JSON values typed object
         measured_ttft_p95_ms=result.get("ttft_p95_ms"),
         measured_tokens_per_s=_tokens_per_s(result),
+        moe_tables_digest=tables[0],
+        moe_tables_note=tables[1],
     )
 
 

@@ -107,6 +107,11 @@ class TuningJob(Leased):
     # What the job is doing now, in words ("confirmation round 2 of 3: finalist-1", "waiting for
     # the engine host: ... holds it"): written by the worker as it goes, shown on the job page.
     phase = models.CharField(max_length=300, blank=True)
+    # The job's fused-MoE kernel tables (issue 25), tuned for its traffic by the last step when
+    # the spec asks for them (`moe_tables: true`): vLLM file name -> table JSON. The note says
+    # what the step did or why it tuned none (a dense model, a host without a GPU).
+    moe_tables = models.JSONField(default=dict, blank=True)
+    moe_tables_note = models.TextField(blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -17,9 +17,13 @@ copy, and replaces steps that died (worker killed, database restarted) once thei
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -52,6 +56,7 @@ from portal.pools.models import Pool
 from portal.pools.services import pool_require_usable
 from portal.traffic.models import TrafficSample
 from portal.traffic.services import workload_path
+from serving.engine import moe_tables
 from serving.engine.launcher import read_log_tail
 from tuning.search.job import (
     DEFAULT_CAPACITY_STEPS,
@@ -663,6 +668,57 @@ def _phase(job_id: str, text: str) -> None:
         logger.warning("tuning job %s: phase not recorded (%s)", job_id, exc)
 
 
+MOE_TABLES_TIMEOUT_S = 900.0  # the step's own plan refuses one over 420 s of timings
+
+
+def _moe_tables_step(job: TuningJob, prepared: Any, history: Sequence[TrialRecord]) -> None:
+    """The job's last step (issue 25): on a GPU pool's host, tune vLLM's fused-MoE table for the
+    winner's configuration and the job's traffic (`tailguard moe-tables tune`, run as a process:
+    the portal imports no CLI); the tables ship with an endpoint deployed from the job. What it
+    did, or why it tuned nothing (a dense model, a CPU pool, no GPU here), is the job's note.
+    Run once: a step redelivered after it keeps what it recorded."""
+    if job.moe_tables or job.moe_tables_note:
+        return
+    spec = job.job_spec()
+    if spec.hardware not in moe_tables.CATALOG_DEVICE_NAMES:
+        gpus = ", ".join(sorted(moe_tables.CATALOG_DEVICE_NAMES))
+        note = f"not tuned: {spec.hardware} runs no fused-MoE Triton kernel (kernel tables are for {gpus})"
+        TuningJob.objects.filter(id=job.id).update(moe_tables_note=note)
+        return
+    winner = (report(prepared, history).get("selection") or {}).get("winner")
+    record = next((h for h in history if h.number == winner), None)
+    config = record.result.get("config") if record is not None else None
+    if not isinstance(config, dict):
+        TuningJob.objects.filter(id=job.id).update(
+            moe_tables_note="not tuned: the job has no winner to tune for"
+        )
+        return
+    _phase(str(job.id), "tuning the fused-MoE kernel tables for the traffic on this host's GPU")
+    tables: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="tailguard-moe-") as tmp:
+        config_file = Path(tmp) / "config.json"
+        config_file.write_text(json.dumps(config))
+        command = [
+            sys.executable, "-m", "tailguard.cli", "moe-tables", "tune",
+            "--model-dir", spec.model_path, "--config", str(config_file), "--trace", spec.trace_path,
+            "--hardware", spec.hardware, "--out", str(Path(tmp) / "tables"),
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=MOE_TABLES_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            note = f"not tuned: the step ran past {MOE_TABLES_TIMEOUT_S:.0f} s and was stopped"
+        else:
+            try:
+                out = json.loads((done.stdout.strip().splitlines() or ["{}"])[-1])
+                tables, note = dict(out["tables"]), str(out["note"])
+            except (ValueError, KeyError, TypeError):
+                note = f"not tuned: the step failed (exit {done.returncode}: {done.stderr.strip()[-500:]})"
+    _reconnect_if_lost()
+    TuningJob.objects.filter(id=job.id).update(moe_tables=tables, moe_tables_note=note[:2000])
+
+
 def tuning_job_step(*, job_id: str, owner: str) -> str:
     """Run the job's next trial (or finish it). Returns what the step did."""
     if not _claim(job_id, owner):
@@ -710,6 +766,8 @@ def _step(job_id: str, owner: str) -> str:
         _finish(job, TuningJob.Status.FAILED, prepared=prepared, error=f"{exc}. No candidate was judged.")
         return "failed"
     if not batch:
+        _moe_tables_step(job, prepared, history)
+        _reconnect_if_lost()
         _finish(job, TuningJob.Status.SUCCEEDED, prepared=prepared)
         return "finished"
     if len(batch) > 1:

@@ -51,6 +51,10 @@ class EndpointLaunch:
     # and posts the records there; the endpoint's address is then the proxy's.
     edge_ingest_url: str | None = None
     edge_ingest_token: str = field(default="", repr=False)  # never printed
+    # Tuned fused-MoE tables of the revision to serve (vLLM file name -> table JSON), checked by
+    # the portal against the endpoint's hardware and model; the runner puts them where the
+    # engine reads them and points VLLM_TUNED_CONFIG_FOLDER there. Empty: vLLM's own tables.
+    moe_tables: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,11 @@ class EndpointRunner(Protocol):
         """Start serving (idempotent: an endpoint already running under this id is kept)."""
         ...
 
-    def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
-        """Serve `config` from now on; False when it already does (nothing to do)."""
+    def apply_config(
+        self, handle: RunnerHandle, config: dict[str, Any], *, moe_tables: dict[str, str] | None = None
+    ) -> bool:
+        """Serve `config` (with `moe_tables`, as in `EndpointLaunch`) from now on; False when it
+        already does (nothing to do)."""
         ...
 
     def stop(self, handle: RunnerHandle, *, timeout_s: float = 60.0) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from serving.engine.config import EngineConfig, InvalidEngineConfig
-from serving.runner import k8s, k8s_edge
+from serving.runner import k8s, k8s_edge, k8s_tables
 from serving.runner.base import (
     EndpointLaunch,
     MetricsReading,
@@ -81,9 +81,16 @@ class KubernetesRunner:
         )
 
     def _render(
-        self, name: str, model: str, config: dict[str, Any], edge: k8s_edge.EdgeSidecar | None = None
+        self,
+        name: str,
+        model: str,
+        config: dict[str, Any],
+        edge: k8s_edge.EdgeSidecar | None = None,
+        moe_tables: dict[str, str] | None = None,
     ) -> k8s.RenderedEndpoint:
         try:
+            # The revision's tables: a ConfigMap mounted into the pods (serving.runner.k8s_tables).
+            tables = k8s_tables.tables_from_files(moe_tables) if moe_tables else None
             spec = k8s.EndpointSpec(
                 name=name,
                 namespace=self.target.namespace,
@@ -96,9 +103,15 @@ class KubernetesRunner:
                 api_key_secret=f"{name}-key",
                 api_key_secret_key=API_KEY_FIELD,
                 edge=edge,
+                moe_tables=tables,
             )
             return k8s.render(spec)
-        except (InvalidEngineConfig, k8s.K8sRenderError, k8s.ManifestSchemaError) as exc:
+        except (
+            InvalidEngineConfig,
+            k8s.K8sRenderError,
+            k8s.ManifestSchemaError,
+            k8s_tables.TablesRefused,
+        ) as exc:
             field = getattr(exc, "field", None) or getattr(exc, "path", None)
             raise RunnerError(f"{exc}" + (f" [{field}]" if field else "")) from exc
 
@@ -135,7 +148,8 @@ class KubernetesRunner:
     def start(self, launch: EndpointLaunch) -> RunnerHandle:
         name = object_name(launch.endpoint_id)
         edge = self._edge(name, launch)
-        rendered = self._render(name, launch.model, launch.config, edge)  # refused before anything is sent
+        # Refused before anything is sent.
+        rendered = self._render(name, launch.model, launch.config, edge, launch.moe_tables)
         data = {API_KEY_FIELD: base64.b64encode(launch.api_key.encode()).decode()}
         if edge is not None:
             data[edge.token_secret_key] = base64.b64encode(launch.edge_ingest_token.encode()).decode()
@@ -168,7 +182,9 @@ class KubernetesRunner:
             },
         )
 
-    def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
+    def apply_config(
+        self, handle: RunnerHandle, config: dict[str, Any], *, moe_tables: dict[str, str] | None = None
+    ) -> bool:
         name, edge_data = str(handle.data["name"]), handle.data.get("edge")
         edge = None
         if isinstance(edge_data, dict):
@@ -178,7 +194,7 @@ class KubernetesRunner:
                 image=str(edge_data["image"]),
                 token_secret=f"{name}-key",
             )
-        rendered = self._render(name, str(handle.data["model"]), config, edge)
+        rendered = self._render(name, str(handle.data["model"]), config, edge, moe_tables)
         try:
             k8s.apply(rendered, self.target.kubeconfig, timeout_s=self.target.timeout_s)
         except (k8s.NoClusterConfigured, k8s.ApplyFailed) as exc:

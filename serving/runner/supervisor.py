@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +34,10 @@ from typing import Any
 
 import httpx
 
+from serving.engine import moe_tables
+from serving.engine.config import EngineConfig, InvalidEngineConfig
 from serving.engine.launcher import free_port
+from serving.runner import k8s_tables
 from serving.runner.base import (
     EndpointLaunch,
     MetricsReading,
@@ -154,15 +158,39 @@ class LocalSupervisorRunner:
 
     # -- the protocol ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _with_tables(folder: Path, config: dict[str, Any], tables: dict[str, str] | None) -> dict[str, Any]:
+        """`config` pointing vLLM at the revision's tables, written below the endpoint's folder
+        as `moe-tables/<digest>/` (a promotion with other tables gets another folder, so the
+        engine still serving reads the tables it started with); `config` itself without tables."""
+        if not tables:
+            return config
+        try:
+            shipped = k8s_tables.tables_from_files(tables)
+            target = folder / "moe-tables" / shipped.digest
+            if not target.is_dir():
+                staging = folder / "moe-tables" / f".{shipped.digest}.tmp"
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+                for name, text in shipped.files.items():
+                    (staging / name).write_text(text)
+                staging.rename(target)
+            return moe_tables.with_tables(
+                EngineConfig.from_mapping(config), str(target.resolve())
+            ).to_mapping()
+        except (k8s_tables.TablesRefused, moe_tables.MoETableError, InvalidEngineConfig, OSError) as exc:
+            raise RunnerError(f"the endpoint's MoE tables cannot be placed: {exc}") from exc
+
     def prepare(self, launch: EndpointLaunch) -> RunnerHandle:
-        """Write the endpoint's folder (configuration and key) without starting anything."""
+        """Write the endpoint's folder (configuration, tables and key) without starting anything."""
         folder = self.folder_for(launch.endpoint_id)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         key_file = folder / "api_key"
         if launch.api_key:
             key_file.write_text(launch.api_key)
             key_file.chmod(0o600)
-        atomic_write(folder / "config.json", json.dumps(launch.config))
+        config = self._with_tables(folder, launch.config, launch.moe_tables)
+        atomic_write(folder / "config.json", json.dumps(config))
         return self.handle_for(launch.endpoint_id)
 
     def start(self, launch: EndpointLaunch, *, existing: RunnerHandle | None = None) -> RunnerHandle:
@@ -223,14 +251,16 @@ class LocalSupervisorRunner:
             )
         return self.handle_for(launch.endpoint_id, process.pid, port)
 
-    def apply_config(self, handle: RunnerHandle, config: dict[str, Any]) -> bool:
+    def apply_config(
+        self, handle: RunnerHandle, config: dict[str, Any], *, moe_tables: dict[str, str] | None = None
+    ) -> bool:
         """Write the configuration file when it differs (the supervisor then swaps engines).
         A missing folder means the endpoint is not served from this machine: nothing written."""
         folder = self._folder(handle)
         if not folder.is_dir():
             return False
         path = folder / "config.json"
-        wanted = config
+        wanted = self._with_tables(folder, config, moe_tables)
         try:
             current = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -311,6 +311,9 @@ def test_a_job_runs_end_to_end_in_the_portal(
     # Eager tasks: the first step ran trial 0, enqueued the next step, and so on to the end.
     job = TuningJob.objects.get()
     assert job.status == TuningJob.Status.SUCCEEDED, job.error
+    # The last step tunes no kernel tables on a CPU pool, and says why (issue 25).
+    assert job.moe_tables == {}
+    assert job.moe_tables_note.startswith("not tuned: local-cpu runs no fused-MoE Triton kernel")
     trials = list(job.trials.order_by("number"))
     assert [t.number for t in trials] == [0, 1, 2]
     # Trial 0 is the reference: captured at the highest precision, never measured or a candidate.

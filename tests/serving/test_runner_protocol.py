@@ -164,3 +164,48 @@ def test_local_runner_stop_returns_only_once_the_supervisor_has_exited(
         if stand_in.poll() is None:
             stand_in.kill()
             stand_in.wait(timeout=10)
+
+
+# A table tuned on an H100 by benchmarks/kernels_e2e.py (run 9, Qwen3-30B-A3B on Mooncake).
+H100_TABLE = Path(__file__).parent / "data" / "E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json"
+
+
+def test_the_local_runner_places_the_revisions_moe_tables_where_the_engine_reads_them(
+    tmp_path: Path,
+) -> None:
+    runner = LocalSupervisorRunner(tmp_path)
+    tables = {H100_TABLE.name: H100_TABLE.read_text()}
+    handle = runner.prepare(_launch(moe_tables=tables))
+    folder = Path(str(handle.data["dir"]))
+    config = EngineConfig.from_mapping(json.loads((folder / "config.json").read_text()))
+    placed = Path(dict(config.extra_env)["VLLM_TUNED_CONFIG_FOLDER"])
+    assert placed.parent == (folder / "moe-tables").resolve()
+    assert json.loads((placed / H100_TABLE.name).read_text()) == json.loads(H100_TABLE.read_text())
+    # The same tables again change nothing; other tables are another folder (the engine still
+    # serving keeps reading its own), and no tables point vLLM back at its own.
+    assert runner.apply_config(handle, CONFIG, moe_tables=tables) is False
+    other = json.loads(H100_TABLE.read_text())
+    other["1"]["num_stages"] = 3 if other["1"]["num_stages"] != 3 else 4
+    assert runner.apply_config(handle, CONFIG, moe_tables={H100_TABLE.name: json.dumps(other)}) is True
+    assert len(list((folder / "moe-tables").iterdir())) == 2
+    assert runner.apply_config(handle, CONFIG) is True
+    assert json.loads((folder / "config.json").read_text()) == CONFIG
+    # A file that is not a table is refused with its name, and nothing is written.
+    with pytest.raises(RunnerError, match=r"MoE tables cannot be placed: .*not JSON"):
+        runner.apply_config(handle, CONFIG, moe_tables={H100_TABLE.name: "{"})
+    assert json.loads((folder / "config.json").read_text()) == CONFIG
+
+
+def test_the_kubernetes_runner_ships_tables_for_its_hardware_only() -> None:
+    runner = KubernetesRunner(
+        ClusterTarget(namespace="llm", hardware="h200", region="us-east-1", allowed_regions=frozenset({"us"}))
+    )
+    with pytest.raises(
+        RunnerError, match="is for NVIDIA_H100_80GB_HBM3, and the endpoint runs on NVIDIA_H200"
+    ):
+        runner._render(
+            "chat",
+            "/models/qwen3-30b-a3b",
+            EngineConfig().to_mapping(),
+            moe_tables={H100_TABLE.name: H100_TABLE.read_text()},
+        )
