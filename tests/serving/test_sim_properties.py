@@ -157,3 +157,61 @@ def test_simulate_results_are_consistent(
             + row.preemption_ms
         )
         assert parts == pytest.approx(row.ttft_ms, rel=1e-6, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(request_strategy, min_size=2, max_size=40),
+    st.integers(min_value=2, max_value=16),
+    st.sampled_from([256, 2048]),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([0.002, 0.004, 0.01]),  # 8, 16 and 40 blocks of 128 tokens
+)
+def test_decode_jumps_give_exactly_the_steps_result(
+    raw: list[tuple[float, int, int, list[int]]],
+    max_num_seqs: int,
+    budget: int,
+    chunked: bool,
+    caching: bool,
+    kv_gib: float,
+) -> None:
+    # Jumps (decode stretches advanced at once, also while the waiting queue's head is refused
+    # for KV space) must change nothing but the simulator's speed: the same trace simulated step
+    # by step gives the same times, steps and blocked shares.
+    from unittest import mock
+
+    from serving.sim import simulator
+
+    trace = [
+        TraceRequest(
+            arrival_s=t,
+            num_prompt_tokens=p * 8,
+            num_output_tokens=o * 6,
+            hash_ids=tuple(ids),
+            block_tokens=64,
+        )
+        for t, p, o, ids in sorted(raw)
+    ]
+    config = EngineConfig.cpu_default(
+        max_model_len=1024,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget if chunked else 1024,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=caching,
+        cpu_kv_cache_space_gib=kv_gib,
+    )
+    kwargs = {"model": get_model("tiny-llama-s"), "hardware": get_hardware("local-cpu"), "config": config}
+    jumped = simulate(trace, **kwargs)  # type: ignore[arg-type]
+    with mock.patch.object(simulator._Loop, "_try_jump", lambda self, now, next_arrival: False):
+        stepped = simulate(trace, **kwargs)  # type: ignore[arg-type]
+    assert jumped.num_steps == stepped.num_steps
+    for a, b in zip(jumped.requests, stepped.requests, strict=True):
+        assert (a.error, a.num_output_tokens) == (b.error, b.num_output_tokens)
+        if a.ttft_ms is not None:
+            assert a.ttft_ms == pytest.approx(b.ttft_ms, rel=1e-9, abs=1e-9)
+            assert a.e2e_ms == pytest.approx(b.e2e_ms, rel=1e-9, abs=1e-9)
+    blocked_a, blocked_b = jumped.attribution.queue_blocked_share, stepped.attribution.queue_blocked_share
+    assert blocked_a.keys() == blocked_b.keys()
+    for key, share in blocked_a.items():
+        assert share == pytest.approx(blocked_b[key], rel=1e-9, abs=1e-12)
