@@ -212,10 +212,30 @@ class Scheduler:
         scheduled_ids: dict[int, int] = {}  # request index -> position in out.scheduled
         caching = cfg.enable_prefix_caching
 
+        # Plain decode steps (the bulk of every step under load) are counted here as they are
+        # scheduled; the loop after admission counts the rest, or all of them again where a
+        # preemption dropped entries.
+        fast_sampled = fast_ctx = 0
+        slow: list[tuple[SimRequest, int, int]] = []  # the running loop's other entries
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            remaining = req.num_prompt_tokens + req.num_output_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            remaining = req.num_prompt_tokens + req.num_output_tokens - computed
+            if remaining == 1 and not spec and req.num_output_tokens > 0:
+                need = -(-(computed + 1) // bs) - len(req.blocks)
+                if need <= 0 or need <= pool.num_blocks - pool.fresh + len(pool.free):
+                    if need > 0:
+                        req.blocks.extend(pool.allocate(need))
+                    if caching and req.block_hashes:
+                        self._register_full_blocks(req, computed + 1)
+                    scheduled_ids[req.index] = len(out.scheduled)
+                    out.scheduled.append((req, 1, 0))
+                    fast_sampled += 1
+                    fast_ctx += computed + 1
+                    budget -= 1
+                    i += 1
+                    continue
             drafts = 0
             if spec and req.is_decoding:
                 drafts = min(spec, req.max_output_tokens - req.num_output_tokens - 1)
@@ -250,8 +270,10 @@ class Scheduler:
                 self._register_full_blocks(req, req.num_computed_tokens + num_new)
             scheduled_ids[req.index] = len(out.scheduled)
             out.scheduled.append((req, num_new, drafts))
+            slow.append((req, num_new, drafts))
             budget -= num_new
             i += 1
+        admitted_from = len(out.scheduled)
 
         if out.preempted:
             out.scheduled = [s for s in out.scheduled if s[1] > 0]
@@ -301,7 +323,11 @@ class Scheduler:
 
         sampled = decode_tokens = decode_ctx = prefill_tokens = prefill_cached = 0
         pairs = 0.0
-        for req, num_new, drafts in out.scheduled:
+        rest = out.scheduled
+        if fast_sampled and not out.preempted:
+            sampled, decode_tokens, decode_ctx = fast_sampled, fast_sampled, fast_ctx
+            rest = slow + out.scheduled[admitted_from:]
+        for req, num_new, drafts in rest:
             computed = req.num_computed_tokens
             tokens = req.num_prompt_tokens + req.num_output_tokens
             if computed + num_new - drafts >= tokens:
@@ -326,9 +352,9 @@ class Scheduler:
         dt = end_s - start_s
         total = out.num_tokens or 1
         finished: list[SimRequest] = []
-        scheduled = set()
+        # Scheduled requests are running ones, each once: when all ran, none waited for a chunk.
+        everyone = len(out.scheduled) == len(self.running)
         for req, num_new, drafts in out.scheduled:
-            scheduled.add(req.index)
             if req.first_token_s is None:
                 own = dt * num_new / total
                 if req.num_preemptions:
@@ -359,9 +385,11 @@ class Scheduler:
             for req in finished:
                 self.pool.release(req.blocks)
                 req.blocks = []
-        for req in self.running:
-            if req.first_token_s is None and req.index not in scheduled:
-                req.chunk_wait_s += dt
+        if not everyone:
+            scheduled = {req.index for req, _, _ in out.scheduled}
+            for req in self.running:
+                if req.first_token_s is None and req.index not in scheduled:
+                    req.chunk_wait_s += dt
         return finished
 
     # -- helpers -------------------------------------------------------------------------------
