@@ -1,13 +1,11 @@
 """How fast the simulator replays 10,000 requests (issue 21's `sim_10k_requests_s`, target <= 0.5 s),
-side by side with an earlier tree and without the jump past a KV-blocked waiting head.
+side by side with an earlier tree.
 
 The workload is `sim_accuracy.sim_speed`'s: the Azure conversation trace's first 10,000 requests
 at their own arrivals, the tiny model on `local-cpu` with a 1 GiB KV cache, context 4,096,
 prompts up to 2,000 and outputs up to 128 tokens. Arms, each timing in a fresh process (so one
 arm's warm caches never serve another), interleaved in rotated order over `--repeats` rounds:
 - `current`: this tree's simulator;
-- `no_blocked_jump`: this tree with the waiting-head test answering "could be admitted" (every
-  step of a KV-blocked stretch simulated one by one): the leave-one-out of that jump;
 - `baseline`: the simulator of `--baseline-tree` (a worktree of an earlier commit), if given.
 Every arm must give the same answer (a digest of every request's TTFT and end-to-end time and
 the step count): a run whose arms disagree reports no speed.
@@ -40,31 +38,22 @@ WORKER_TIMEOUT_S = 300
 def one_timing(tree: Path, arm: str) -> dict[str, Any]:
     """Runs in the worker process: the simulator of `tree`, timed once (after the trace is read)."""
     sys.path.insert(0, str(tree))
-    from unittest import mock
-
     from serving.engine import EngineConfig
     from serving.loadgen.traces import read_trace
-    from serving.sim import simulator
     from serving.sim.api import simulate_trace
 
     requests = read_trace(TRACE, max_requests=REQUESTS)
     config = EngineConfig.cpu_default(max_model_len=4096, cpu_kv_cache_space_gib=1)
-    patch = (
-        mock.patch.object(simulator._Loop, "_head_blocked", lambda self, n: None)
-        if arm == "no_blocked_jump"
-        else mock.patch.dict({})
+    start = time.perf_counter()
+    result = simulate_trace(
+        requests,
+        model=MODEL,
+        hardware="local-cpu",
+        config=config,
+        max_prompt_tokens=2000,
+        max_output_tokens=128,
     )
-    with patch:
-        start = time.perf_counter()
-        result = simulate_trace(
-            requests,
-            model=MODEL,
-            hardware="local-cpu",
-            config=config,
-            max_prompt_tokens=2000,
-            max_output_tokens=128,
-        )
-        seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     answer = repr([(r.ttft_ms, r.e2e_ms) for r in result.requests]) + f"|{result.num_steps}"
     return {
         "seconds": seconds,
@@ -109,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._stats import interval, ratio_interval
     from serving.engine.host import ForeignLoadMeter
 
-    trees = {"current": REPO, "no_blocked_jump": REPO}
+    trees = {"current": REPO}
     if args.baseline_tree is not None:
         trees["baseline"] = args.baseline_tree.resolve()
     arms = list(trees)
@@ -127,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     times = {arm: [r["seconds"] for r in rows] for arm, rows in runs.items()}
     summary: dict[str, Any] = {
         "sim_10k_requests_s": interval(times["current"]),
-        "sim_10k_requests_s_no_blocked_jump": interval(times["no_blocked_jump"]),
-        "blocked_jump_speedup": ratio_interval(times["no_blocked_jump"], times["current"]),
         "target_s": TARGET_S,
         "simulated_steps": runs["current"][0]["steps"],
     }

@@ -537,39 +537,6 @@ class _Loop:
 
     _jump_end = 0.0
 
-    def _head_blocked(self, n: int) -> str | None:
-        """Why the waiting queue's head cannot be admitted beside `n` decoding requests, when it
-        stays so through a decode stretch (the scheduler's admission test, without its effects);
-        None when it could be admitted, or might become so.
-
-        Through k decode steps the token budget left to it stays `max_num_batched_tokens - n` and
-        free blocks only shrink (decodes allocate, nothing finishes before the stretch's end),
-        so a head refused for KV space stays refused - provided its cache hit cannot shrink
-        (eviction of a hit block would shorten the hit and could free what it needs): every hit
-        block must be held by a running request, none waiting in the free queue."""
-        s = self.s
-        cfg = s.config
-        if cfg.num_speculative_tokens or cfg.long_prefill_token_threshold:
-            return None
-        budget = cfg.max_num_batched_tokens - n
-        if budget <= 0:
-            return None
-        req = s.waiting[0]
-        pool = s.pool
-        bs = cfg.block_size
-        hit: list[int] = []
-        if cfg.enable_prefix_caching and req.block_hashes:
-            hit = pool.longest_hit(req.block_hashes, (req.num_tokens - 1) // bs)
-            if any(pool.ref_count[b] == 0 for b in hit):
-                return None
-        num_computed = len(hit) * bs
-        num_new = req.num_tokens - num_computed
-        if not cfg.enable_chunked_prefill and num_new > budget:
-            return "token_budget"
-        num_new = min(num_new, budget)
-        need = -(-(num_computed + num_new) // bs) - len(hit)
-        return "kv_cache" if need > pool.num_free else None
-
     def _try_jump(self, now: float, next_arrival: float) -> bool:
         """Advance k >= 2 identical decode steps at once when nothing else can happen meanwhile."""
         s = self.s
@@ -578,11 +545,8 @@ class _Loop:
         n = len(running)
         if n == 0 or n > cfg.max_num_batched_tokens:
             return False
-        blocked = None
-        if s.waiting:
-            blocked = "max_num_seqs" if n >= cfg.max_num_seqs else self._head_blocked(n)
-            if blocked is None:
-                return False
+        if s.waiting and n < cfg.max_num_seqs:
+            return False
         last = running[-1]  # the newest admission, the likeliest to be still in its prefill
         if (
             last.num_output_tokens == 0
@@ -671,7 +635,8 @@ class _Loop:
                 s.finish_times.append(end)
                 pool.release(req.blocks)
                 req.blocks = []
-        if blocked is not None:
+        if s.waiting:
+            blocked = "max_num_seqs"
             self.blocked_steps[blocked] = self.blocked_steps.get(blocked, 0.0) + total
         self.num_steps += k
         self.busy_s += total

@@ -176,9 +176,9 @@ def test_decode_jumps_give_exactly_the_steps_result(
     caching: bool,
     kv_gib: float,
 ) -> None:
-    # Jumps (decode stretches advanced at once, also while the waiting queue's head is refused
-    # for KV space) must change nothing but the simulator's speed: the same trace simulated step
-    # by step gives the same times, steps and blocked shares.
+    # Jumps (decode stretches advanced at once) must change nothing but the simulator's speed,
+    # under KV pressure too: the same trace simulated step by step gives the same times, steps
+    # and blocked shares.
     from unittest import mock
 
     from serving.sim import simulator
