@@ -217,25 +217,34 @@ class Scheduler:
         # preemption dropped entries.
         fast_sampled = fast_ctx = 0
         slow: list[tuple[SimRequest, int, int]] = []  # the running loop's other entries
+        # Where a preemption may pick a request scheduled earlier in this step (priority
+        # policy), its entry is found by id; first-come-first-served preempts the last running
+        # request, never one already scheduled.
+        track = cfg.scheduling_policy == "priority"
+        running = self.running  # the same list throughout (preemption pops from it)
+        scheduled = out.scheduled
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        n_running = len(running)
+        while i < n_running and budget > 0:
+            req = running[i]
             computed = req.num_computed_tokens
-            remaining = req.num_prompt_tokens + req.num_output_tokens - computed
-            if remaining == 1 and not spec and req.num_output_tokens > 0:
+            out_tokens = req.num_output_tokens
+            if out_tokens > 0 and not spec and req.num_prompt_tokens + out_tokens - computed == 1:
                 need = -(-(computed + 1) // bs) - len(req.blocks)
                 if need <= 0 or need <= pool.num_blocks - pool.fresh + len(pool.free):
                     if need > 0:
                         req.blocks.extend(pool.allocate(need))
                     if caching and req.block_hashes:
                         self._register_full_blocks(req, computed + 1)
-                    scheduled_ids[req.index] = len(out.scheduled)
-                    out.scheduled.append((req, 1, 0))
+                    if track:
+                        scheduled_ids[req.index] = len(scheduled)
+                    scheduled.append((req, 1, 0))
                     fast_sampled += 1
                     fast_ctx += computed + 1
                     budget -= 1
                     i += 1
                     continue
+            remaining = req.num_prompt_tokens + out_tokens - computed
             drafts = 0
             if spec and req.is_decoding:
                 drafts = min(spec, req.max_output_tokens - req.num_output_tokens - 1)
@@ -251,6 +260,7 @@ class Scheduler:
                 victim = self._pick_victim()
                 pos_in_running = self.running.index(victim)
                 self.running.pop(pos_in_running)
+                n_running -= 1
                 if pos_in_running < i:
                     i -= 1
                 if victim.index in scheduled_ids:
@@ -354,7 +364,27 @@ class Scheduler:
         finished: list[SimRequest] = []
         # Scheduled requests are running ones, each once: when all ran, none waited for a chunk.
         everyone = len(out.scheduled) == len(self.running)
+        finish_times = self.finish_times
         for req, num_new, drafts in out.scheduled:
+            if not drafts and req.first_token_s is not None:
+                # Past its first token, no drafts (a decode, or a recompute after preemption):
+                # the general path below without its attribution and acceptance draws.
+                computed = req.num_computed_tokens + num_new
+                req.num_computed_tokens = computed
+                out_tokens = req.num_output_tokens
+                if computed < req.num_prompt_tokens + out_tokens:
+                    continue
+                left = req.max_output_tokens - out_tokens
+                out_tokens += 1 if left > 1 else left
+                req.num_output_tokens = out_tokens
+                if req.itl_s is not None and req.last_token_s is not None:
+                    req.itl_s.append(end_s - req.last_token_s)
+                req.last_token_s = end_s
+                if out_tokens >= req.max_output_tokens:
+                    req.finish_s = end_s
+                    finish_times.append(end_s)
+                    finished.append(req)
+                continue
             if req.first_token_s is None:
                 own = dt * num_new / total
                 if req.num_preemptions:
