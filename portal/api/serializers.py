@@ -174,6 +174,9 @@ class TuningJobSerializer(api_fields.ModelSerializer):
     selection = serializers.SerializerMethodField()
     confirmation = serializers.SerializerMethodField()
     caps = serializers.SerializerMethodField()
+    moe_tables = serializers.SerializerMethodField(
+        help_text="The fused-MoE table files (vLLM's file names) the job's last step tuned; empty: none."
+    )
 
     class Meta:
         model = TuningJob
@@ -192,6 +195,8 @@ class TuningJobSerializer(api_fields.ModelSerializer):
             "selection",
             "confirmation",
             "caps",
+            "moe_tables",
+            "moe_tables_note",
             "trials",
             "created_at",
             "started_at",
@@ -210,6 +215,9 @@ class TuningJobSerializer(api_fields.ModelSerializer):
     @extend_schema_field(NULLABLE_OBJECT)
     def get_caps(self, obj: TuningJob) -> dict[str, object] | None:
         return obj.report_section("caps")
+
+    def get_moe_tables(self, obj: TuningJob) -> list[str]:
+        return sorted(obj.moe_tables or {})
 
 
 class TuningJobCreateSerializer(serializers.Serializer):

@@ -39,6 +39,12 @@ class EndpointSerializer(api_fields.ModelSerializer):
         help_text="The `model` every request names: the name the engine serves (GET {base_url}/models lists it)."
     )
     config = serializers.DictField(read_only=True, help_text="The engine configuration now serving.")
+    moe_tables = serializers.SerializerMethodField(
+        help_text="The tuned fused-MoE table files (vLLM's file names) the engine reads; empty: vLLM's own."
+    )
+    moe_tables_note = api_fields.CharField(
+        read_only=True, help_text="Why a tuning job's MoE tables were not shipped with it, if they were not."
+    )
 
     class Meta:
         model = Endpoint
@@ -55,10 +61,15 @@ class EndpointSerializer(api_fields.ModelSerializer):
             "model",
             "api_key_prefix",
             "config",
+            "moe_tables",
+            "moe_tables_note",
             "created_at",
             "stopped_at",
         ]
         read_only_fields = fields
+
+    def get_moe_tables(self, endpoint: Endpoint) -> list[str]:
+        return sorted(endpoint.moe_tables or {})
 
     def get_base_url(self, endpoint: Endpoint) -> str:
         return selectors.endpoint_base_url(endpoint)
@@ -94,6 +105,8 @@ class RevisionSerializer(api_fields.ModelSerializer):
             "measured_ttft_p50_ms",
             "measured_ttft_p95_ms",
             "measured_tokens_per_s",
+            "moe_tables_digest",
+            "moe_tables_note",
             "created_at",
         ]
         read_only_fields = fields

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
+from rest_framework.test import APIClient
 
 from compliance.services import residency_policy_set
 from portal.accounts.models import User
@@ -63,6 +64,13 @@ def test_a_jobs_tables_ship_with_its_endpoint_and_a_promotion_can_change_them(
     keys = sorted(int(k) for k in json.loads(table))
     assert H100_TABLE.name in html and f"{len(keys)} ({keys[0]} to {keys[-1]})" in html
     assert f"MoE tables {first.moe_tables_digest}" in html
+    # The API says the same: the job's tables, the endpoint's, and the note where none shipped.
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = api.get(f"/api/v1/endpoints/{endpoint.id}/").json()
+    assert body["moe_tables"] == [H100_TABLE.name] and body["moe_tables_note"] == ""
+    body = api.get(f"/api/v1/tuning-jobs/{job.id}/").json()
+    assert body["moe_tables"] == [H100_TABLE.name] and body["moe_tables_note"] == "tuned for the traffic"
 
     # A promotion from a job whose tables are for another GPU: refused with the reason, and the
     # engine goes back to vLLM's own; the history says the tables changed.
