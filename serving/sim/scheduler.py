@@ -230,10 +230,12 @@ class Scheduler:
             computed = req.num_computed_tokens
             out_tokens = req.num_output_tokens
             if out_tokens > 0 and not spec and req.num_prompt_tokens + out_tokens - computed == 1:
-                need = -(-(computed + 1) // bs) - len(req.blocks)
+                blocks = req.blocks
+                # No new block while the token fits the ones it holds (need <= 0 below).
+                need = 0 if computed < len(blocks) * bs else -(-(computed + 1) // bs) - len(blocks)
                 if need <= 0 or need <= pool.num_blocks - pool.fresh + len(pool.free):
                     if need > 0:
-                        req.blocks.extend(pool.allocate(need))
+                        blocks.extend(pool.allocate(need))
                     if caching and req.block_hashes:
                         self._register_full_blocks(req, computed + 1)
                     if track:
