@@ -139,7 +139,7 @@ class SimRequest:
         return self.finish_s is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerOutput:
     """One planned step: who runs how many tokens, and the step's aggregate shape."""
 
@@ -223,13 +223,14 @@ class Scheduler:
         track = cfg.scheduling_policy == "priority"
         running = self.running  # the same list throughout (preemption pops from it)
         scheduled = out.scheduled
+        plain = not spec  # without drafts a decode schedules exactly one token
         i = 0
         n_running = len(running)
         while i < n_running and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
             out_tokens = req.num_output_tokens
-            if out_tokens > 0 and not spec and req.num_prompt_tokens + out_tokens - computed == 1:
+            if plain and out_tokens > 0 and req.num_prompt_tokens + out_tokens - computed == 1:
                 blocks = req.blocks
                 # No new block while the token fits the ones it holds (need <= 0 below).
                 need = 0 if computed < len(blocks) * bs else -(-(computed + 1) // bs) - len(blocks)
@@ -242,7 +243,7 @@ class Scheduler:
                         scheduled_ids[req.index] = len(scheduled)
                     scheduled.append((req, 1, 0))
                     fast_sampled += 1
-                    fast_ctx += computed + 1
+                    fast_ctx += computed  # plus one per decode, added below
                     budget -= 1
                     i += 1
                     continue
@@ -307,7 +308,10 @@ class Scheduler:
                     break
                 num_new = min(num_new, budget)
                 need = -(-(num_computed + num_new) // bs) - len(hit)
-                if need > pool.num_free_after_touch(hit):
+                free = (
+                    pool.num_free_after_touch(hit) if hit else pool.num_blocks - pool.fresh + len(pool.free)
+                )
+                if need > free:
                     out.blocked_by = "kv_cache"
                     break
                 pool.touch(hit)
@@ -337,7 +341,7 @@ class Scheduler:
         pairs = 0.0
         rest = out.scheduled
         if fast_sampled and not out.preempted:
-            sampled, decode_tokens, decode_ctx = fast_sampled, fast_sampled, fast_ctx
+            sampled, decode_tokens, decode_ctx = fast_sampled, fast_sampled, fast_ctx + fast_sampled
             rest = slow + out.scheduled[admitted_from:]
         for req, num_new, drafts in rest:
             computed = req.num_computed_tokens
@@ -377,7 +381,13 @@ class Scheduler:
                 if computed < req.num_prompt_tokens + out_tokens:
                     continue
                 left = req.max_output_tokens - out_tokens
-                out_tokens += 1 if left > 1 else left
+                if left > 1:  # not its last token
+                    req.num_output_tokens = out_tokens + 1
+                    if req.itl_s is not None and req.last_token_s is not None:
+                        req.itl_s.append(end_s - req.last_token_s)
+                    req.last_token_s = end_s
+                    continue
+                out_tokens += left  # min(1, left): its last token
                 req.num_output_tokens = out_tokens
                 if req.itl_s is not None and req.last_token_s is not None:
                     req.itl_s.append(end_s - req.last_token_s)
@@ -412,8 +422,12 @@ class Scheduler:
                 self.finish_times.append(end_s)
                 finished.append(req)
         if finished:
-            done = {r.index for r in finished}
-            self.running = [r for r in self.running if r.index not in done]
+            if len(finished) <= 8:  # a few finish per step: removed in place (a C-level scan each)
+                for req in finished:
+                    self.running.remove(req)
+            else:
+                done = {r.index for r in finished}
+                self.running = [r for r in self.running if r.index not in done]
             for req in finished:
                 self.pool.release(req.blocks)
                 req.blocks = []
