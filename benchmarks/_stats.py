@@ -10,12 +10,13 @@ Three shapes of data recur:
   bootstrap would hide.
 
 Every function returns {"value", "ci_low", "ci_high"} (None where the data cannot carry one: a
-single repeat, or an undefined statistic), rounded for a result file.
+single repeat, or an undefined statistic), rounded for a result file; `summary_figures` lays
+them out as a result file's summary wants them (`<figure>`, `<figure>_ci_low`, `<figure>_ci_high`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -112,3 +113,13 @@ def pooled_ratio_interval(
             values.append(stat(drawn) if drawn.size else np.nan)
         draws[i] = values[0] / values[1] if values[1] else np.nan
     return _figure(point, draws, digits)
+
+
+def summary_figures(figures: Mapping[str, Figure]) -> dict[str, float | None]:
+    """Figures flattened for a result file's summary: each name, then its interval's ends."""
+    out: dict[str, float | None] = {}
+    for name, figure in figures.items():
+        out[name] = figure["value"]
+        out[f"{name}_ci_low"] = figure["ci_low"]
+        out[f"{name}_ci_high"] = figure["ci_high"]
+    return out

@@ -416,14 +416,6 @@ def validate_plan(plan: Mapping[str, Any]) -> None:
 # -- on the GPU ----------------------------------------------------------------------------------
 
 
-def vllm_kernel(
-    layer: moe_tuning.MoEShape, *, seed: int, rep_ms: int
-) -> tuple[moe_tuning.Bench, moe_tuning.Check, str, moe_tuning.Baseline | None]:
-    """vLLM's fused-MoE kernel with a forced configuration (`tailguard.moe_step.vllm_bench`, the
-    product's job step times the same)."""
-    return moe_step.vllm_bench(layer, seed=seed, rep_ms=rep_ms, log=log)
-
-
 def vllm_file_name(table: moe_tables.TableShape) -> str | None:
     """The file name this host's vLLM looks for (None where vLLM cannot say, e.g. no GPU)."""
     try:
@@ -467,7 +459,9 @@ def tune_step(
     if not clock.fits(planned.estimate_s + 30):
         return None
     started = time.monotonic()
-    bench, check, timed, engine_config_at = vllm_kernel(planned.layer, seed=args.seed, rep_ms=args.rep_ms)
+    bench, check, timed, engine_config_at = moe_step.vllm_bench(
+        planned.layer, seed=args.seed, rep_ms=args.rep_ms, log=log
+    )
     vllm_name = vllm_file_name(planned.table)
     path, result = moe_step.run_tables(
         planned,

@@ -381,18 +381,12 @@ class Scheduler:
                 if computed < req.num_prompt_tokens + out_tokens:
                     continue
                 left = req.max_output_tokens - out_tokens
-                if left > 1:  # not its last token
-                    req.num_output_tokens = out_tokens + 1
-                    if req.itl_s is not None and req.last_token_s is not None:
-                        req.itl_s.append(end_s - req.last_token_s)
-                    req.last_token_s = end_s
-                    continue
-                out_tokens += left  # min(1, left): its last token
+                out_tokens += 1 if left > 1 else left  # min(1, left)
                 req.num_output_tokens = out_tokens
                 if req.itl_s is not None and req.last_token_s is not None:
                     req.itl_s.append(end_s - req.last_token_s)
                 req.last_token_s = end_s
-                if out_tokens >= req.max_output_tokens:
+                if left <= 1 and out_tokens >= req.max_output_tokens:  # its last token
                     req.finish_s = end_s
                     finish_times.append(end_s)
                     finished.append(req)
@@ -422,12 +416,8 @@ class Scheduler:
                 self.finish_times.append(end_s)
                 finished.append(req)
         if finished:
-            if len(finished) <= 8:  # a few finish per step: removed in place (a C-level scan each)
-                for req in finished:
-                    self.running.remove(req)
-            else:
-                done = {r.index for r in finished}
-                self.running = [r for r in self.running if r.index not in done]
+            for req in finished:  # a few per step: removed in place (a C-level scan each)
+                self.running.remove(req)
             for req in finished:
                 self.pool.release(req.blocks)
                 req.blocks = []
