@@ -128,8 +128,10 @@ def _arms_decode(seqs: int, ctx: int) -> dict[str, Callable[[], object]]:
         )
     }
     try:
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
         from vllm.vllm_flash_attn import flash_attn_varlen_func
 
+        fa_version = get_flash_attn_version(head_size=dim) or 2  # what vLLM's backend would pick here
         cu_q = torch.arange(seqs + 1, device="cuda", dtype=torch.int32)
         fa_out = torch.empty_like(q)
 
@@ -146,6 +148,7 @@ def _arms_decode(seqs: int, ctx: int) -> dict[str, Callable[[], object]]:
                 causal=True,
                 block_table=tables,
                 out=fa_out,
+                fa_version=fa_version,
             )
 
         fa()
@@ -154,7 +157,7 @@ def _arms_decode(seqs: int, ctx: int) -> dict[str, Callable[[], object]]:
         err = float((fa_out.float() - ref.float()).norm() / ref.float().norm())
         if err > 2e-2:
             raise RuntimeError(f"FlashAttention and ours disagree (relative error {err:.3g})")
-        arms["vllm_flash_attn"] = fa
+        arms[f"vllm_flash_attn{fa_version}"] = fa
     except Exception as exc:  # recorded: the comparison is then missing, not faked
         log(f"decode attention {seqs}x{ctx}: vLLM FlashAttention not timed ({type(exc).__name__}: {exc})")
     return arms
@@ -197,7 +200,9 @@ def run_ops(args: argparse.Namespace, emit: Callable[[list[dict[str, Any]]], Non
 
     from kernels import vllm_plugin
 
-    torch._dynamo.config.cache_size_limit = 256  # one compiled graph per shape, never eager fallback
+    for limit in ("recompile_limit", "cache_size_limit"):  # one graph per shape, never an eager fallback
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 256)
     current_platform.import_ir_kernels()  # vLLM's own providers (vllm_c)
     vllm_plugin.register()
     gen = torch.Generator(device="cuda").manual_seed(0)
