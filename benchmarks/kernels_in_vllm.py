@@ -26,6 +26,10 @@ nearly flat, so this is a weak check that the kernel computes the same norm, not
     python benchmarks/kernels_in_vllm.py --out benchmarks/results/kernels_in_vllm.json \\
         --model-dir /tmp/tgpu/models/llama-3.1-8b [--parts ops,engine] [--deadline-s 540]
 
+A device call lasts at most 10 minutes, three or four engines: `--pool A.json B.json ...` writes
+the engine figures over the blocks of several such runs (same commit, clean tree, same GPU; each
+block keeps the file and order it came from), on any machine, without a GPU.
+
 The result file is this script's alone; notes belong in benchmarks/kernels/NOTES.md.
 """
 
@@ -389,6 +393,48 @@ def ops_summary(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def pool(paths: Sequence[Path], out: Path, batches: Sequence[int]) -> int:
+    """The engine figures over the blocks of several runs of this script (see the docstring)."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    keys = {(r.get("commit"), r.get("dirty"), r.get("gpu")) for r in runs}
+    if len(keys) != 1 or next(iter(keys))[1] is not False:
+        raise SystemExit(
+            f"--pool: the runs must share one commit, a clean tree and one GPU; they have {sorted(map(str, keys))}"
+        )
+    blocks = [
+        {**b, "source": p.name, "order": i}
+        for p, r in zip(paths, runs, strict=True)
+        for i, b in enumerate(r["engine_blocks"])
+    ]
+    commit, _, gpu = next(iter(keys))
+    result = {
+        "commit": commit,
+        "dirty": False,
+        "pooled_by": git_state(ROOT),
+        "gpu": gpu,
+        "machine": runs[0].get("machine"),
+        "versions": runs[0].get("versions"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "sources": [
+            {"file": p.name, "date": r.get("date"), "command": r.get("command")}
+            for p, r in zip(paths, runs, strict=True)
+        ],
+        "complete": all("error" not in b for b in blocks),
+        "summary": summary_figures(engine_figures(blocks, batches))
+        | {"device_minutes": round(sum(r["summary"].get("device_minutes", 0.0) for r in runs), 2)},
+        "blocks_per_arm": {
+            arm: sum(1 for b in blocks if b["arm"] == arm and "error" not in b)
+            for arm in ("default", "tailguard")
+        },
+        "engine_blocks": blocks,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {out}: {json.dumps(result['summary'])}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -408,7 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--deadline-s", type=float, default=540.0, help="no new engine block after this")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--pool", type=Path, nargs="+", help="engine result files to pool (no GPU needed)")
     args = parser.parse_args(argv)
+    if args.pool:
+        return pool(args.pool, args.out, args.steady_batches)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or parts - {"ops", "engine"}:
         parser.error("--parts takes ops and/or engine")
