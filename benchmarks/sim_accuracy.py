@@ -45,6 +45,10 @@ Per-tenant calibration (`calibration_gain`): the live run's four trace x load gr
 replayed as one tenant's jobs, each predicted with the correction the product makes from the
 earlier jobs' trials (`tuning.search.prior.sim_prior`), for every choice of earlier jobs, so no
 job corrects itself; `calibration_convergence` holds the error curve by number of earlier jobs.
+The headline run follows its own calibration, which leaves the correction little to learn; with
+`--convergence-live`, kept runs from other hosts and machine states are replayed the same way
+(`calibration_gain_kept_runs`, their cases pooled): a tenant whose machine differs from the
+stored calibration, which is what the correction is for.
 
 The engine's speed drifts on this shared host (fp32 matmul read 0.72x the calibration's at the
 start of one live run and 1.0x at its end), so each case's fresh engine is first timed on the
@@ -868,7 +872,6 @@ def _pair(row: dict[str, Any]) -> Pair:
         live["ttft_p50_ms"],
         sim["tpot_mean_ms"],
         sim["ttft_p50_ms"],
-        predicted_load_free_share=sim["load_free_share"],
     )
 
 
@@ -940,10 +943,71 @@ def calibration_convergence(
         "cases": len(keys),
         "curve": curve,
         **gains,
+        # per case, the mean error without correction and with it at the largest k (for pooling)
+        "case_errors": {
+            metric: {
+                "without": [float(np.mean(errors[0][c][metric])) for c in keys],
+                "with": [float(np.mean(errors[last][c][metric])) for c in keys],
+            }
+            for metric in metrics
+        },
         "how": "MAPE of job k+1 predicted with the correction from k earlier jobs, averaged over every "
         "choice of them; a gain is the MAPE without correction over the MAPE at the largest k (p50 TTFT; "
         "_tpot: mean TPOT); interval: the cases resampled (both arms with the same picks)",
     }
+
+
+def convergence_on_kept_runs(paths: Sequence[Path], chosen: dict[str, EngineConfig]) -> dict[str, Any]:
+    """Per-tenant calibration where there is something to learn: each kept live run (other days,
+    other hosts, other machine states than the stored calibration's) has its cases predicted from
+    the stored calibration and replayed as one tenant's sequence of jobs, as for the headline run
+    (`calibration_convergence`). The headline run follows its own calibration, so its jobs leave
+    the correction little to find; a tenant whose machine differs from the calibration is what
+    the correction is for. `calibration_gain_kept_runs` pools every kept run's cases: mean error
+    without correction over the mean with the correction from all earlier jobs, the cases
+    resampled (both arms with the same picks)."""
+    runs: list[dict[str, Any]] = []
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for path in paths:
+        old_live, old_cases, old_meta = read_live(path)
+        rows = [
+            {
+                "config": k[0],
+                "trace": k[1],
+                "load": k[2],
+                "live": v,
+                "sim": sim_case(chosen[k[0]], old_cases[k]),
+            }
+            for k, v in sorted(old_live.items())
+            if k[0] in chosen
+        ]
+        jobs = {(r["trace"], r["load"]) for r in rows}
+        entry: dict[str, Any] = {"live_from": str(path), "started_at": old_meta.get("started_at")}
+        if len(jobs) < 2:
+            runs.append({**entry, "skipped": f"{len(jobs)} trace x load group(s): no sequence of jobs"})
+            continue
+        conv = calibration_convergence(rows, chosen, old_cases)
+        for metric, arms in conv.pop("case_errors").items():
+            for arm, values in arms.items():
+                pooled.setdefault(metric, {}).setdefault(arm, []).extend(values)
+        runs.append({**entry, **conv})
+    out: dict[str, Any] = {"runs": runs}
+    rng = np.random.default_rng(0)
+    for metric, name in (
+        ("ttft_p50_ms", "calibration_gain_kept_runs"),
+        ("tpot_mean_ms", "calibration_gain_kept_runs_tpot"),
+    ):
+        arms = pooled.get(metric)
+        if not arms or not arms["with"]:
+            continue
+        without, with_ = np.array(arms["without"]), np.array(arms["with"])
+        picks = rng.integers(0, without.size, size=(2000, without.size))
+        draws = without[picks].mean(axis=1) / with_[picks].mean(axis=1)
+        out[name] = float(without.mean() / with_.mean())
+        out[f"{name}_ci_low"] = float(np.percentile(draws, 2.5))
+        out[f"{name}_ci_high"] = float(np.percentile(draws, 97.5))
+        out[f"{name}_cases"] = int(without.size)
+    return out
 
 
 def median_live(runs: list[dict[Key, dict[str, Any]]]) -> dict[Key, dict[str, Any]]:
@@ -1127,6 +1191,14 @@ def main() -> int:
         default=[],
         help="an earlier live run: its identical cases are pooled into per-case medians shown "
         "beside this run (repeatable)",
+    )
+    parser.add_argument(
+        "--convergence-live",
+        type=Path,
+        action="append",
+        default=[],
+        help="a kept live run replayed as a tenant's jobs for `calibration_gain_kept_runs` "
+        "(repeatable; the headline's own replay is always made)",
     )
     parser.add_argument(
         "--max-others-cores",
@@ -1366,9 +1438,17 @@ def main() -> int:
             "each run met"
         )
     convergence = calibration_convergence(rows, chosen, cases)
+    convergence.pop("case_errors")
     for name in ("calibration_gain", "calibration_gain_tpot"):
         summary[name] = convergence[name]
         intervals[name] = {"ci_low": convergence[f"{name}_ci_low"], "ci_high": convergence[f"{name}_ci_high"]}
+    if args.convergence_live:
+        kept = convergence_on_kept_runs(args.convergence_live, chosen)
+        convergence["kept_runs"] = kept
+        for name in ("calibration_gain_kept_runs", "calibration_gain_kept_runs_tpot"):
+            if name in kept:
+                summary[name] = kept[name]
+                intervals[name] = {"ci_low": kept[f"{name}_ci_low"], "ci_high": kept[f"{name}_ci_high"]}
     op = h200_op_mape()
     if op is not None:
         summary["h200_op_mape"], intervals["h200_op_mape"] = op
@@ -1401,6 +1481,7 @@ def main() -> int:
             "p95_ttft_mape": "<= 0.20 and below blind_p95_ttft_mape",
             "sim_10k_requests_s": "<= 0.5",
             "calibration_gain": "> 1 with its interval above 1, the curve falling as k grows",
+            "calibration_gain_kept_runs": "> 1 with its interval above 1 (runs the calibration does not describe)",
         },
         "model": MODEL,
         "calibration": calibration,

@@ -1,18 +1,18 @@
 """Feed live measurements back into the calibration.
 
 Every live trial of a tuning job is also simulated; `correct_efficiency` takes those
-(measured, predicted) summary pairs and returns corrected factors: engine step times are scaled
-by the median ratio of measured to predicted mean TPOT (decode steps are what TPOT is made of),
-and the per-request overhead is moved by the gap that remains in p50 TTFT once that scale is
-applied, from the trials the simulator predicted mostly free of load (`UNLOADED_SHARE`): the one
-constant that minimises their relative TTFT error (the median of the gaps weighted by 1 /
-measured TTFT). A constant per request is what an unloaded trial's gap measures; a loaded
-trial's gap is mostly queueing that the scale does not carry linearly (seconds of it near the
-knee), and a median taken from such trials moved every prediction by seconds
-(`benchmarks/sim_accuracy.py`'s calibration replay found it); with no unloaded trial, only the
-scale is corrected. Each call is one damped step
-(`weight`), so a noisy trial cannot swing the model, and repeated jobs on a tenant's traffic
-converge on it.
+(measured, predicted) summary pairs and returns corrected factors: the engine's step times,
+compute-bound and bandwidth-bound alike, scaled by the median ratio of measured to predicted
+mean TPOT (decode steps are what TPOT is made of). Each call is one damped step (`weight`), so a
+noisy trial cannot swing the model, and repeated jobs on a tenant's traffic converge on it.
+
+The per-request overhead is left as calibrated. An earlier version also moved it by the p50 TTFT
+gap that remained under the scale, on trials predicted mostly free of load: replayed as one
+tenant's sequence of jobs (`benchmarks/sim_accuracy.py`, `calibration_convergence`), that shift
+carried one trace's prefill error into another's: a gap of hundreds of milliseconds on Mooncake's
+long prompts, a constant per request, tripled the predicted TTFT of Azure's short ones. Without it
+the replay converges as fast where the calibration is far off (another host) and does less harm
+where it is right (the calibration's own host).
 """
 
 from __future__ import annotations
@@ -36,13 +36,6 @@ class Pair:
     measured_ttft_p50_ms: float
     predicted_tpot_ms: float
     predicted_ttft_p50_ms: float
-    # Of the predicted mean TTFT, the share that does not depend on load (the fixed overhead and
-    # the request's own prefill compute; the rest is queueing, chunking and preemption). Only
-    # trials mostly free of load (>= UNLOADED_SHARE) can show a per-request constant.
-    predicted_load_free_share: float = 1.0
-
-
-UNLOADED_SHARE = 0.5
 
 
 def correct_efficiency(
@@ -71,39 +64,11 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
     if not ratios:
         return efficiency
     scale = float(np.exp(weight * np.log(np.median(ratios))))
-    usable = [
-        p
-        for p in pairs
-        if _ok(p.measured_ttft_p50_ms)
-        and _ok(p.predicted_ttft_p50_ms)
-        and p.measured_ttft_p50_ms > 0
-        and p.predicted_load_free_share >= UNLOADED_SHARE
-    ]
-    gaps = [p.measured_ttft_p50_ms - p.predicted_ttft_p50_ms * scale for p in usable]
-    shift = weight * weighted_median(gaps, [1.0 / p.measured_ttft_p50_ms for p in usable]) if gaps else 0.0
     return dataclasses.replace(
         efficiency.scaled(compute=scale, step=scale, why="live trials"),
-        request_overhead_ms=max(0.0, efficiency.request_overhead_ms + shift),
         how=f"{efficiency.how.split('; corrected from')[0]}; corrected from {len(pairs)} live trial(s) "
-        f"(step x{scale:.3f}, request {shift:+.1f} ms)",
+        f"(step x{scale:.3f})",
     )
-
-
-def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
-    """The value c minimising sum(w * |v - c|): the lower weighted median (the midpoint where
-    the weight splits exactly in two)."""
-    if not values or len(values) != len(weights):
-        raise ValueError("weighted_median needs as many weights as values, at least one")
-    order = sorted(zip(values, weights, strict=True))
-    total = sum(w for _, w in order)
-    seen = 0.0
-    for i, (value, w) in enumerate(order):
-        seen += w
-        if math.isclose(seen, total / 2) and i + 1 < len(order):
-            return (value + order[i + 1][0]) / 2.0
-        if seen > total / 2:
-            return value
-    return order[-1][0]
 
 
 def _ok(value: float | None) -> bool:

@@ -32,6 +32,36 @@ def test_a_tenant_on_a_slower_machine_is_learnt_from_its_earlier_jobs() -> None:
     assert out["calibration_gain_tpot"] > 2 and out["calibration_gain_tpot_ci_low"] > 1
 
 
+def test_kept_runs_on_another_machine_pool_their_convergence(tmp_path: Path) -> None:
+    """Kept live runs the calibration does not describe (here: every figure twice the stored
+    calibration's) are replayed as a tenant's jobs and pooled; a run of one trace x load group
+    has no sequence of jobs and is listed as skipped."""
+    configs = sim_accuracy.configs()
+    chosen = {name: configs[name] for name in ("default", "budget_512")}
+    groups = (("azure2023_conv.csv", "light"), ("mooncake_synthetic.jsonl", "light"))
+    files = []
+    for n, kept in enumerate((groups, groups[:1])):
+        cases = []
+        for trace, load in kept:
+            for name, config in chosen.items():
+                case = sim_accuracy.Case(trace, load, 3.0, 6, 2000, 7 + n)
+                sim = sim_accuracy.sim_case(config, case)
+                live = {m: sim[m] * 2.0 for m in sim_accuracy.METRICS}
+                cases.append(
+                    {"config": name, "trace": trace, "load": load, "time_scale": 3.0, "max_requests": 6}
+                    | {"max_prompt_tokens": 2000, "seed": 7 + n, "live": live}
+                )
+        path = tmp_path / f"run{n}.json"
+        path.write_text(json.dumps({"cases": cases, "live_run": {"started_at": f"2026-12-0{n + 1}"}}))
+        files.append(path)
+    out = sim_accuracy.convergence_on_kept_runs(files, chosen)
+    assert out["calibration_gain_kept_runs_cases"] == 4
+    assert out["calibration_gain_kept_runs"] > 1.5 and out["calibration_gain_kept_runs_ci_low"] > 1
+    assert out["calibration_gain_kept_runs_tpot"] > 1.5
+    assert "skipped" in out["runs"][1] and "case_errors" not in out["runs"][0]
+    assert [p["earlier_jobs"] for p in out["runs"][0]["curve"]] == [0, 1]
+
+
 def test_the_live_noise_floor_counts_only_identical_cases(tmp_path: Path) -> None:
     """A kept run's case counts towards the noise floor only where its trace, load, pace, request
     count and caps equal this run's; its error is |other / this - 1|."""

@@ -7,8 +7,7 @@ trial's configuration, and the prediction is stored beside the measurement.
 
 Calibration is a pure function of a tenant's history: the base prediction (the hardware's stored
 calibration) of every earlier trial, paired with what that trial measured, corrects the
-step-time scale and the per-request overhead (`serving.perf.feedback`), trusting the history more
-as it grows. So predictions for a tenant's workload improve with every job, and recomputing them
+step-time scale (`serving.perf.feedback`), trusting the history more as it grows. So predictions for a tenant's workload improve with every job, and recomputing them
 never drifts.
 """
 
@@ -182,8 +181,6 @@ def pairs_from_results(results: Iterable[Mapping[str, Any]]) -> list[Pair]:
             measured_ttft_p50_ms=_num(r.get("ttft_p50_ms")),
             predicted_tpot_ms=_num(p.get("base_tpot_p50_ms")),
             predicted_ttft_p50_ms=_num(p.get("base_ttft_p50_ms")),
-            # trials recorded before the share was: taken as unloaded, as they were then
-            predicted_load_free_share=_num(p.get("base_load_free_share", 1.0)),
         )
         if all(math.isfinite(v) for v in (pair.measured_tpot_ms, pair.predicted_tpot_ms)):
             out.append(pair)
