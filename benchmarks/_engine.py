@@ -1,4 +1,5 @@
-"""The benchmarks' engine: this machine's vLLM CPU engine serving `tiny-llama-s`, always stopped."""
+"""The benchmarks' engine: this machine's vLLM CPU engine serving `tiny-llama-s`, always stopped;
+and steady decode, the step time at a batch size, measured on any engine."""
 
 from __future__ import annotations
 
@@ -25,3 +26,29 @@ def tiny_llama_s_engine(model_dir: Path | None) -> Iterator[tuple[Any, Path, Eng
             yield engine, model_dir, config
         finally:
             engine.stop()
+
+
+def steady_decode_tpots(
+    url: str, *, batch: int, bursts: int, prompt_tokens: int, output_tokens: int, seed: int
+) -> list[float]:
+    """TPOTs (ms) of `bursts` bursts of `batch` requests sent at once, short prompts, outputs of a
+    fixed length: after the first token every step is a decode step of `batch` sequences, so TPOT
+    is the engine's step time at that batch. One client process per 32 streams keeps the
+    client's event loop out of the figure."""
+    from serving.loadgen.api import replay_generated
+
+    tpots: list[float] = []
+    for burst in range(bursts):
+        result = replay_generated(
+            endpoint=url,
+            num_requests=batch,
+            rate_rps=batch * 1000.0,  # all sent within a millisecond or so
+            arrival_cv=0.0,
+            num_prompt_tokens=prompt_tokens,
+            num_output_tokens=output_tokens,
+            seed=seed + burst,
+            progress=False,
+            client_processes=min(8, -(-batch // 32)),
+        )
+        tpots += [round(r.tpot_ms, 4) for r in result.requests if r.tpot_ms is not None]
+    return tpots

@@ -497,8 +497,9 @@ def run_block(
     tables: Path | None,
 ) -> dict[str, Any]:
     """One fresh engine of `arm`, replaying the trace at each load; the engine's log says which table it read."""
+    from benchmarks._engine import steady_decode_tpots
     from serving.engine.launcher import start_engine
-    from serving.loadgen.api import replay_generated, replay_trace
+    from serving.loadgen.api import replay_trace
     from tuning.search.trial import warm_up
 
     config = engine_config(args)
@@ -537,21 +538,14 @@ def run_block(
             # Steady decode: `batch` requests sent at once, short prompts, outputs of a fixed
             # length: after the first token every step is a decode step of `batch` sequences,
             # so TPOT is the step time at that batch (the MoE call at `batch` tokens inside it).
-            tpots: list[float] = []
-            for burst in range(args.steady_bursts):
-                result = replay_generated(
-                    endpoint=engine.base_url,
-                    num_requests=batch,
-                    rate_rps=batch * 1000.0,  # all sent within a millisecond or so
-                    arrival_cv=0.0,
-                    num_prompt_tokens=args.steady_prompt_tokens,
-                    num_output_tokens=args.steady_output_tokens,
-                    seed=9_000_000 + 1000 * round_ + 10 * batch + burst,
-                    progress=False,
-                    # One client process per 32 streams: the client's event loop stays out of TPOT.
-                    client_processes=min(8, -(-batch // 32)),
-                )
-                tpots += [round(r.tpot_ms, 4) for r in result.requests if r.tpot_ms is not None]
+            tpots = steady_decode_tpots(
+                engine.base_url,
+                batch=batch,
+                bursts=args.steady_bursts,
+                prompt_tokens=args.steady_prompt_tokens,
+                output_tokens=args.steady_output_tokens,
+                seed=9_000_000 + 1000 * round_ + 10 * batch,
+            )
             steady[str(batch)] = {
                 "tpot_ms": tpots,
                 "tpot_p50_ms": float(np.median(tpots)) if tpots else None,

@@ -294,8 +294,8 @@ def _greedy(url: str, model: str) -> list[list[int]]:
 
 
 def run_engine_block(arm: str, round_: int, args: argparse.Namespace, plugin_dir: Path) -> dict[str, Any]:
+    from benchmarks._engine import steady_decode_tpots
     from serving.engine.launcher import served_models, start_engine
-    from serving.loadgen.api import replay_generated
     from tuning.search.trial import warm_up
 
     log_path = args.work / f"engine-{arm}-r{round_}.log"
@@ -312,20 +312,14 @@ def run_engine_block(arm: str, round_: int, args: argparse.Namespace, plugin_dir
         greedy = _greedy(engine.base_url, str(model))
         steady: dict[str, list[float]] = {}
         for batch in args.steady_batches:
-            tpots: list[float] = []
-            for burst in range(args.bursts):
-                result = replay_generated(
-                    endpoint=engine.base_url,
-                    num_requests=batch,
-                    rate_rps=batch * 1000.0,
-                    arrival_cv=0.0,
-                    num_prompt_tokens=64,
-                    num_output_tokens=args.output_tokens,
-                    seed=5_000_000 + 1000 * round_ + 10 * batch + burst,
-                    progress=False,
-                    client_processes=min(8, -(-batch // 32)),
-                )
-                tpots += [round(r.tpot_ms, 4) for r in result.requests if r.tpot_ms is not None]
+            tpots = steady_decode_tpots(
+                engine.base_url,
+                batch=batch,
+                bursts=args.bursts,
+                prompt_tokens=64,
+                output_tokens=args.output_tokens,
+                seed=5_000_000 + 1000 * round_ + 10 * batch,
+            )
             steady[str(batch)] = tpots
             log(f"[{arm} r{round_}] steady decode at {batch}: TPOT p50 {np.median(tpots):.3f} ms")
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
