@@ -114,7 +114,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._machine import git_state, machine, machine_facts, versions  # noqa: E402
-from benchmarks._stats import Figure, interval  # noqa: E402
+from benchmarks._stats import Figure, interval, ratio_interval  # noqa: E402
 from serving.engine import EngineConfig, start_engine  # noqa: E402
 from serving.engine.host import ForeignLoadMeter  # noqa: E402
 from serving.loadgen.api import replay_trace  # noqa: E402
@@ -875,6 +875,13 @@ def _pair(row: dict[str, Any]) -> Pair:
     )
 
 
+def _gain(name: str, without: Sequence[float], with_: Sequence[float]) -> dict[str, float | None]:
+    """Mean error without correction over mean error with it, per case paired; the cases
+    resampled with both arms on the same picks."""
+    figure = ratio_interval(without, with_, np.mean, digits=6)
+    return {name: figure["value"], f"{name}_ci_low": figure["ci_low"], f"{name}_ci_high": figure["ci_high"]}
+
+
 def calibration_convergence(
     rows: list[dict[str, Any]], chosen: dict[str, EngineConfig], cases: dict[Key, Case]
 ) -> dict[str, Any]:
@@ -928,16 +935,10 @@ def calibration_convergence(
             point[f"{label}_mape_ci_high"] = figure["ci_high"] if figure else None
         curve.append(point)
     last = len(names) - 1
-    rng = np.random.default_rng(0)
-    picks = rng.integers(0, len(keys), size=(2000, len(keys)))
-    gains: dict[str, float] = {}
+    gains: dict[str, float | None] = {}
     for metric, name in (("ttft_p50_ms", "calibration_gain"), ("tpot_mean_ms", "calibration_gain_tpot")):
-        without = np.array([np.mean(errors[0][c][metric]) for c in keys])
-        with_ = np.array([np.mean(errors[last][c][metric]) for c in keys])
-        draws = without[picks].mean(axis=1) / with_[picks].mean(axis=1)
-        gains[name] = float(without.mean() / with_.mean())
-        gains[f"{name}_ci_low"] = float(np.percentile(draws, 2.5))
-        gains[f"{name}_ci_high"] = float(np.percentile(draws, 97.5))
+        without = [float(np.mean(errors[0][c][metric])) for c in keys]
+        gains |= _gain(name, without, [float(np.mean(errors[last][c][metric])) for c in keys])
     return {
         "jobs": [f"{t} {load}" for t, load in names],
         "cases": len(keys),
@@ -992,7 +993,6 @@ def convergence_on_kept_runs(paths: Sequence[Path], chosen: dict[str, EngineConf
                 pooled.setdefault(metric, {}).setdefault(arm, []).extend(values)
         runs.append({**entry, **conv})
     out: dict[str, Any] = {"runs": runs}
-    rng = np.random.default_rng(0)
     for metric, name in (
         ("ttft_p50_ms", "calibration_gain_kept_runs"),
         ("tpot_mean_ms", "calibration_gain_kept_runs_tpot"),
@@ -1000,13 +1000,8 @@ def convergence_on_kept_runs(paths: Sequence[Path], chosen: dict[str, EngineConf
         arms = pooled.get(metric)
         if not arms or not arms["with"]:
             continue
-        without, with_ = np.array(arms["without"]), np.array(arms["with"])
-        picks = rng.integers(0, without.size, size=(2000, without.size))
-        draws = without[picks].mean(axis=1) / with_[picks].mean(axis=1)
-        out[name] = float(without.mean() / with_.mean())
-        out[f"{name}_ci_low"] = float(np.percentile(draws, 2.5))
-        out[f"{name}_ci_high"] = float(np.percentile(draws, 97.5))
-        out[f"{name}_cases"] = int(without.size)
+        out |= _gain(name, arms["without"], arms["with"])
+        out[f"{name}_cases"] = len(arms["without"])
     return out
 
 

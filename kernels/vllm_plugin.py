@@ -28,6 +28,9 @@ from typing import Any
 
 import torch  # at module level: torch.library reads the ops' annotations by name
 
+from kernels import rmsnorm
+from kernels._common import interpreting
+
 PROVIDER = "tailguard"
 PLUGIN_NAME = "tailguard_kernels"
 OPS = ("rms_norm", "fused_add_rms_norm")
@@ -67,8 +70,6 @@ def entry_point_dir(folder: Path) -> Path:
 
 def _takes(x: Any, weight: Any, variance_size: Any) -> bool:
     """What our kernel serves: whole rows of a 2-D activation with a weight of its dtype."""
-    from kernels import rmsnorm
-
     return bool(
         variance_size is None
         and weight is not None
@@ -86,9 +87,6 @@ def register() -> None:
     if _registered:
         return
     from vllm import ir
-
-    from kernels import rmsnorm
-    from kernels._common import interpreting
 
     @torch.library.custom_op("tailguard::rms_norm", mutates_args=())
     def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
