@@ -13,6 +13,15 @@ carried one trace's prefill error into another's: a gap of hundreds of milliseco
 long prompts, a constant per request, tripled the predicted TTFT of Azure's short ones. Without it
 the replay converges as fast where the calibration is far off (another host) and does less harm
 where it is right (the calibration's own host).
+
+A scale is only trusted within a band (`TRUSTED_SCALE`): trials whose decode steps run more than
+that many times slower or faster than predicted come from a machine the calibration does not
+describe, not from drift, and one scale cannot carry them over. Replayed as one tenant's jobs,
+the AVX2 host of 2026-12-05 (steps about ten times the calibration's) went from a p50 TTFT error
+of 0.88 uncorrected to 4.1 after one corrected job: its decode steps and its prefills are slow in
+different proportions, so the scale that fits its TPOT put the simulated engine past its knee.
+Outside the band the factors are returned unchanged, with `how` saying so, and
+`calibration_mismatch` gives the ratio for the caller to report (recalibrate that hardware).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import numpy as np
 
 from serving.loadgen.results import ReplaySummary
 from serving.perf.model import Efficiency
+
+TRUSTED_SCALE = 2.0  # the widest step-time scale (either way) a correction applies
 
 
 @dataclass(frozen=True)
@@ -56,19 +67,41 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
     """Corrected factors from (measured, predicted) figures; see the module's docstring."""
     if not 0 < weight <= 1:
         raise ValueError("weight must be in (0, 1]")
+    ratio = tpot_ratio(pairs)
+    if ratio is None:
+        return efficiency
+    base_how = efficiency.how.split("; corrected from")[0].split("; not corrected:")[0]
+    if calibration_mismatch(pairs) is not None:
+        return dataclasses.replace(
+            efficiency,
+            how=f"{base_how}; not corrected: {len(pairs)} live trial(s) ran x{ratio:.3g} the predicted "
+            f"decode step, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} a correction trusts "
+            "(another machine: recalibrate it)",
+        )
+    scale = float(np.exp(weight * np.log(ratio)))
+    return dataclasses.replace(
+        efficiency.scaled(compute=scale, step=scale, why="live trials"),
+        how=f"{base_how}; corrected from {len(pairs)} live trial(s) (step x{scale:.3f})",
+    )
+
+
+def tpot_ratio(pairs: Sequence[Pair]) -> float | None:
+    """The median of measured over predicted mean TPOT, over the pairs that have both."""
     ratios = [
         p.measured_tpot_ms / p.predicted_tpot_ms
         for p in pairs
         if _ok(p.measured_tpot_ms) and _ok(p.predicted_tpot_ms) and p.predicted_tpot_ms > 0
     ]
-    if not ratios:
-        return efficiency
-    scale = float(np.exp(weight * np.log(np.median(ratios))))
-    return dataclasses.replace(
-        efficiency.scaled(compute=scale, step=scale, why="live trials"),
-        how=f"{efficiency.how.split('; corrected from')[0]}; corrected from {len(pairs)} live trial(s) "
-        f"(step x{scale:.3f})",
-    )
+    return float(np.median(ratios)) if ratios else None
+
+
+def calibration_mismatch(pairs: Sequence[Pair]) -> float | None:
+    """The measured/predicted TPOT ratio where it lies outside the band a correction trusts
+    (`TRUSTED_SCALE`), else None."""
+    ratio = tpot_ratio(pairs)
+    if ratio is None or 1 / TRUSTED_SCALE <= ratio <= TRUSTED_SCALE:
+        return None
+    return ratio
 
 
 def _ok(value: float | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -12,7 +13,7 @@ import pytest
 from serving.catalog.hardware import get_hardware
 from serving.catalog.models import UnknownModel, get_model, model_spec_from_dir
 from serving.models import build_tiny_model
-from serving.perf.feedback import Pair, correct_from_pairs
+from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs
 from serving.perf.model import DATA_DIR, nearest_measured
 from tuning.search.job import JobSpec, TrialRecord, plan_job, report, with_prediction
 from tuning.search.prior import pairs_from_results, prediction_errors, sim_prior
@@ -184,6 +185,31 @@ def test_a_correction_scales_step_times_and_never_moves_the_per_request_overhead
     # damped: half the log-ratio per step with weight 0.5
     half = correct_from_pairs(eff, loaded, weight=0.5)
     assert half.step_overhead_ms == pytest.approx(eff.step_overhead_ms * (100.0 / 70.0) ** 0.5)
+
+
+def test_a_machine_the_calibration_does_not_describe_is_reported_not_corrected() -> None:
+    """Trials whose decode steps run five times the prediction come from another machine: one
+    scale cannot carry the calibration over (the AVX2 host of 2026-12-05, replayed, went from a
+    p50 TTFT error of 0.88 to 4.1 after one corrected job), so the factors stay as calibrated and
+    the prior's basis says to recalibrate; inside the trusted band the correction applies."""
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
+    slow = [Pair(50.0, 400.0, 10.0, 80.0) for _ in range(3)]
+    assert calibration_mismatch(slow) == pytest.approx(5.0)
+    kept = correct_from_pairs(eff, slow, weight=1.0)
+    assert dataclasses.replace(kept, how=eff.how) == eff
+    assert "not corrected: 3 live trial(s) ran x5" in kept.how and "recalibrate" in kept.how
+    prior, basis = sim_prior("tiny-llama-s", "local-cpu", slow)
+    assert prior is not None and prior.efficiency == eff and prior.mismatch == pytest.approx(5.0)
+    assert "NOT corrected" in basis and "recalibrate" in basis
+    fast = [Pair(1.0, 8.0, 10.0, 80.0)]  # a tenth of the prediction: as far off the other way
+    assert calibration_mismatch(fast) == pytest.approx(0.1)
+    # at the band's edge the correction still applies, and says by how much
+    edge = [Pair(20.0, 160.0, 10.0, 80.0)]
+    assert calibration_mismatch(edge) is None
+    corrected = correct_from_pairs(eff, edge, weight=1.0)
+    assert corrected.step_overhead_ms == pytest.approx(eff.step_overhead_ms * TRUSTED_SCALE)
+    prior, basis = sim_prior("tiny-llama-s", "local-cpu", edge)
+    assert prior is not None and prior.mismatch is None and "corrected from 1 earlier" in basis
 
 
 def test_a_forecast_records_how_much_of_its_ttft_is_free_of_load() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from serving.catalog.hardware import Hardware, get_hardware
 from serving.catalog.models import ModelSpec, UnknownModel, get_model, model_spec_from_dir
-from serving.perf.feedback import Pair, correct_from_pairs
+from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs
 from serving.perf.model import Efficiency, nearest_measured
 from serving.sim.api import LatencyTargets, rank_candidates, simulate_trace
 from tuning.search.space import SearchSpace
@@ -37,6 +37,10 @@ class SimPrior:
     efficiency: Efficiency  # base, corrected by the tenant's earlier trials
     num_pairs: int  # how many earlier trials corrected it
     basis: str  # what the predictions rest on, in words
+    # measured / predicted decode step of the earlier trials where it lies beyond what a
+    # correction trusts (their machine is not the calibration's): predictions rest on the
+    # uncorrected calibration, and the basis says so
+    mismatch: float | None = None
 
     @property
     def source(self) -> str:
@@ -58,12 +62,25 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
         return None, f"no simulator prior: {exc.args[0]}"
     base, basis = nearest_measured(hw)
     efficiency = base
-    if pairs:
+    mismatch = calibration_mismatch(pairs)
+    if mismatch is not None:
+        basis = (
+            f"{basis}; NOT corrected: {len(pairs)} earlier live trial(s) of this organization ran "
+            f"x{mismatch:.3g} the predicted decode step, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} "
+            f"a correction trusts: the calibration does not describe this {hw.name}; recalibrate it"
+        )
+    elif pairs:
         # Trust the history in proportion to its size: one trial moves the factors halfway.
         efficiency = correct_from_pairs(base, pairs, weight=len(pairs) / (len(pairs) + 1))
         basis = f"{basis}; corrected from {len(pairs)} earlier live trial(s) of this organization"
     prior = SimPrior(
-        model=model, hardware=hw, base=base, efficiency=efficiency, num_pairs=len(pairs), basis=basis
+        model=model,
+        hardware=hw,
+        base=base,
+        efficiency=efficiency,
+        num_pairs=len(pairs),
+        basis=basis,
+        mismatch=mismatch,
     )
     return prior, basis
 
