@@ -17,9 +17,9 @@ where it is right (the calibration's own host).
 A scale is only trusted within a band (`TRUSTED_SCALE`): trials whose decode steps run more than
 that many times slower or faster than predicted come from a machine the calibration does not
 describe, not from drift, and one scale cannot carry them over. Replayed as one tenant's jobs,
-the AVX2 host of 2026-12-05 (steps about ten times the calibration's) went from a p50 TTFT error
-of 0.88 uncorrected to 4.1 after one corrected job: its decode steps and its prefills are slow in
-different proportions, so the scale that fits its TPOT put the simulated engine past its knee.
+the AVX2 host of 2026-12-05 (uncorrected TPOT error 0.90: its decode steps about ten times the
+prediction) went from a p50 TTFT error of 0.88 uncorrected to 4.1 after one corrected job
+(`benchmarks/results/sim_accuracy.json` as committed in ac8c44b, `kept_runs`).
 Outside the band the factors are returned unchanged, with `how` saying so, and
 `calibration_mismatch` gives the ratio for the caller to report (recalibrate that hardware).
 """
