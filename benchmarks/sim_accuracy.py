@@ -1244,8 +1244,8 @@ def main() -> int:
         "did; it scored worse than the stored calibration alone, now the default)",
     )
     args = parser.parse_args()
-    loads = tuple(dict.fromkeys(x.strip() for x in args.loads.split(",") if x.strip()))
-    if not loads or set(loads) - set(LOADS):
+    levels = tuple(dict.fromkeys(x.strip() for x in args.loads.split(",") if x.strip()))
+    if not levels or set(levels) - set(LOADS):
         parser.error(f"--loads: one or more of {','.join(LOADS)}, not {args.loads!r}")
     MAX_OTHERS_CORES = args.max_others_cores
     probe_seconds = args.case_seconds if args.probe_seconds is None else args.probe_seconds
@@ -1325,13 +1325,13 @@ def main() -> int:
                     if args.loaded_factor == "knee"
                     else f"loaded: the light rate x{args.loaded_factor:g} (fixed)"
                 )
-                + f"; past_knee: the loaded rate x{PAST_KNEE_FACTOR:g}; levels run: {', '.join(loads)}"
+                + f"; past_knee: the loaded rate x{PAST_KNEE_FACTOR:g}; levels run: {', '.join(levels)}"
                 + f"; each case the requests sent within its first {args.case_seconds:g} s (at least "
                 f"{MIN_CASE_REQUESTS} where they are sent within {MAX_CASE_SECONDS:g} s)"
             ),
             **loads,
         }
-        planned = build_cases(specs, factors, window_s=args.case_seconds, loads=loads)
+        planned = build_cases(specs, factors, window_s=args.case_seconds, loads=levels)
         live, cases = measure(model_dir, chosen, planned, max_wait_s=args.max_wait_s)
         live_meta["live_minutes"] = (time.monotonic() - started) / 60.0
         live_meta["machine_check_at_end"] = check_local_machine().to_dict()
