@@ -13,7 +13,7 @@ import pytest
 from serving.catalog.hardware import get_hardware
 from serving.catalog.models import UnknownModel, get_model, model_spec_from_dir
 from serving.models import build_tiny_model
-from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs
+from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs, step_ratio
 from serving.perf.model import DATA_DIR, nearest_measured
 from tuning.search.job import JobSpec, TrialRecord, plan_job, report, with_prediction
 from tuning.search.prior import pairs_from_results, prediction_errors, sim_prior
@@ -210,6 +210,25 @@ def test_a_machine_the_calibration_does_not_describe_is_reported_not_corrected()
     assert corrected.step_overhead_ms == pytest.approx(eff.step_overhead_ms * TRUSTED_SCALE)
     prior, basis = sim_prior("tiny-llama-s", "local-cpu", edge)
     assert prior is not None and prior.mismatch is None and "corrected from 1 earlier" in basis
+
+
+def test_a_slow_stream_with_a_ttft_as_predicted_is_not_a_slow_engine() -> None:
+    """A loaded host that streams tokens at twice the predicted TPOT while the same trials' p50
+    TTFT comes out as predicted or faster has not got slower steps (its queues would show it):
+    the correction takes only what both ratios agree on."""
+    eff, _ = nearest_measured(get_hardware("local-cpu"))
+    streaming = [Pair(20.0, 90.0, 10.0, 100.0), Pair(20.0, 100.0, 10.0, 100.0), Pair(15.0, 95.0, 10.0, 100.0)]
+    assert step_ratio(streaming) == pytest.approx(1.0)
+    kept = correct_from_pairs(eff, streaming, weight=1.0)
+    assert kept.step_overhead_ms == pytest.approx(eff.step_overhead_ms)
+    # A slower engine shows in both: the smaller of the two is taken, per trial, then the median.
+    slower = [Pair(15.0, 300.0, 10.0, 100.0), Pair(18.0, 160.0, 10.0, 100.0), Pair(13.0, 110.0, 10.0, 100.0)]
+    assert step_ratio(slower) == pytest.approx(1.5)
+    assert correct_from_pairs(eff, slower, weight=1.0).step_overhead_ms == pytest.approx(
+        eff.step_overhead_ms * 1.5
+    )
+    # faster in both: the same, the other way
+    assert step_ratio([Pair(5.0, 80.0, 10.0, 100.0)]) == pytest.approx(0.8)
 
 
 def test_a_forecast_records_how_much_of_its_ttft_is_free_of_load() -> None:
