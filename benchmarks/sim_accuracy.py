@@ -1073,7 +1073,7 @@ def measure(
     seed_base = {spec.trace: spec.seed_base for spec in TRACE_SPECS}
     names = list(chosen)
     for g, case in enumerate(cases):
-        load_index = LOADS.index(case.load) if case.load in LOADS else len(LOADS)
+        load_index = LOADS.index(case.load)
         for name in names[g % len(names) :] + names[: g % len(names)]:
             index = names.index(name)
             row: dict[str, Any] = {}

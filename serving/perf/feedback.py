@@ -3,8 +3,9 @@
 Every live trial of a tuning job is also simulated; `correct_efficiency` takes those
 (measured, predicted) summary pairs and returns corrected factors: the engine's step times,
 compute-bound and bandwidth-bound alike, scaled by the ratio of measured to predicted that mean
-TPOT (decode steps are what TPOT is made of) and p50 TTFT agree on (`step_ratio`). Each call is one damped step (`weight`), so a
-noisy trial cannot swing the model, and repeated jobs on a tenant's traffic converge on it.
+TPOT (decode steps are what TPOT is made of) and p50 TTFT agree on (`step_ratio`). Each call is
+one damped step (`weight`), so a noisy trial cannot swing the model, and repeated jobs on a
+tenant's traffic converge on it.
 
 The per-request overhead is left as calibrated. An earlier version also moved it by the p50 TTFT
 gap that remained under the scale, on trials predicted mostly free of load: replayed as one
@@ -14,9 +15,9 @@ long prompts, a constant per request, tripled the predicted TTFT of Azure's shor
 the replay converges as fast where the calibration is far off (another host) and does less harm
 where it is right (the calibration's own host).
 
-A scale is only trusted within a band (`TRUSTED_SCALE`): trials whose decode steps run more than
-that many times slower or faster than predicted come from a machine the calibration does not
-describe, not from drift, and one scale cannot carry them over. Replayed as one tenant's jobs,
+A scale is only trusted within a band (`TRUSTED_SCALE`): trials whose steps (`engine_ratio`) run
+more than that many times slower or faster than predicted come from a machine the calibration
+does not describe, not from drift, and one scale cannot carry them over. Replayed as one tenant's jobs,
 the AVX2 host of 2026-12-05 (uncorrected TPOT error 0.90: its decode steps about ten times the
 prediction) went from a p50 TTFT error of 0.88 uncorrected to 4.1 after one corrected job
 (`benchmarks/results/sim_accuracy.json` as committed in ac8c44b, `kept_runs`).
@@ -67,7 +68,7 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
     """Corrected factors from (measured, predicted) figures; see the module's docstring."""
     if not 0 < weight <= 1:
         raise ValueError("weight must be in (0, 1]")
-    ratio = tpot_ratio(pairs)
+    ratio = engine_ratio(pairs)
     if ratio is None:
         return efficiency
     base_how = efficiency.how.split("; corrected from")[0].split("; not corrected:")[0]
@@ -75,11 +76,10 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
         return dataclasses.replace(
             efficiency,
             how=f"{base_how}; not corrected: {len(pairs)} live trial(s) ran x{ratio:.3g} the predicted "
-            f"decode step, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} a correction trusts "
+            f"step time, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} a correction trusts "
             "(another machine: recalibrate it)",
         )
-    agreed = step_ratio(pairs)
-    scale = float(np.exp(weight * np.log(agreed if agreed is not None else ratio)))
+    scale = float(np.exp(weight * np.log(ratio)))
     return dataclasses.replace(
         efficiency.scaled(compute=scale, step=scale, why="live trials"),
         how=f"{base_how}; corrected from {len(pairs)} live trial(s) (step x{scale:.3f})",
@@ -122,10 +122,18 @@ def step_ratio(pairs: Sequence[Pair]) -> float | None:
     return float(np.exp(np.median(shares))) if shares else None
 
 
+def engine_ratio(pairs: Sequence[Pair]) -> float | None:
+    """The step-time ratio a correction would apply: `step_ratio`, or the TPOT ratio alone where
+    no pair has a TTFT."""
+    agreed = step_ratio(pairs)
+    return agreed if agreed is not None else tpot_ratio(pairs)
+
+
 def calibration_mismatch(pairs: Sequence[Pair]) -> float | None:
-    """The measured/predicted TPOT ratio where it lies outside the band a correction trusts
-    (`TRUSTED_SCALE`), else None."""
-    ratio = tpot_ratio(pairs)
+    """`engine_ratio` where it lies outside the band a correction trusts (`TRUSTED_SCALE`), else
+    None: judged on the same ratio the correction would apply, so a loaded host's slow stream
+    alone never reads as another machine."""
+    ratio = engine_ratio(pairs)
     if ratio is None or 1 / TRUSTED_SCALE <= ratio <= TRUSTED_SCALE:
         return None
     return ratio

@@ -229,6 +229,8 @@ def test_a_slow_stream_with_a_ttft_as_predicted_is_not_a_slow_engine() -> None:
     )
     # faster in both: the same, the other way
     assert step_ratio([Pair(5.0, 80.0, 10.0, 100.0)]) == pytest.approx(0.8)
+    # a stream three times the prediction with a TTFT as predicted is no other machine either
+    assert calibration_mismatch([Pair(30.0, 100.0, 10.0, 100.0)]) is None
 
 
 def test_a_forecast_records_how_much_of_its_ttft_is_free_of_load() -> None:

@@ -37,7 +37,7 @@ class SimPrior:
     efficiency: Efficiency  # base, corrected by the tenant's earlier trials
     num_pairs: int  # how many earlier trials corrected it
     basis: str  # what the predictions rest on, in words
-    # measured / predicted decode step of the earlier trials where it lies beyond what a
+    # measured / predicted step time of the earlier trials where it lies beyond what a
     # correction trusts (their machine is not the calibration's): predictions rest on the
     # uncorrected calibration, and the basis says so
     mismatch: float | None = None
@@ -66,7 +66,7 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
     if mismatch is not None:
         basis = (
             f"{basis}; NOT corrected: {len(pairs)} earlier live trial(s) of this organization ran "
-            f"x{mismatch:.3g} the predicted decode step, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} "
+            f"x{mismatch:.3g} the predicted step time, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} "
             f"a correction trusts: the calibration does not describe this {hw.name}; recalibrate it"
         )
     elif pairs:
