@@ -1,0 +1,141 @@
+"""The GPU ranking benchmark's scoring and its input checks, on simulated "live" cases."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import sim_rank_gpu
+from serving.catalog.models import model_spec_from_dir
+from serving.loadgen.traces import read_trace
+from serving.sim.api import simulate_trace
+
+# Llama-3.2-3B's shape (config.json fields that decide it), random weights.
+LLAMA_3B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+CAPS = {"max_prompt_tokens": 4000, "max_output_tokens": 200, "max_model_len": 4864}
+CHOSEN = ("vllm_defaults", "budget_1024", "max_seqs_64")
+
+
+def _live_file(tmp_path: Path, *, scale: dict[str, float]) -> Path:
+    """A live file whose every request's TTFT is the simulator's own for that configuration,
+    times `scale[config]`, with vLLM's defaults repeated at the group's end."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_3B))
+    model = model_spec_from_dir(model_dir)
+    group = {"rate_rps": 40.0, "duration_s": 8.0, "seed": 7}
+    path = sim_rank_gpu._workload(
+        "azure_conv", group["rate_rps"], group["duration_s"], group["seed"], tmp_path
+    )
+    requests = read_trace(path)
+    cases = []
+    for name in (*CHOSEN, "vllm_defaults"):
+        config = sim_rank_gpu._engine_config(sim_rank_gpu.CONFIGS[name], CAPS["max_model_len"])
+        sim = simulate_trace(
+            list(requests),
+            model=model,
+            hardware="h200",
+            config=config,
+            max_prompt_tokens=CAPS["max_prompt_tokens"],
+            max_output_tokens=CAPS["max_output_tokens"],
+            seed=group["seed"],
+        )
+        ttfts = [r.ttft_ms * scale[name] for r in sim.requests if r.ok and r.ttft_ms is not None]
+        s = sim.summary
+        cases.append(
+            {
+                "config": name,
+                "started_at": "2030-01-01T00:00:00+00:00",
+                "requests": s.num_requests,
+                "errors": 0,
+                "ttft_p50_ms": s.ttft_ms.p50 * scale[name],
+                "ttft_p95_ms": s.ttft_ms.p95 * scale[name],
+                "tpot_p50_ms": s.tpot_ms.p50,
+                "ttft_ms": ttfts,
+                "engine": {},
+            }
+        )
+    live = {
+        "benchmark": "sim_rank_gpu_live",
+        "when": "2030-01-01T00:10:00+00:00",
+        "complete": True,
+        "machine": {},
+        "versions": {},
+        "model": "llama-3.2-3b",
+        "model_config": LLAMA_3B,
+        "trace": "azure_conv",
+        "caps": CAPS,
+        "method": {"configs": {n: sim_rank_gpu.CONFIGS[n] for n in CHOSEN}, "repeated": "vllm_defaults"},
+        "groups": {"loaded": {**group, "cases": cases}},
+    }
+    out = tmp_path / "live.json"
+    out.write_text(json.dumps(live))
+    return out
+
+
+def test_live_cases_that_are_the_simulation_score_a_perfect_ranking(tmp_path: Path) -> None:
+    live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0))
+    out = tmp_path / "scored.json"
+    assert sim_rank_gpu.score(argparse.Namespace(live=live, out=out)) == 0
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert summary["configs_per_group"] == 3
+    assert summary["rank_tau"] == pytest.approx(1.0)
+    assert summary["top1_agreement_rate"] == 1.0 and summary["top3_hit_rate"] == 1.0
+    assert summary["p50_ttft_mape"] < 0.01 and summary["blind_p50_ttft_mape"] > 0.1
+    assert summary["noise_floor_p50_ttft"] == pytest.approx(0.0)
+    assert result["held_out"]["all_cases_after_freeze"] is True
+    group = result["groups"]["loaded"]["p50"]
+    assert group["measured_order"] == group["predicted_order"]
+
+
+def test_a_live_ranking_the_simulator_inverts_scores_a_negative_tau(tmp_path: Path) -> None:
+    """Measured TTFTs scaled so the order reverses: tau -1, and the predicted best is last."""
+    live = _live_file(tmp_path, scale={"vllm_defaults": 1000.0, "budget_1024": 1.0, "max_seqs_64": 0.001})
+    out = tmp_path / "scored.json"
+    sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["rank_tau"] == pytest.approx(-1.0)
+    assert summary["top1_agreement_rate"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (sim_rank_gpu._parse_configs, "budget_1024,max_seqs_64", "vllm_defaults among them"),
+        (sim_rank_gpu._parse_configs, "vllm_defaults,nonsense", "two or more distinct names"),
+        (sim_rank_gpu._parse_rates, "16,abc", "comma-separated rates"),
+        (sim_rank_gpu._parse_rates, "0,16", "rates in (0, 1000]"),
+        (sim_rank_gpu._parse_loads, "loaded,overloaded", "comma-separated of loaded, past_knee"),
+    ],
+)
+def test_bad_input_is_refused_with_what_was_wanted(parse: object, text: str, message: str) -> None:
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        parse(text)  # type: ignore[operator]
+
+
+def test_each_group_rotates_the_configurations_and_repeats_the_defaults_last() -> None:
+    names = ["vllm_defaults", "budget_1024", "max_seqs_64"]
+    assert sim_rank_gpu.group_order(names, 0) == [*names, "vllm_defaults"]
+    assert sim_rank_gpu.group_order(names, 1) == [
+        "budget_1024",
+        "max_seqs_64",
+        "vllm_defaults",
+        "vllm_defaults",
+    ]
