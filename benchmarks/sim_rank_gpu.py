@@ -71,7 +71,12 @@ from benchmarks._resumable import Clock, load_state, log, save_state  # noqa: E4
 TRACES_DIR = REPO / "data" / "traces"
 TRACES = {"azure_conv": "azure2023_conv.csv", "mooncake": "mooncake_synthetic.jsonl"}
 RESULT = REPO / "benchmarks" / "results" / "sim_rank_gpu.json"
-HARDWARE = "h200"
+HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are sized for it
+# The GPUs a live file may name, and the catalog hardware each is predicted as. The H200 is
+# calibrated (operator profile and engine costs); the H100 is the simulator's what-if: the H100
+# datasheet with the H200's fitted efficiencies (its basis says so). Any other GPU has no
+# prediction to score and is refused.
+GPU_HARDWARE = {"H200": "h200", "H100": "h100"}
 CALIBRATION_FILES = ("serving/perf/data/h200.json", "serving/perf/data/h200_live.json")
 # The configurations ranked: vLLM's defaults and one knob moved each, all of them knobs the
 # simulator models (a knob it ignores would be refused by `score`, not guessed).
@@ -439,8 +444,25 @@ def _calibration_record() -> dict[str, Any]:
     return {"files": files, "frozen_at": max(frozen).isoformat(timespec="seconds") if frozen else None}
 
 
+def hardware_of(machine: dict[str, Any]) -> str:
+    """The catalog hardware a live file's GPU is predicted as (see GPU_HARDWARE)."""
+    gpu = str(machine.get("gpu") or "none")
+    for marker, name in GPU_HARDWARE.items():
+        if marker in gpu:
+            return name
+    raise SystemExit(
+        f"the live run's GPU {gpu!r} has no H200 calibration or what-if in the simulator "
+        f"(known: {', '.join(GPU_HARDWARE)}): its prediction is withheld, not guessed"
+    )
+
+
 def predict_case(
-    model: Any, requests: Sequence[Any], knobs: dict[str, Any], caps: dict[str, int], seed: int
+    model: Any,
+    requests: Sequence[Any],
+    knobs: dict[str, Any],
+    caps: dict[str, int],
+    seed: int,
+    hardware: str = HARDWARE,
 ) -> dict[str, Any]:
     from serving.sim.api import simulate_trace
 
@@ -448,7 +470,7 @@ def predict_case(
     sim = simulate_trace(
         list(requests),
         model=model,
-        hardware=HARDWARE,
+        hardware=hardware,
         config=config,
         max_prompt_tokens=caps["max_prompt_tokens"],
         max_output_tokens=caps["max_output_tokens"],
@@ -465,6 +487,7 @@ def predict_case(
         "prefill_mean_ms": float(mean.prefill_compute_ms + mean.chunking_delay_ms + mean.preemption_ms),
         "overhead_mean_ms": float(mean.overhead_ms),
         "prefix_cache_hit_rate": float(sim.prefix_cache_hit_rate),
+        "basis": sim.basis,
     }
 
 
@@ -536,6 +559,7 @@ def score(args: argparse.Namespace) -> int:
     live = json.loads(raw)
     if live.get("benchmark") != "sim_rank_gpu_live":
         raise SystemExit(f"{args.live} is not a sim_rank_gpu live file")
+    hardware = hardware_of(live["machine"])
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "model"
         model_dir.mkdir()
@@ -563,7 +587,10 @@ def score(args: argparse.Namespace) -> int:
             )
             requests = read_trace(path)
             names = list(configs)
-            predicted = [predict_case(model, requests, configs[n], caps, group["seed"]) for n in names]
+            predicted = [
+                predict_case(model, requests, configs[n], caps, group["seed"], hardware) for n in names
+            ]
+            basis = {p.pop("basis") for p in predicted}
             measured = [first[n] for n in names]
             all_started += [c["started_at"] for c in cases]
             g = score_group(names, predicted, measured, rng)
@@ -578,6 +605,7 @@ def score(args: argparse.Namespace) -> int:
                 for r in repeats
             ]
             g["rate_rps"] = group["rate_rps"]
+            g["basis"] = sorted(basis)
             g["requests_per_case"] = [c["requests"] for c in measured]
             groups_out[load] = g
             for n, p, c in zip(names, predicted, measured, strict=True):
@@ -585,7 +613,7 @@ def score(args: argparse.Namespace) -> int:
                     {
                         "load": load,
                         "config": n,
-                        "sim": {k: round(v, 2) for k, v in p.items()},
+                        "sim": {k: round(v, 3) for k, v in p.items()},
                         "live": {
                             "ttft_p50_ms": c["ttft_p50_ms"],
                             "ttft_p95_ms": c["ttft_p95_ms"],
@@ -607,6 +635,8 @@ def score(args: argparse.Namespace) -> int:
         "fit_models": ["llama-3.1-8b", "qwen3-32b"],
         "trace": live["trace"],
         "fit_trace": "azure_conv",
+        "hardware": hardware,
+        "fit_hardware": "h200",
         "calibration": calibration,
         "all_cases_after_freeze": bool(
             frozen and all(datetime.fromisoformat(s) > frozen for s in all_started)
@@ -634,7 +664,13 @@ def score(args: argparse.Namespace) -> int:
         "model": live["model"],
         "trace": live["trace"],
         "held_out": held_out,
-        "prediction": "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs",
+        "hardware": hardware,
+        "prediction": (
+            "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs"
+            if hardware == "h200"
+            else f"a what-if: the {hardware} datasheet with the H200 calibration's efficiencies "
+            "(serving/perf/data/h200.json, h200_live.json); this GPU was never calibrated, nothing fitted on these runs"
+        ),
         "intervals_how": (
             f"95% bootstrap ({BOOTSTRAP_ROUNDS} rounds): ranking figures resample each case's requests "
             "(the measured percentiles' own noise), MAPEs resample the cases"

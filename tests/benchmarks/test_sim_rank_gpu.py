@@ -32,7 +32,7 @@ CAPS = {"max_prompt_tokens": 4000, "max_output_tokens": 200, "max_model_len": 48
 CHOSEN = ("vllm_defaults", "budget_1024", "max_seqs_64")
 
 
-def _live_file(tmp_path: Path, *, scale: dict[str, float]) -> Path:
+def _live_file(tmp_path: Path, *, scale: dict[str, float], gpu: str = "NVIDIA H200, 143771 MiB") -> Path:
     """A live file whose every request's TTFT is the simulator's own for that configuration,
     times `scale[config]`, with vLLM's defaults repeated at the group's end."""
     model_dir = tmp_path / "model"
@@ -75,7 +75,7 @@ def _live_file(tmp_path: Path, *, scale: dict[str, float]) -> Path:
         "benchmark": "sim_rank_gpu_live",
         "when": "2030-01-01T00:10:00+00:00",
         "complete": True,
-        "machine": {},
+        "machine": {"gpu": gpu},
         "versions": {},
         "model": "llama-3.2-3b",
         "model_config": LLAMA_3B,
@@ -113,6 +113,20 @@ def test_a_live_ranking_the_simulator_inverts_scores_a_negative_tau(tmp_path: Pa
     summary = json.loads(out.read_text())["summary"]
     assert summary["rank_tau"] == pytest.approx(-1.0)
     assert summary["top1_agreement_rate"] == 0.0
+
+
+def test_an_h100_run_is_scored_as_the_what_if_and_an_uncalibrated_gpu_is_refused(tmp_path: Path) -> None:
+    live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0), gpu="NVIDIA H100 80GB HBM3, 81559 MiB")
+    out = tmp_path / "scored.json"
+    sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
+    result = json.loads(out.read_text())
+    assert result["hardware"] == "h100" and "what-if" in result["prediction"]
+    assert all("datasheet of h100" in b for b in result["groups"]["loaded"]["basis"])
+    data = json.loads(live.read_text())
+    data["machine"]["gpu"] = "NVIDIA A10G, 23028 MiB"
+    live.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="prediction is withheld"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
 
 
 @pytest.mark.parametrize(
