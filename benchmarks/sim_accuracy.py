@@ -129,7 +129,7 @@ from serving.loadgen.traces import read_trace  # noqa: E402
 from serving.metrics import scrape, snapshot_delta  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
 from serving.perf.calibrate import PREFILL_LENGTHS  # noqa: E402
-from serving.perf.feedback import Pair  # noqa: E402
+from serving.perf.feedback import Pair, engine_ratio  # noqa: E402
 from serving.perf.h200_profile import held_out_errors  # noqa: E402
 from serving.perf.machine import PROBE_PREFILL_TOKENS, EngineSpeed, check_local_machine, probe_engine_speed  # noqa: E402
 from serving.perf.model import Efficiency, load_efficiency  # noqa: E402
@@ -926,6 +926,9 @@ def calibration_convergence(
     metrics = {"ttft_p50_ms": "p50_ttft", "tpot_mean_ms": "tpot"}
     # per k, per case (group, config): the errors over every choice of k earlier jobs
     errors: dict[int, dict[tuple[str, str, str], dict[str, list[float]]]] = {}
+    # At the largest k, per test job: the measured / predicted step-time ratio its earlier jobs'
+    # trials agree on (what the correction rests on) and whether it was applied.
+    by_job: dict[tuple[str, str], dict[str, Any]] = {}
     for k in range(len(names)):
         errors[k] = {}
         for test in names:
@@ -935,6 +938,12 @@ def calibration_convergence(
                 prior, why = sim_prior(MODEL, "local-cpu", pairs)
                 if prior is None:
                     raise SystemExit(f"calibration convergence: {why}")
+                if k == len(names) - 1:
+                    ratio = engine_ratio(pairs)
+                    by_job[test] = {
+                        "engine_ratio": None if ratio is None else round(ratio, 4),
+                        "corrected": prior.mismatch is None and ratio is not None,
+                    }
                 for row in groups[test]:
                     key = (row["config"], row["trace"], row["load"])
                     predicted = (
@@ -948,6 +957,12 @@ def calibration_convergence(
                         if e is not None:
                             per_case[metric].append(abs(e))
     keys = sorted(errors[0])
+    last = len(names) - 1
+    for job, entry in by_job.items():
+        mine = [c for c in keys if (c[1], c[2]) == job]
+        entry["cases"] = len(mine)
+        entry["p50_ttft_mape_without"] = float(np.mean([np.mean(errors[0][c]["ttft_p50_ms"]) for c in mine]))
+        entry["p50_ttft_mape_with"] = float(np.mean([np.mean(errors[last][c]["ttft_p50_ms"]) for c in mine]))
     curve = []
     for k in range(len(names)):
         point: dict[str, Any] = {"earlier_jobs": k, "choices_per_job": math.comb(len(names) - 1, k)}
@@ -958,7 +973,6 @@ def calibration_convergence(
             point[f"{label}_mape_ci_low"] = figure["ci_low"] if figure else None
             point[f"{label}_mape_ci_high"] = figure["ci_high"] if figure else None
         curve.append(point)
-    last = len(names) - 1
     gains: dict[str, float | None] = {}
     for metric, name in (("ttft_p50_ms", "calibration_gain"), ("tpot_mean_ms", "calibration_gain_tpot")):
         without = [float(np.mean(errors[0][c][metric])) for c in keys]
@@ -967,6 +981,8 @@ def calibration_convergence(
         "jobs": [f"{t} {load}" for t, load in names],
         "cases": len(keys),
         "curve": curve,
+        # Where the gain (or harm) at the largest k comes from, job by job.
+        "by_job": {f"{t} {load}": by_job[(t, load)] for t, load in names if (t, load) in by_job},
         **gains,
         # per case, the mean error without correction and with it at the largest k (for pooling)
         "case_errors": {

@@ -30,6 +30,10 @@ def test_a_tenant_on_a_slower_machine_is_learnt_from_its_earlier_jobs() -> None:
     # step times are scaled by 1.5 ** (2/3) and a third of the way in log terms remains.
     assert out["curve"][1]["tpot_mape"] == pytest.approx(1 - 1.5 ** (2 / 3) / 1.5, abs=0.01)
     assert out["calibration_gain_tpot"] > 2 and out["calibration_gain_tpot_ci_low"] > 1
+    # Attributed job by job: each job corrected by the other's trials (1.5x, inside the band).
+    for job in out["by_job"].values():
+        assert job["corrected"] is True and job["engine_ratio"] == pytest.approx(1.5, rel=0.01)
+        assert job["p50_ttft_mape_with"] < job["p50_ttft_mape_without"]
 
 
 def test_kept_runs_on_another_machine_pool_their_convergence(tmp_path: Path) -> None:
