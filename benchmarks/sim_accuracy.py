@@ -649,13 +649,13 @@ def _git(*args: str) -> str:
     return out.stdout.strip()
 
 
-def calibration_record() -> dict[str, Any]:
+def calibration_record(paths: Sequence[str] = CALIBRATION_FILES) -> dict[str, Any]:
     """The calibration files the simulation read: each one's last commit and its date, whether
     the working tree changes it, and its own `measured_at`. Frozen: the latest of those moments
     (an uncommitted file counts from its modification time)."""
     files = []
     frozen: list[datetime] = []
-    for rel in CALIBRATION_FILES:
+    for rel in paths:
         path = REPO / rel
         if not path.exists():
             continue
