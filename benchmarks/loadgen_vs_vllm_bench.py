@@ -21,6 +21,9 @@ independent raw-socket clients, one process each (no event loop, no shared inter
 alternating rounds of the same requests, beside the engine's own TTFT from its /metrics
 histogram: whatever our client adds as streams grow shows as a ratio above 1, with a bootstrap
 95% interval over the pairs of rounds (after one unmeasured round at each number of streams).
+Each client measures at least `--stream-min-requests` requests at every number of streams, so
+one stream runs more rounds than 32 do: a p95 over a handful of requests is decided by a single
+stall.
 Both sides connect before the first send (the raw clients
 before their shared barrier, ours by the load generator's connection warm-up), so neither TTFT
 holds a TCP handshake. Summary figures `p50_ttft_max_dev` and `p95_ttft_max_dev`
@@ -40,6 +43,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import multiprocessing
 import sys
 import tempfile
@@ -70,6 +74,7 @@ from serving.models import build_tiny_model  # noqa: E402
 
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
+MAX_STREAM_PAIRS = 500  # bounds the rounds at one number of open streams
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -492,8 +497,22 @@ def _max_dev(ratios: list[dict[str, float]], draws: list[np.ndarray]) -> dict[st
     return {"value": point, "ci_low": float(low), "ci_high": float(high)}
 
 
+def pairs_for(streams: int, pairs: int, min_requests: int) -> int:
+    """Pairs of rounds at `streams` open streams: at least `pairs`, and enough that each client
+    measures `min_requests` requests. A p95 over 20 requests is the second-largest of them, so
+    one stall decides it; few streams need more rounds than many for the same confidence."""
+    return min(MAX_STREAM_PAIRS, max(pairs, math.ceil(min_requests / streams)))
+
+
 def streams_phase(
-    work: Path, *, streams: list[int], pairs: int, size: str, max_prompt_tokens: int, output_tokens: int
+    work: Path,
+    *,
+    streams: list[int],
+    pairs: int,
+    min_requests: int,
+    size: str,
+    max_prompt_tokens: int,
+    output_tokens: int,
 ) -> list[dict[str, Any]]:
     """At each number of open streams N: N requests at once, sent by our load generator (one
     client process, as the product replays on a CPU host) or by N independent raw-socket client
@@ -545,7 +564,8 @@ def streams_phase(
             raw_rounds: list[list[float]] = []
             engine_ms: dict[str, list[float]] = {"ours": [], "raw": []}
             errors = 0
-            for k in range(2 * pairs):
+            n_pairs = pairs_for(n, pairs, min_requests)
+            for k in range(2 * n_pairs):
                 # ours, raw | raw, ours | ...: each pair measures both, the order alternates
                 who = "ours" if (k % 2 == 0) == ((k // 2) % 2 == 0) else "raw"
                 before = scrape(engine.base_url)
@@ -565,7 +585,7 @@ def streams_phase(
             raw_all = [v for r in raw_rounds for v in r]
             case = {
                 "open_streams": n,
-                "pairs_of_rounds": pairs,
+                "pairs_of_rounds": n_pairs,
                 "requests_per_round": n,
                 "mean_prompt_tokens": float(np.mean([r.num_prompt_tokens for r in requests])),
                 "output_tokens": output_tokens,
@@ -611,7 +631,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-rates", default="5,10,20,40,60,80,120")
     parser.add_argument("--sweep-duration-s", type=float, default=10.0)
     parser.add_argument("--streams", default="1,8,32", help="open streams for phase 3")
-    parser.add_argument("--stream-pairs", type=int, default=6, help="pairs of rounds per number of streams")
+    parser.add_argument(
+        "--stream-pairs", type=int, default=6, help="pairs of rounds per number of streams, at least"
+    )
+    parser.add_argument(
+        "--stream-min-requests",
+        type=int,
+        default=200,
+        help="requests each client measures per number of streams, at least (more rounds at few streams)",
+    )
     parser.add_argument("--stream-size", default="s", help="model size preset for phase 3")
     parser.add_argument("--stream-prompt-tokens", type=int, default=512, help="prompt cap in phase 3")
     parser.add_argument("--stream-output-tokens", type=int, default=64, help="output length in phase 3")
@@ -625,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--streams takes 1 to 64 open streams")
     if not 2 <= args.stream_pairs <= 20:
         parser.error("--stream-pairs takes 2 to 20")
+    if not 20 <= args.stream_min_requests <= 1000:
+        parser.error("--stream-min-requests takes 20 to 1000")
     phases = {p for p in args.phases.split(",") if p}
     if not phases <= {"1", "2", "3"}:
         parser.error("--phases takes 1, 2 and 3")
@@ -659,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
                 work,
                 streams=streams,
                 pairs=args.stream_pairs,
+                min_requests=args.stream_min_requests,
                 size=args.stream_size,
                 max_prompt_tokens=args.stream_prompt_tokens,
                 output_tokens=args.stream_output_tokens,

@@ -1,0 +1,19 @@
+"""The open-streams phase sizes its rounds by requests measured, not by rounds alone."""
+
+from __future__ import annotations
+
+from benchmarks.loadgen_vs_vllm_bench import MAX_STREAM_PAIRS, pairs_for
+
+
+def test_few_streams_run_more_rounds_for_the_same_requests() -> None:
+    # One stream: 200 requests need 200 pairs; 32 streams reach 200 within the floor of 6 pairs
+    # plus one more (7 x 32 = 224).
+    assert pairs_for(1, 6, 200) == 200
+    assert pairs_for(8, 6, 200) == 25
+    assert pairs_for(32, 6, 200) == 7
+    assert all(pairs_for(n, 6, 200) * n >= 200 for n in (1, 2, 3, 8, 32, 64))
+
+
+def test_the_floor_of_pairs_and_the_cap_hold() -> None:
+    assert pairs_for(64, 6, 20) == 6  # the requested pairs, even when fewer would do
+    assert pairs_for(1, 6, 10_000) == MAX_STREAM_PAIRS  # bounded, whatever is asked
