@@ -23,6 +23,15 @@ prediction) went from a p50 TTFT error of 0.88 uncorrected to 4.1 after one corr
 (`benchmarks/results/sim_accuracy.json` as committed in ac8c44b, `kept_runs`).
 Outside the band the factors are returned unchanged, with `how` saying so, and
 `calibration_mismatch` gives the ratio for the caller to report (recalibrate that hardware).
+
+A corrected forecast is only as good as the scale where the forecast is insensitive to it. Without
+load, TTFT is fixed costs plus engine steps, so scaling step times by s moves it by at most s.
+Near saturation the queue amplifies it: replayed as one tenant's jobs on the held-out runs of
+2026-12-06, every job past the knee got worse with the correction (Azure 0.730 to 3.433 and
+0.601 to 0.687, Mooncake 0.568 to 0.849; `by_job` in `benchmarks/results/sim_accuracy*.json`)
+while the jobs at the knee got better. `queue_amplification` measures that sensitivity on the
+forecast itself (how many times the scale's own log move the corrected TTFT made), and a caller
+withholds the correction from a forecast beyond `QUEUE_AMPLIFICATION`, saying so.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from serving.loadgen.results import ReplaySummary
 from serving.perf.model import Efficiency
 
 TRUSTED_SCALE = 2.0  # the widest step-time scale (either way) a correction applies
+# A corrected forecast that moved more than this many times the step scale's own log move rests
+# on queueing, where an error in the scale multiplies: the correction is withheld from it.
+QUEUE_AMPLIFICATION = 2.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,7 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
             f"step time, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} a correction trusts "
             "(another machine: recalibrate it)",
         )
-    scale = float(np.exp(weight * np.log(ratio)))
+    scale = applied_scale(pairs, weight=weight)
     return dataclasses.replace(
         efficiency.scaled(compute=scale, step=scale, why="live trials"),
         how=f"{base_how}; corrected from {len(pairs)} live trial(s) (step x{scale:.3f})",
@@ -127,6 +139,28 @@ def engine_ratio(pairs: Sequence[Pair]) -> float | None:
     no pair has a TTFT."""
     agreed = step_ratio(pairs)
     return agreed if agreed is not None else tpot_ratio(pairs)
+
+
+def applied_scale(pairs: Sequence[Pair], *, weight: float) -> float:
+    """The step-time scale a correction of `weight` applies: `engine_ratio` damped (1.0 with no
+    ratio, or one beyond the trusted band)."""
+    ratio = engine_ratio(pairs)
+    if ratio is None or calibration_mismatch(pairs) is not None:
+        return 1.0
+    return float(np.exp(weight * np.log(ratio)))
+
+
+def queue_amplification(base_ms: float | None, corrected_ms: float | None, scale: float) -> float | None:
+    """How many times the step scale's own log move the corrected forecast moved (|log(corrected
+    / base)| / |log scale|), or None where either figure or the scale cannot say. Above 1 the
+    move is not the steps alone: queueing amplified it."""
+    if base_ms is None or corrected_ms is None or not (base_ms > 0 and corrected_ms > 0):
+        return None
+    if not (math.isfinite(base_ms) and math.isfinite(corrected_ms)):
+        return None
+    if not (scale > 0 and math.isfinite(scale)) or abs(math.log(scale)) < 1e-3:
+        return None
+    return abs(math.log(corrected_ms / base_ms)) / abs(math.log(scale))
 
 
 def calibration_mismatch(pairs: Sequence[Pair]) -> float | None:

@@ -13,7 +13,15 @@ import pytest
 from serving.catalog.hardware import get_hardware
 from serving.catalog.models import UnknownModel, get_model, model_spec_from_dir
 from serving.models import build_tiny_model
-from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs, step_ratio
+from serving.perf.feedback import (
+    QUEUE_AMPLIFICATION,
+    TRUSTED_SCALE,
+    Pair,
+    calibration_mismatch,
+    correct_from_pairs,
+    queue_amplification,
+    step_ratio,
+)
 from serving.perf.model import DATA_DIR, nearest_measured
 from tuning.search.job import JobSpec, TrialRecord, plan_job, report, with_prediction
 from tuning.search.prior import pairs_from_results, prediction_errors, sim_prior
@@ -251,3 +259,69 @@ def test_a_forecast_records_how_much_of_its_ttft_is_free_of_load() -> None:
         ]
     )
     assert (pair.measured_ttft_p50_ms, pair.predicted_ttft_p50_ms) == (5.0, 4.0)
+
+
+def test_queue_amplification_is_the_forecasts_move_in_units_of_the_scales() -> None:
+    # Steps alone: a 1.5x scale moves a forecast at most 1.5x (fixed costs do not scale).
+    assert queue_amplification(100.0, 150.0, 1.5) == pytest.approx(1.0)
+    assert queue_amplification(100.0, 120.0, 1.5) < 1.0
+    # Queueing: 4x for a 1.5x scale is log 4 / log 1.5 = 3.4 times the steps' own move.
+    assert queue_amplification(100.0, 400.0, 1.5) == pytest.approx(math.log(4) / math.log(1.5))
+    assert queue_amplification(100.0, 25.0, 1 / 1.5) == pytest.approx(math.log(4) / math.log(1.5))
+    # Nothing to say without both figures or without a scale.
+    for base, corrected, scale in ((None, 1.0, 1.5), (1.0, math.nan, 1.5), (0.0, 1.0, 1.5), (1.0, 2.0, 1.0)):
+        assert queue_amplification(base, corrected, scale) is None
+
+
+def test_a_correction_is_withheld_where_queueing_would_multiply_it(
+    tiny_model: Path, shared_traces: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from tuning.search import prior
+    from tuning.workload import ingest_path, synthesize, write_mooncake_jsonl
+
+    # A tenant whose engine ran 1.9x the predicted step time, inside the band a correction trusts.
+    pairs = [Pair(19.0, 190.0, 10.0, 100.0)] * 3
+    trace = shared_traces / "azure2023_conv.csv"
+    plan = plan_job(
+        dataclasses.replace(_spec(trace, tiny_model), peak_rps=0.5), tmp_path / "plan", calibration=pairs
+    )
+    assert plan.sim is not None and plan.sim.scale == pytest.approx(1.9**0.75)
+    forecast = plan.predict(plan.defaults)
+    assert forecast is not None and "correction_withheld" not in forecast
+    # Unloaded, the correction applies, and moves the forecast no further than the steps do.
+    assert (
+        forecast["base_ttft_p50_ms"]
+        < forecast["ttft_p50_ms"]
+        <= forecast["base_ttft_p50_ms"] * plan.sim.scale
+    )
+    # Raise the rate until the slower engine saturates where the stored calibration's does not.
+    sample = ingest_path(str(trace), keep_blocks=True)
+    withheld = None
+    for rps in np.geomspace(8.0, 2048.0, 25):
+        path = tmp_path / f"w{rps:.0f}.jsonl"
+        with path.open("wb") as out:
+            write_mooncake_jsonl(
+                synthesize(sample, target_rps=float(rps), duration_s=10, rng=np.random.default_rng(0)), out
+            )
+        forecast = prior.predict(
+            plan.sim,
+            plan.space,
+            plan.defaults,
+            workload=str(path),
+            max_prompt_tokens=256,
+            max_output_tokens=16,
+        )
+        if "correction_withheld" in forecast:
+            withheld = forecast
+            break
+    assert withheld is not None, "no rate saturated the corrected engine first"
+    assert "at saturation" in withheld["correction_withheld"]
+    # The forecast rests on the stored calibration, and keeps the corrected figure it set aside.
+    assert withheld["ttft_p50_ms"] == withheld["base_ttft_p50_ms"]
+    assert withheld["ttft_p95_ms"] == withheld["base_ttft_p95_ms"]
+    moved = queue_amplification(
+        withheld["base_ttft_p50_ms"], withheld["withheld_ttft_p50_ms"], plan.sim.scale
+    )
+    assert moved is not None and moved > QUEUE_AMPLIFICATION

@@ -21,7 +21,15 @@ from typing import Any
 
 from serving.catalog.hardware import Hardware, get_hardware
 from serving.catalog.models import ModelSpec, UnknownModel, get_model, model_spec_from_dir
-from serving.perf.feedback import TRUSTED_SCALE, Pair, calibration_mismatch, correct_from_pairs
+from serving.perf.feedback import (
+    QUEUE_AMPLIFICATION,
+    TRUSTED_SCALE,
+    Pair,
+    applied_scale,
+    calibration_mismatch,
+    correct_from_pairs,
+    queue_amplification,
+)
 from serving.perf.model import Efficiency, nearest_measured
 from serving.sim.api import LatencyTargets, rank_candidates, simulate_trace
 from tuning.search.space import SearchSpace
@@ -41,6 +49,7 @@ class SimPrior:
     # correction trusts (their machine is not the calibration's): predictions rest on the
     # uncorrected calibration, and the basis says so
     mismatch: float | None = None
+    scale: float = 1.0  # the step-time scale the correction applies (1.0: none)
 
     @property
     def source(self) -> str:
@@ -62,6 +71,7 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
         return None, f"no simulator prior: {exc.args[0]}"
     base, basis = nearest_measured(hw)
     efficiency = base
+    scale = 1.0
     mismatch = calibration_mismatch(pairs)
     if mismatch is not None:
         basis = (
@@ -71,7 +81,9 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
         )
     elif pairs:
         # Trust the history in proportion to its size: one trial moves the factors halfway.
-        efficiency = correct_from_pairs(base, pairs, weight=len(pairs) / (len(pairs) + 1))
+        weight = len(pairs) / (len(pairs) + 1)
+        efficiency = correct_from_pairs(base, pairs, weight=weight)
+        scale = applied_scale(pairs, weight=weight)
         basis = f"{basis}; corrected from {len(pairs)} earlier live trial(s) of this organization"
     prior = SimPrior(
         model=model,
@@ -81,6 +93,7 @@ def sim_prior(model_path: str, hardware: str, pairs: Sequence[Pair] = ()) -> tup
         num_pairs=len(pairs),
         basis=basis,
         mismatch=mismatch,
+        scale=scale,
     )
     return prior, basis
 
@@ -110,9 +123,13 @@ def predict(
 
     config = space.to_config(assignment)
     out: dict[str, Any] = {"source": prior.source, "basis": prior.basis}
-    for key, efficiency in (("", prior.efficiency), ("base_", prior.base)):
+    results: dict[str, Any] = {}
+    for key, efficiency in (("base_", prior.base), ("", prior.efficiency)):
+        if not key and efficiency is prior.base:
+            results[key] = results["base_"]
+            continue
         try:
-            result = simulate_trace(
+            results[key] = simulate_trace(
                 Path(workload),
                 model=prior.model,
                 hardware=prior.hardware,
@@ -124,25 +141,39 @@ def predict(
             )
         except ValueError as exc:  # e.g. does not fit: the trial will say so too
             return {**out, "error": str(exc)}
+    amplification = queue_amplification(
+        results["base_"].summary.ttft_ms.p50, results[""].summary.ttft_ms.p50, prior.scale
+    )
+    if amplification is not None and amplification > QUEUE_AMPLIFICATION:
+        # At saturation the correction's own error multiplies in the queue (`serving.perf.feedback`):
+        # this forecast rests on the stored calibration, and says so.
+        out["withheld_ttft_p50_ms"] = _finite(results[""].summary.ttft_ms.p50)
+        results[""] = results["base_"]
+        out["correction_withheld"] = (
+            f"at saturation: the step-time scale x{prior.scale:.3g} moved this forecast's p50 TTFT "
+            f"{amplification:.2g} times as far as the steps alone could, so an error in the scale "
+            "would multiply in the queue; the forecast rests on the stored calibration"
+        )
+    for key, result in results.items():
         s = result.summary
         out[f"{key}ttft_p50_ms"] = _finite(s.ttft_ms.p50)
         out[f"{key}load_free_share"] = _finite(result.attribution.mean.load_free_share())
         out[f"{key}ttft_p95_ms"] = _finite(s.ttft_ms.p95)
         out[f"{key}tpot_p50_ms"] = _finite(s.tpot_ms.p50)
-        if not key:
-            mean = result.attribution.mean
-            # Where the predicted TTFT goes (means, ms), in the engine's own terms: outside the
-            # engine loop, waiting to be scheduled, scheduled to first token (own compute and
-            # others' tokens in shared steps), and preemption.
-            out["ttft_split_ms"] = {
-                "outside_engine": _finite(mean.overhead_ms),
-                "queueing": _finite(mean.queueing_ms),
-                "prefill": _finite(mean.prefill_compute_ms + mean.chunking_delay_ms),
-                "preemption": _finite(mean.preemption_ms),
-            }
-            out["tpot_mean_ms"] = _finite(s.tpot_ms.mean)
-            out["dominant_cause"] = result.attribution.dominant_cause
-            out["knob"] = result.attribution.knob
+    result = results[""]
+    mean = result.attribution.mean
+    # Where the predicted TTFT goes (means, ms), in the engine's own terms: outside the engine
+    # loop, waiting to be scheduled, scheduled to first token (own compute and others' tokens in
+    # shared steps), and preemption.
+    out["ttft_split_ms"] = {
+        "outside_engine": _finite(mean.overhead_ms),
+        "queueing": _finite(mean.queueing_ms),
+        "prefill": _finite(mean.prefill_compute_ms + mean.chunking_delay_ms),
+        "preemption": _finite(mean.preemption_ms),
+    }
+    out["tpot_mean_ms"] = _finite(result.summary.tpot_ms.mean)
+    out["dominant_cause"] = result.attribution.dominant_cause
+    out["knob"] = result.attribution.knob
     return out
 
 
