@@ -55,10 +55,10 @@ job corrects itself; `calibration_convergence` holds the error curve by number o
 The headline run follows its own calibration, which leaves the correction little to learn; with
 `--convergence-live`, kept runs from other hosts and machine states are replayed the same way
 (`calibration_gain_kept_runs`, their cases pooled): a tenant whose machine differs from the
-stored calibration, which is what the correction is for. The product withholds the correction
-from a forecast that queueing amplifies (`serving.perf.feedback.queue_amplification`, at
-saturation); `_unguarded` beside each gain applies it everywhere, and `_guard` is the ratio of
-the two errors: the guard's own effect.
+stored calibration, which is what the correction is for. Beside each gain, `_guarded` is an
+alternative tried and not shipped: the correction withheld from forecasts that queueing amplifies
+(`serving.perf.feedback.queue_amplification`, at saturation), and `_guard` the ratio of the
+errors (as shipped over guarded; above 1, withholding would have helped).
 
 The engine's speed drifts on this shared host (fp32 matmul read 0.72x the calibration's at the
 start of one live run and 1.0x at its end), so each case's fresh engine is first timed on the
@@ -932,9 +932,9 @@ def calibration_convergence(
     # At the largest k, per test job: the measured / predicted step-time ratio its earlier jobs'
     # trials agree on (what the correction rests on) and whether it was applied.
     by_job: dict[tuple[str, str], dict[str, Any]] = {}
-    # At the largest k, per case: the errors with the correction applied everywhere (no guard at
-    # saturation), the guard's ablation.
-    unguarded: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    # At the largest k, per case: the errors of the alternative tried and rejected, the correction
+    # withheld from forecasts that queueing amplifies (`QUEUE_AMPLIFICATION`).
+    guarded: dict[tuple[str, str, str], dict[str, list[float]]] = {}
     for k in range(len(names)):
         errors[k] = {}
         for test in names:
@@ -949,22 +949,23 @@ def calibration_convergence(
                     by_job[test] = {
                         "engine_ratio": None if ratio is None else round(ratio, 4),
                         "corrected": prior.mismatch is None and ratio is not None,
-                        "withheld_at_saturation": 0,
+                        "saturation_sensitive": 0,
                     }
                 for row in groups[test]:
                     key = (row["config"], row["trace"], row["load"])
-                    predicted = raw = row["sim"]
+                    predicted = withheld = row["sim"]
                     if pairs and prior.scale != 1.0:
-                        corrected = raw = sim_case(chosen[row["config"]], cases[key], prior.efficiency)
+                        corrected = sim_case(chosen[row["config"]], cases[key], prior.efficiency)
                         # As the product forecasts a trial (`tuning.search.prior.predict`): the
                         # correction is withheld where queueing amplifies it.
                         amplification = queue_amplification(
                             row["sim"]["ttft_p50_ms"], corrected["ttft_p50_ms"], prior.scale
                         )
+                        predicted = corrected
                         if amplification is None or amplification <= QUEUE_AMPLIFICATION:
-                            predicted = corrected
+                            withheld = corrected
                         elif k == len(names) - 1:
-                            by_job[test]["withheld_at_saturation"] += 1
+                            by_job[test]["saturation_sensitive"] += 1
                     per_case = errors[k].setdefault(key, {m: [] for m in metrics})
                     for metric in metrics:
                         e = rel_error(predicted[metric], row["live"][metric])
@@ -972,9 +973,9 @@ def calibration_convergence(
                             per_case[metric].append(abs(e))
                     if k == len(names) - 1:
                         for metric in metrics:
-                            e = rel_error(raw[metric], row["live"][metric])
+                            e = rel_error(withheld[metric], row["live"][metric])
                             if e is not None:
-                                unguarded.setdefault(key, {m: [] for m in metrics})[metric].append(abs(e))
+                                guarded.setdefault(key, {m: [] for m in metrics})[metric].append(abs(e))
     keys = sorted(errors[0])
     last = len(names) - 1
     for job, entry in by_job.items():
@@ -982,8 +983,8 @@ def calibration_convergence(
         entry["cases"] = len(mine)
         entry["p50_ttft_mape_without"] = float(np.mean([np.mean(errors[0][c]["ttft_p50_ms"]) for c in mine]))
         entry["p50_ttft_mape_with"] = float(np.mean([np.mean(errors[last][c]["ttft_p50_ms"]) for c in mine]))
-        entry["p50_ttft_mape_with_unguarded"] = float(
-            np.mean([np.mean(unguarded[c]["ttft_p50_ms"]) for c in mine])
+        entry["p50_ttft_mape_with_guarded"] = float(
+            np.mean([np.mean(guarded[c]["ttft_p50_ms"]) for c in mine])
         )
     curve = []
     for k in range(len(names)):
@@ -999,11 +1000,12 @@ def calibration_convergence(
     for metric, name in (("ttft_p50_ms", "calibration_gain"), ("tpot_mean_ms", "calibration_gain_tpot")):
         without = [float(np.mean(errors[0][c][metric])) for c in keys]
         with_ = [float(np.mean(errors[last][c][metric])) for c in keys]
-        raw_with = [float(np.mean(unguarded[c][metric])) for c in keys]
+        guarded_with = [float(np.mean(guarded[c][metric])) for c in keys]
         gains |= _gain(name, without, with_)
-        gains |= _gain(f"{name}_unguarded", without, raw_with)
-        # The guard's own effect: error with the correction everywhere over error with the guard.
-        gains |= _gain(f"{name}_guard", raw_with, with_)
+        gains |= _gain(f"{name}_guarded", without, guarded_with)
+        # What withholding would change: the error as the product corrects over the error guarded
+        # (above 1: withholding would have helped).
+        gains |= _gain(f"{name}_guard", with_, guarded_with)
     return {
         "jobs": [f"{t} {load}" for t, load in names],
         "cases": len(keys),
@@ -1016,16 +1018,16 @@ def calibration_convergence(
             metric: {
                 "without": [float(np.mean(errors[0][c][metric])) for c in keys],
                 "with": [float(np.mean(errors[last][c][metric])) for c in keys],
-                "with_unguarded": [float(np.mean(unguarded[c][metric])) for c in keys],
+                "with_guarded": [float(np.mean(guarded[c][metric])) for c in keys],
             }
             for metric in metrics
         },
         "how": "MAPE of job k+1 predicted with the correction from k earlier jobs, averaged over every "
         "choice of them; a gain is the MAPE without correction over the MAPE at the largest k (p50 TTFT; "
-        "_tpot: mean TPOT); interval: the cases resampled (both arms with the same picks); _unguarded: "
-        "the correction applied to every forecast, also where queueing amplifies it past "
-        f"x{QUEUE_AMPLIFICATION:g} the step scale's move (the product withholds it there); _guard: the MAPE "
-        "unguarded over the MAPE guarded",
+        "_tpot: mean TPOT); interval: the cases resampled (both arms with the same picks); _guarded: "
+        "the alternative tried and not shipped, the correction withheld from forecasts that queueing "
+        f"amplifies past x{QUEUE_AMPLIFICATION:g} the step scale's own move; _guard: the MAPE as the "
+        "product corrects over the MAPE guarded (above 1: withholding would have helped)",
     }
 
 
@@ -1072,8 +1074,8 @@ def convergence_on_kept_runs(paths: Sequence[Path], chosen: dict[str, EngineConf
         if not arms or not arms["with"]:
             continue
         out |= _gain(name, arms["without"], arms["with"])
-        out |= _gain(f"{name}_unguarded", arms["without"], arms["with_unguarded"])
-        out |= _gain(f"{name}_guard", arms["with_unguarded"], arms["with"])
+        out |= _gain(f"{name}_guarded", arms["without"], arms["with_guarded"])
+        out |= _gain(f"{name}_guard", arms["with"], arms["with_guarded"])
         out[f"{name}_cases"] = len(arms["without"])
     return out
 
@@ -1519,7 +1521,7 @@ def main() -> int:
     convergence.pop("case_errors")
     for name in (
         "calibration_gain",
-        "calibration_gain_unguarded",
+        "calibration_gain_guarded",
         "calibration_gain_guard",
         "calibration_gain_tpot",
     ):
@@ -1530,7 +1532,7 @@ def main() -> int:
         convergence["kept_runs"] = kept
         for name in (
             "calibration_gain_kept_runs",
-            "calibration_gain_kept_runs_unguarded",
+            "calibration_gain_kept_runs_guarded",
             "calibration_gain_kept_runs_guard",
             "calibration_gain_kept_runs_tpot",
         ):

@@ -24,14 +24,17 @@ prediction) went from a p50 TTFT error of 0.88 uncorrected to 4.1 after one corr
 Outside the band the factors are returned unchanged, with `how` saying so, and
 `calibration_mismatch` gives the ratio for the caller to report (recalibrate that hardware).
 
-A corrected forecast is only as good as the scale where the forecast is insensitive to it. Without
-load, TTFT is fixed costs plus engine steps, so scaling step times by s moves it by at most s.
-Near saturation the queue amplifies it: replayed as one tenant's jobs on the held-out runs of
-2026-12-06, every job past the knee got worse with the correction (Azure 0.730 to 3.433 and
-0.601 to 0.687, Mooncake 0.568 to 0.849; `by_job` in `benchmarks/results/sim_accuracy*.json`)
-while the jobs at the knee got better. `queue_amplification` measures that sensitivity on the
-forecast itself (how many times the scale's own log move the corrected TTFT made), and a caller
-withholds the correction from a forecast beyond `QUEUE_AMPLIFICATION`, saying so.
+Near saturation a forecast is far more sensitive to the scale: without load, TTFT is fixed costs
+plus engine steps, so scaling step times by s moves it by at most s, while a queue amplifies
+the move. `queue_amplification` measures that on the forecast itself (how many times the
+scale's own log move the corrected TTFT made), and a forecast beyond `QUEUE_AMPLIFICATION` is
+labelled saturation-sensitive; the correction still applies to it. Withholding it there was
+tried and measured (`benchmarks/sim_accuracy.py`, `_guarded` beside each gain): on the two runs
+that suggested it (2026-12-06 00:19 and 01:52, where every job past the knee got worse with the
+correction) it helped, and on the fourteen kept runs of other hosts and days, which had no part
+in the idea, it took most of the correction's gain away (`calibration_gain_kept_runs` 1.57
+corrected everywhere, 1.05 withheld at saturation; `benchmarks/results/sim_accuracy_guard_rescore.json`):
+where a tenant's engine really is slower, its queue really does grow.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from serving.perf.model import Efficiency
 
 TRUSTED_SCALE = 2.0  # the widest step-time scale (either way) a correction applies
 # A corrected forecast that moved more than this many times the step scale's own log move rests
-# on queueing, where an error in the scale multiplies: the correction is withheld from it.
+# on queueing, where an error in the scale multiplies: it is labelled saturation-sensitive.
 QUEUE_AMPLIFICATION = 2.0
 
 

@@ -239,13 +239,13 @@ def test_the_report_flags_a_prediction_far_from_its_measurement(report_job, alic
     html = alice_client.get(url).content.decode()
     assert '<tr class="prediction-off"><td>3</td>' in html and "14% / 200%" in html
     assert '<strong class="flag">prediction off</strong>' in html
-    assert "correction withheld" not in html
-    # A forecast the tenant correction was withheld from (at saturation) says so in its row.
-    why = "at saturation: the step-time scale x1.62 moved the forecast p50 TTFT 2.9 times as far"
-    trial.result = {**trial.result, "predicted": {**trial.result["predicted"], "correction_withheld": why}}
+    assert "sensitive to the calibration" not in html
+    # A forecast at saturation, where an error in the tenant's correction multiplies, says so.
+    why = "at saturation: the step-time scale x1.62 from earlier trials moved the forecast p50 TTFT 2.9 times"
+    trial.result = {**trial.result, "predicted": {**trial.result["predicted"], "saturation_sensitive": why}}
     trial.save(update_fields=["result"])
     html = alice_client.get(url).content.decode()
-    assert "(tenant correction withheld: at saturation)" in html and f'title="{why}"' in html
+    assert "(at saturation: sensitive to the calibration)" in html and f'title="{why}"' in html
 
 
 @pytest.mark.django_db

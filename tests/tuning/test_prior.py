@@ -273,7 +273,7 @@ def test_queue_amplification_is_the_forecasts_move_in_units_of_the_scales() -> N
         assert queue_amplification(base, corrected, scale) is None
 
 
-def test_a_correction_is_withheld_where_queueing_would_multiply_it(
+def test_a_forecast_where_queueing_multiplies_the_correction_says_so(
     tiny_model: Path, shared_traces: Path, tmp_path: Path
 ) -> None:
     import numpy as np
@@ -289,7 +289,7 @@ def test_a_correction_is_withheld_where_queueing_would_multiply_it(
     )
     assert plan.sim is not None and plan.sim.scale == pytest.approx(1.9**0.75)
     forecast = plan.predict(plan.defaults)
-    assert forecast is not None and "correction_withheld" not in forecast
+    assert forecast is not None and "saturation_sensitive" not in forecast
     # Unloaded, the correction applies, and moves the forecast no further than the steps do.
     assert (
         forecast["base_ttft_p50_ms"]
@@ -298,7 +298,7 @@ def test_a_correction_is_withheld_where_queueing_would_multiply_it(
     )
     # Raise the rate until the slower engine saturates where the stored calibration's does not.
     sample = ingest_path(str(trace), keep_blocks=True)
-    withheld = None
+    flagged = None
     for rps in np.geomspace(8.0, 2048.0, 25):
         path = tmp_path / f"w{rps:.0f}.jsonl"
         with path.open("wb") as out:
@@ -313,15 +313,13 @@ def test_a_correction_is_withheld_where_queueing_would_multiply_it(
             max_prompt_tokens=256,
             max_output_tokens=16,
         )
-        if "correction_withheld" in forecast:
-            withheld = forecast
+        if "saturation_sensitive" in forecast:
+            flagged = forecast
             break
-    assert withheld is not None, "no rate saturated the corrected engine first"
-    assert "at saturation" in withheld["correction_withheld"]
-    # The forecast rests on the stored calibration, and keeps the corrected figure it set aside.
-    assert withheld["ttft_p50_ms"] == withheld["base_ttft_p50_ms"]
-    assert withheld["ttft_p95_ms"] == withheld["base_ttft_p95_ms"]
-    moved = queue_amplification(
-        withheld["base_ttft_p50_ms"], withheld["withheld_ttft_p50_ms"], plan.sim.scale
-    )
+    assert flagged is not None, "no rate saturated the corrected engine first"
+    assert "at saturation" in flagged["saturation_sensitive"]
+    # The corrected figures stand (withholding them scored worse on held-out runs), and the move
+    # they made is the queue's, not the steps' alone.
+    assert flagged["ttft_p50_ms"] > flagged["base_ttft_p50_ms"] * plan.sim.scale
+    moved = queue_amplification(flagged["base_ttft_p50_ms"], flagged["ttft_p50_ms"], plan.sim.scale)
     assert moved is not None and moved > QUEUE_AMPLIFICATION
