@@ -956,8 +956,8 @@ def calibration_convergence(
                     predicted = withheld = row["sim"]
                     if pairs and prior.scale != 1.0:
                         corrected = sim_case(chosen[row["config"]], cases[key], prior.efficiency)
-                        # As the product forecasts a trial (`tuning.search.prior.predict`): the
-                        # correction is withheld where queueing amplifies it.
+                        # As the product forecasts a trial (`tuning.search.prior.predict`), and
+                        # beside it the guard tried and not shipped: withheld at saturation.
                         amplification = queue_amplification(
                             row["sim"]["ttft_p50_ms"], corrected["ttft_p50_ms"], prior.scale
                         )

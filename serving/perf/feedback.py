@@ -29,10 +29,10 @@ plus engine steps, so scaling step times by s moves it by at most s, while a que
 the move. `queue_amplification` measures that on the forecast itself (how many times the
 scale's own log move the corrected TTFT made), and a forecast beyond `QUEUE_AMPLIFICATION` is
 labelled saturation-sensitive; the correction still applies to it. Withholding it there was
-tried and measured (`benchmarks/sim_accuracy.py`, `_guarded` beside each gain): on the two runs
-that suggested it (2026-12-06 00:19 and 01:52, where every job past the knee got worse with the
-correction) it helped, and on the fourteen kept runs of other hosts and days, which had no part
-in the idea, it took most of the correction's gain away (`calibration_gain_kept_runs` 1.57
+tried and measured (`benchmarks/sim_accuracy.py`, `_guarded` beside each gain): it helped on the
+run that suggested it (2026-12-06 00:19, where every job past the knee got worse with the
+correction), made no significant difference on the next (01:52), and on the fourteen kept runs of
+other hosts and days, which had no part in the idea, it took most of the correction's gain away (`calibration_gain_kept_runs` 1.57
 corrected everywhere, 1.05 withheld at saturation; `benchmarks/results/sim_accuracy_guard_rescore.json`):
 where a tenant's engine really is slower, its queue really does grow.
 """
@@ -94,7 +94,7 @@ def correct_from_pairs(efficiency: Efficiency, pairs: Sequence[Pair], *, weight:
             f"step time, beyond the x{1 / TRUSTED_SCALE:g}-x{TRUSTED_SCALE:g} a correction trusts "
             "(another machine: recalibrate it)",
         )
-    scale = applied_scale(pairs, weight=weight)
+    scale = _damped(ratio, weight)
     return dataclasses.replace(
         efficiency.scaled(compute=scale, step=scale, why="live trials"),
         how=f"{base_how}; corrected from {len(pairs)} live trial(s) (step x{scale:.3f})",
@@ -150,6 +150,10 @@ def applied_scale(pairs: Sequence[Pair], *, weight: float) -> float:
     ratio = engine_ratio(pairs)
     if ratio is None or calibration_mismatch(pairs) is not None:
         return 1.0
+    return _damped(ratio, weight)
+
+
+def _damped(ratio: float, weight: float) -> float:
     return float(np.exp(weight * np.log(ratio)))
 
 

@@ -123,27 +123,42 @@ def predict(
 
     config = space.to_config(assignment)
     out: dict[str, Any] = {"source": prior.source, "basis": prior.basis}
-    results: dict[str, Any] = {}
-    for key, efficiency in (("base_", prior.base), ("", prior.efficiency)):
-        if not key and efficiency is prior.base:
-            results[key] = results["base_"]
-            continue
-        try:
-            results[key] = simulate_trace(
-                Path(workload),
-                model=prior.model,
-                hardware=prior.hardware,
-                config=config,
-                max_prompt_tokens=max_prompt_tokens,
-                max_output_tokens=max_output_tokens,
-                seed=seed,
-                efficiency=efficiency,
-            )
-        except ValueError as exc:  # e.g. does not fit: the trial will say so too
-            return {**out, "error": str(exc)}
-    amplification = queue_amplification(
-        results["base_"].summary.ttft_ms.p50, results[""].summary.ttft_ms.p50, prior.scale
-    )
+    result = None
+    for key, efficiency in (("", prior.efficiency), ("base_", prior.base)):
+        if result is None or prior.efficiency is not prior.base:  # uncorrected: one run serves both
+            try:
+                result = simulate_trace(
+                    Path(workload),
+                    model=prior.model,
+                    hardware=prior.hardware,
+                    config=config,
+                    max_prompt_tokens=max_prompt_tokens,
+                    max_output_tokens=max_output_tokens,
+                    seed=seed,
+                    efficiency=efficiency,
+                )
+            except ValueError as exc:  # e.g. does not fit: the trial will say so too
+                return {**out, "error": str(exc)}
+        s = result.summary
+        out[f"{key}ttft_p50_ms"] = _finite(s.ttft_ms.p50)
+        out[f"{key}load_free_share"] = _finite(result.attribution.mean.load_free_share())
+        out[f"{key}ttft_p95_ms"] = _finite(s.ttft_ms.p95)
+        out[f"{key}tpot_p50_ms"] = _finite(s.tpot_ms.p50)
+        if not key:
+            mean = result.attribution.mean
+            # Where the predicted TTFT goes (means, ms), in the engine's own terms: outside the
+            # engine loop, waiting to be scheduled, scheduled to first token (own compute and
+            # others' tokens in shared steps), and preemption.
+            out["ttft_split_ms"] = {
+                "outside_engine": _finite(mean.overhead_ms),
+                "queueing": _finite(mean.queueing_ms),
+                "prefill": _finite(mean.prefill_compute_ms + mean.chunking_delay_ms),
+                "preemption": _finite(mean.preemption_ms),
+            }
+            out["tpot_mean_ms"] = _finite(s.tpot_ms.mean)
+            out["dominant_cause"] = result.attribution.dominant_cause
+            out["knob"] = result.attribution.knob
+    amplification = queue_amplification(out["base_ttft_p50_ms"], out["ttft_p50_ms"], prior.scale)
     if amplification is not None and amplification > QUEUE_AMPLIFICATION:
         # At saturation an error in the correction's scale multiplies in the queue
         # (`serving.perf.feedback`): the forecast says so, and keeps the corrected figures, which
@@ -153,26 +168,6 @@ def predict(
             f"forecast's p50 TTFT {amplification:.2g} times as far as the steps alone could, so an "
             "error in that scale multiplies here"
         )
-    for key, result in results.items():
-        s = result.summary
-        out[f"{key}ttft_p50_ms"] = _finite(s.ttft_ms.p50)
-        out[f"{key}load_free_share"] = _finite(result.attribution.mean.load_free_share())
-        out[f"{key}ttft_p95_ms"] = _finite(s.ttft_ms.p95)
-        out[f"{key}tpot_p50_ms"] = _finite(s.tpot_ms.p50)
-    result = results[""]
-    mean = result.attribution.mean
-    # Where the predicted TTFT goes (means, ms), in the engine's own terms: outside the engine
-    # loop, waiting to be scheduled, scheduled to first token (own compute and others' tokens in
-    # shared steps), and preemption.
-    out["ttft_split_ms"] = {
-        "outside_engine": _finite(mean.overhead_ms),
-        "queueing": _finite(mean.queueing_ms),
-        "prefill": _finite(mean.prefill_compute_ms + mean.chunking_delay_ms),
-        "preemption": _finite(mean.preemption_ms),
-    }
-    out["tpot_mean_ms"] = _finite(result.summary.tpot_ms.mean)
-    out["dominant_cause"] = result.attribution.dominant_cause
-    out["knob"] = result.attribution.knob
     return out
 
 
