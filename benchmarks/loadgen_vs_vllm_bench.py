@@ -24,7 +24,8 @@ histogram: whatever our client adds as streams grow shows as a ratio above 1, wi
 The raw clients run under the real-time FIFO policy where the host allows it (the case records
 which): at the normal policy a fresh process on this 2-core host was often not run until the
 engine had streamed the whole response, so the reference itself read ~100 ms late. Our client
-runs as the product runs it, at the normal policy: what the host's scheduler adds to it shows.
+runs as the product runs it: its loop's thread under the same policy where the host allows it
+(`serving.loadgen.scheduling`; recorded per case), for the same reason.
 Each client measures at least `--stream-min-requests` requests at every number of streams, so
 one stream runs more rounds than 32 do: a p95 over a handful of requests is decided by a single
 stall.
@@ -114,6 +115,7 @@ def run_ours(
         "ttft_ms": [r.ttft_ms if r.ok else None for r in result.requests],
         "errors": result.summary.num_errors,
         "prompt_token_mismatches": result.summary.num_prompt_token_mismatches,
+        "scheduling": result.settings.client_scheduling,
     }
 
 
@@ -584,6 +586,7 @@ def streams_phase(
             # with ours, so it would be charged to our client.
             raw_round(engine, bodies)
             policies: set[str] = set()
+            ours_policies: set[str] = set()
             ours_rounds: list[list[float]] = []
             raw_rounds: list[list[float]] = []
             engine_ms: dict[str, list[float]] = {"ours": [], "raw": []}
@@ -596,6 +599,7 @@ def streams_phase(
                 if who == "ours":
                     run = run_ours(engine, requests, [0.0] * n, synth)
                     ttft, errs = run["ttft_ms"], run["errors"]
+                    ours_policies.add(run["scheduling"])
                 else:
                     ttft, errs, used = raw_round(engine, bodies)
                     policies |= used
@@ -616,6 +620,7 @@ def streams_phase(
                 "output_tokens": output_tokens,
                 "errors": errors,
                 "ours": {
+                    "scheduling": sorted(ours_policies),
                     "num_measured": len(ours_all),
                     "p50_ttft_ms": percentile(ours_all, 50),
                     "p95_ttft_ms": percentile(ours_all, 95),

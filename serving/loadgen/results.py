@@ -173,6 +173,10 @@ class ReplaySettings:
     # at thousands of streamed tokens a second one Python loop falls behind and adds its own
     # delay to every TTFT it measures.
     client_processes: int = 1
+    # The scheduling policy of the client loops' threads ("fifo" where the host allows it; see
+    # `serving.loadgen.scheduling`): at the normal policy a client sharing cores with the engine
+    # read its tokens late.
+    client_scheduling: str = "normal"
 
 
 @dataclass(frozen=True)

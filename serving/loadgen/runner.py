@@ -8,6 +8,9 @@ Design notes:
   first send (a served model's clients keep theirs open; a handshake is not the engine's time);
   prompts are synthesised and request bodies serialised before the first send, so the loop does
   nothing heavy while requests are in flight.
+- The loop's thread reads under the real-time FIFO policy where the host allows it
+  (`scheduling.prompt_reads`): on a host whose cores the engine keeps busy, a client at the
+  normal policy read its tokens when the kernel next ran it, not when they arrived.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from serving.loadgen.client import PreparedRequest, Timing, build_body, send_str
 from serving.loadgen.progress import ProgressBar
 from serving.loadgen.prompts import PromptSynthesizer
 from serving.loadgen.results import SLO, ReplayResult, ReplaySettings, RequestResult, summarize
+from serving.loadgen.scheduling import prompt_reads
 from serving.loadgen.tokenizer import PromptTokenizer, TokenizerUnavailable
 from serving.loadgen.traces import TraceRequest
 
@@ -321,9 +325,10 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 def _shard_worker(
     args: tuple[list[PreparedRequest], dict[str, str], float, int, float, Mapping[str, Sequence[str]] | None],
-) -> tuple[list[RequestResult], float, float]:
+) -> tuple[list[RequestResult], float, float, str]:
     """One client process: its share of the requests on its own event loop, from the shared start.
-    Returns its results, its first send and its finish (perf_counter instants)."""
+    Returns its results, its first send and its finish (perf_counter instants), and the
+    scheduling policy its loop ran under."""
     shard, headers, request_timeout_s, max_connections, start_at, connect_to = args
 
     async def run() -> tuple[list[RequestResult], float, float]:
@@ -338,7 +343,9 @@ def _shard_worker(
         finished = time.perf_counter()
         return results, finished - duration_s, finished
 
-    return run_event_loop(run())
+    with prompt_reads() as policy:
+        results, first, finished = run_event_loop(run())
+    return results, first, finished, policy
 
 
 def run_sharded(
@@ -349,9 +356,10 @@ def run_sharded(
     request_timeout_s: float = 600.0,
     max_connections: int = 0,
     connect_to: Mapping[str, Sequence[str]] | None = None,
-) -> tuple[list[RequestResult], float, str]:
+) -> tuple[list[RequestResult], float, str, str]:
     """`run_prepared` spread round-robin over `processes` client processes (each its own event
-    loop), all counting the schedule from one shared start; results in request order."""
+    loop), all counting the schedule from one shared start; results in request order, the run's
+    duration, its start time and the scheduling policies the processes' loops ran under."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -373,10 +381,11 @@ def run_sharded(
                 ],
             )
         )
-    results = sorted((r for out, _, _ in outs for r in out), key=lambda r: r.index)
-    first_send = min(first for _, first, _ in outs)
-    finished = max(end for _, _, end in outs)
-    return results, finished - first_send, started_at
+    results = sorted((r for out, _, _, _ in outs for r in out), key=lambda r: r.index)
+    first_send = min(first for _, first, _, _ in outs)
+    finished = max(end for _, _, end, _ in outs)
+    policies = ", ".join(sorted({policy for _, _, _, policy in outs}))
+    return results, finished - first_send, started_at, policies
 
 
 def replay(
@@ -407,7 +416,7 @@ def replay(
         ignore_eos=settings.ignore_eos,
     )
     if client_processes > 1:
-        results, duration_s, started_at = run_sharded(
+        results, duration_s, started_at, policy = run_sharded(
             prepared,
             headers=target.headers(),
             processes=client_processes,
@@ -418,15 +427,17 @@ def replay(
         settings = replace(settings, client_processes=client_processes)
     else:
         bar = ProgressBar(len(prepared), enabled=progress)
-        results, duration_s, started_at = run_event_loop(
-            run_prepared(
-                prepared,
-                headers=target.headers(),
-                request_timeout_s=request_timeout_s,
-                max_connections=max_connections,
-                progress=bar,
-                connect_to=connect_to,
+        with prompt_reads() as policy:
+            results, duration_s, started_at = run_event_loop(
+                run_prepared(
+                    prepared,
+                    headers=target.headers(),
+                    request_timeout_s=request_timeout_s,
+                    max_connections=max_connections,
+                    progress=bar,
+                    connect_to=connect_to,
+                )
             )
-        )
+    settings = replace(settings, client_scheduling=policy)
     summary = summarize(results, duration_s=duration_s, slo=slo or SLO())
     return ReplayResult(settings=settings, summary=summary, requests=tuple(results), started_at=started_at)

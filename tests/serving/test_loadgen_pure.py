@@ -282,6 +282,41 @@ def test_replay_trace_against_any_openai_compatible_endpoint(
     assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 6
     # The first Mooncake prompts (tens of thousands of tokens, then 28) cut at 700.
     assert [r.num_prompt_tokens for r in result.requests] == [700, 700, 700, 700, 700, 28]
+    assert result.settings.client_scheduling == _host_policy()
+
+
+def _host_policy() -> str:
+    from serving.loadgen.scheduling import prompt_reads
+
+    with prompt_reads() as policy:
+        return policy
+
+
+def test_client_loop_reads_under_fifo_and_gives_it_back() -> None:
+    """Inside `prompt_reads` the thread is real-time FIFO (where the host allows it), a process
+    started from it is not, and the thread's own policy comes back after."""
+    import os
+    import subprocess
+    import sys
+
+    from serving.loadgen.scheduling import FIFO, prompt_reads
+
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    with prompt_reads() as policy:
+        if policy == FIFO:
+            assert os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK == os.SCHED_FIFO
+            child = subprocess.run(
+                [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert int(child.stdout) == os.SCHED_OTHER
+        else:  # the host refuses real-time scheduling: said so, with the reason
+            assert policy.startswith("normal (")
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    with prompt_reads(enabled=False) as policy:
+        assert policy == "normal (not asked)" and os.sched_getscheduler(0) == before[0]
 
 
 def test_requests_spread_over_client_processes_keep_one_schedule(
@@ -309,6 +344,7 @@ def test_requests_spread_over_client_processes_keep_one_schedule(
     finally:
         stop()  # type: ignore[operator]
     assert result.settings.client_processes == 3
+    assert result.settings.client_scheduling == _host_policy()  # every process's loop alike
     assert [r.index for r in result.requests] == list(range(9))
     assert [r.scheduled_s for r in result.requests] == pytest.approx([0.05 * i for i in range(9)])
     assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 9
