@@ -18,14 +18,16 @@ cores with the engine, so lateness here includes time the client waits for a CPU
 
 A third phase holds 1, 8 and 32 streams open at once and compares our client with that many
 independent raw-socket clients, one process each (no event loop, no shared interpreter), in
-alternating rounds of the same requests, beside the engine's own TTFT from its /metrics
-histogram: whatever our client adds as streams grow shows as a ratio above 1, with a bootstrap
-95% interval over the pairs of rounds (after one unmeasured round at each number of streams).
+blocks of rounds of the same requests (each block one round per arm, the six orders in turn),
+beside the engine's own TTFT from its /metrics histogram: whatever our client adds as streams
+grow shows as a ratio above 1, with a bootstrap 95% interval over the blocks (after one
+unmeasured round at each number of streams).
 The raw clients run under the real-time FIFO policy where the host allows it (the case records
 which): at the normal policy a fresh process on this 2-core host was often not run until the
 engine had streamed the whole response, so the reference itself read ~100 ms late. Our client
 runs as the product runs it: its loop's thread under the same policy where the host allows it
-(`serving.loadgen.scheduling`; recorded per case), for the same reason.
+(`serving.loadgen.scheduling`; recorded per case), for the same reason. The third arm of
+each block is the ablation: our client with its loop at the normal policy, as it ran before.
 Each client measures at least `--stream-min-requests` requests at every number of streams, so
 one stream runs more rounds than 32 do: a p95 over a handful of requests is decided by a single
 stall.
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import math
 import multiprocessing
@@ -81,6 +84,10 @@ from serving.models import build_tiny_model  # noqa: E402
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
 MAX_STREAM_PAIRS = 500  # bounds the rounds at one number of open streams
+# Phase 3's arms: our load generator as it runs (its loop under the FIFO policy where allowed),
+# the raw-socket reference, and ours at the normal policy (the ablation of that policy).
+ARMS = ("ours", "raw", "ours_normal_policy")
+ARM_ORDERS = tuple(itertools.permutations(ARMS))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,7 +98,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_ours(
-    engine: EngineProcess, requests: list[TraceRequest], offsets: list[float], synth: PromptSynthesizer
+    engine: EngineProcess,
+    requests: list[TraceRequest],
+    offsets: list[float],
+    synth: PromptSynthesizer,
+    *,
+    realtime_reads: bool = True,
 ) -> dict[str, Any]:
     target = Target(base_url=engine.base_url, model=engine.endpoint.model_name)
     settings = ReplaySettings(
@@ -110,7 +122,15 @@ def run_ours(
         seed=0,
         tokenizer=str(synth.tokenizer.source),
     )
-    result = replay(requests, offsets, target=target, synthesizer=synth, settings=settings, progress=False)
+    result = replay(
+        requests,
+        offsets,
+        target=target,
+        synthesizer=synth,
+        settings=settings,
+        progress=False,
+        realtime_reads=realtime_reads,
+    )
     return {
         "ttft_ms": [r.ttft_ms if r.ok else None for r in result.requests],
         "errors": result.summary.num_errors,
@@ -541,7 +561,8 @@ def streams_phase(
 ) -> list[dict[str, Any]]:
     """At each number of open streams N: N requests at once, sent by our load generator (one
     client process, as the product replays on a CPU host) or by N independent raw-socket client
-    processes, in alternating rounds (ours, raw, raw, ours, ...) of the same requests on one
+    processes, or by our load generator at the normal policy (the ablation), in blocks of one
+    round each (the arms' order rotating through its six permutations) of the same requests on one
     engine. Beside each round, the engine's own mean TTFT from its /metrics histogram: what the
     clients add on top is their overhead plus the server's HTTP front end, the same for both."""
     from serving.loadgen.client import build_body
@@ -585,33 +606,34 @@ def streams_phase(
             # has not run and runs slower than the rounds after it, and the measured rounds start
             # with ours, so it would be charged to our client.
             raw_round(engine, bodies)
-            policies: set[str] = set()
-            ours_policies: set[str] = set()
-            ours_rounds: list[list[float]] = []
-            raw_rounds: list[list[float]] = []
-            engine_ms: dict[str, list[float]] = {"ours": [], "raw": []}
+            policies: dict[str, set[str]] = {arm: set() for arm in ARMS}
+            rounds: dict[str, list[list[float]]] = {arm: [] for arm in ARMS}
+            engine_ms: dict[str, list[float]] = {arm: [] for arm in ARMS}
             errors = 0
             n_pairs = pairs_for(n, pairs, min_requests)
-            for k in range(2 * n_pairs):
-                # ours, raw | raw, ours | ...: each pair measures both, the order alternates
-                who = "ours" if (k % 2 == 0) == ((k // 2) % 2 == 0) else "raw"
-                before = scrape(engine.base_url)
-                if who == "ours":
-                    run = run_ours(engine, requests, [0.0] * n, synth)
-                    ttft, errs = run["ttft_ms"], run["errors"]
-                    ours_policies.add(run["scheduling"])
-                else:
-                    ttft, errs, used = raw_round(engine, bodies)
-                    policies |= used
-                after = scrape(engine.base_url)
-                delta = after.ttft_s.minus(before.ttft_s)
-                engine_ms[who].append(delta.mean * 1000.0)
-                errors += errs
-                (ours_rounds if who == "ours" else raw_rounds).append([v for v in ttft if v is not None])
+            for block in range(n_pairs):
+                # each block measures every arm once, in one of the 6 orders, taken in turn
+                for who in ARM_ORDERS[block % len(ARM_ORDERS)]:
+                    before = scrape(engine.base_url)
+                    if who == "raw":
+                        ttft, errs, used = raw_round(engine, bodies)
+                    else:
+                        run = run_ours(engine, requests, [0.0] * n, synth, realtime_reads=who == "ours")
+                        ttft, errs, used = run["ttft_ms"], run["errors"], {run["scheduling"]}
+                    policies[who] |= used
+                    after = scrape(engine.base_url)
+                    delta = after.ttft_s.minus(before.ttft_s)
+                    engine_ms[who].append(delta.mean * 1000.0)
+                    errors += errs
+                    rounds[who].append([v for v in ttft if v is not None])
+            ours_rounds, raw_rounds = rounds["ours"], rounds["raw"]
             p50, p50_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 50, rng)
             p95, p95_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 95, rng)
+            normal_p50, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 50, rng)
+            normal_p95, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 95, rng)
             ours_all = [v for r in ours_rounds for v in r]
             raw_all = [v for r in raw_rounds for v in r]
+            normal_all = [v for r in rounds["ours_normal_policy"] for v in r]
             case = {
                 "open_streams": n,
                 "pairs_of_rounds": n_pairs,
@@ -620,14 +642,14 @@ def streams_phase(
                 "output_tokens": output_tokens,
                 "errors": errors,
                 "ours": {
-                    "scheduling": sorted(ours_policies),
+                    "scheduling": sorted(policies["ours"]),
                     "num_measured": len(ours_all),
                     "p50_ttft_ms": percentile(ours_all, 50),
                     "p95_ttft_ms": percentile(ours_all, 95),
                     "engine_mean_ttft_ms": float(np.mean(engine_ms["ours"])),
                 },
                 "raw_socket_processes": {
-                    "scheduling": sorted(policies),
+                    "scheduling": sorted(policies["raw"]),
                     "num_measured": len(raw_all),
                     "p50_ttft_ms": percentile(raw_all, 50),
                     "p95_ttft_ms": percentile(raw_all, 95),
@@ -636,15 +658,29 @@ def streams_phase(
                 "p50_ttft_ratio": p50,
                 "p95_ttft_ratio": p95,
                 "_draws": {"p50": p50_draws, "p95": p95_draws},  # for the summary; not written
+                # The ablation: our load generator with its loop at the normal policy (as it ran
+                # before `serving.loadgen.scheduling`), in the same blocks.
+                "ours_normal_policy": {
+                    "scheduling": sorted(policies["ours_normal_policy"]),
+                    "num_measured": len(normal_all),
+                    "p50_ttft_ms": percentile(normal_all, 50),
+                    "p95_ttft_ms": percentile(normal_all, 95),
+                    "engine_mean_ttft_ms": float(np.mean(engine_ms["ours_normal_policy"])),
+                    "p50_ttft_ratio": normal_p50,
+                    "p95_ttft_ratio": normal_p95,
+                },
                 "client_minus_engine_mean_ttft_ms": {
                     "ours": float(np.mean(ours_all)) - float(np.mean(engine_ms["ours"])),
                     "raw": float(np.mean(raw_all)) - float(np.mean(engine_ms["raw"])),
+                    "ours_normal_policy": float(np.mean(normal_all))
+                    - float(np.mean(engine_ms["ours_normal_policy"])),
                 },
             }
             cases.append(case)
             print(
                 f"  {n} open streams: p50 ratio {p50['value']:.3f} ({p50['ci_low']:.3f}-{p50['ci_high']:.3f}), "
-                f"p95 ratio {p95['value']:.3f} ({p95['ci_low']:.3f}-{p95['ci_high']:.3f})",
+                f"p95 ratio {p95['value']:.3f} ({p95['ci_low']:.3f}-{p95['ci_high']:.3f}); at the normal "
+                f"policy p50 {normal_p50['value']:.3f}, p95 {normal_p95['value']:.3f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -748,6 +784,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["client_overhead_ms_by_streams"] = {
             str(c["open_streams"]): c["client_minus_engine_mean_ttft_ms"] for c in open_streams
         }
+        # Ablation: the same ratios with our loop at the normal policy (before scheduling.py).
+        for q in ("p50", "p95"):
+            summary[f"normal_policy_{q}_ttft_ratio_by_streams"] = {
+                str(c["open_streams"]): c["ours_normal_policy"][f"{q}_ttft_ratio"] for c in open_streams
+            }
     if accuracy is not None:
         summary |= {
             "p50_ttft_ratio": accuracy["ours"]["p50_ttft_ms"] / accuracy["vllm_bench_serve"]["p50_ttft_ms"],

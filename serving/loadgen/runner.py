@@ -324,12 +324,14 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _shard_worker(
-    args: tuple[list[PreparedRequest], dict[str, str], float, int, float, Mapping[str, Sequence[str]] | None],
+    args: tuple[
+        list[PreparedRequest], dict[str, str], float, int, float, Mapping[str, Sequence[str]] | None, bool
+    ],
 ) -> tuple[list[RequestResult], float, float, str]:
     """One client process: its share of the requests on its own event loop, from the shared start.
     Returns its results, its first send and its finish (perf_counter instants), and the
     scheduling policy its loop ran under."""
-    shard, headers, request_timeout_s, max_connections, start_at, connect_to = args
+    shard, headers, request_timeout_s, max_connections, start_at, connect_to, realtime_reads = args
 
     async def run() -> tuple[list[RequestResult], float, float]:
         results, duration_s, _ = await run_prepared(
@@ -343,7 +345,7 @@ def _shard_worker(
         finished = time.perf_counter()
         return results, finished - duration_s, finished
 
-    with prompt_reads() as policy:
+    with prompt_reads(realtime_reads) as policy:
         results, first, finished = run_event_loop(run())
     return results, first, finished, policy
 
@@ -356,6 +358,7 @@ def run_sharded(
     request_timeout_s: float = 600.0,
     max_connections: int = 0,
     connect_to: Mapping[str, Sequence[str]] | None = None,
+    realtime_reads: bool = True,
 ) -> tuple[list[RequestResult], float, str, str]:
     """`run_prepared` spread round-robin over `processes` client processes (each its own event
     loop), all counting the schedule from one shared start; results in request order, the run's
@@ -375,7 +378,7 @@ def run_sharded(
             pool.map(
                 _shard_worker,
                 [
-                    (shard, headers, request_timeout_s, max_connections, start_at, connect_to)
+                    (shard, headers, request_timeout_s, max_connections, start_at, connect_to, realtime_reads)
                     for shard in shards
                     if shard
                 ],
@@ -401,11 +404,14 @@ def replay(
     progress: bool | None = None,
     client_processes: int = 1,
     connect_to: Mapping[str, Sequence[str]] | None = None,
+    realtime_reads: bool = True,
 ) -> ReplayResult:
     """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done.
 
     `client_processes` > 1 spreads the requests over that many client processes (see `run_sharded`).
-    `connect_to` pins host names to addresses (see `run_prepared`)."""
+    `connect_to` pins host names to addresses (see `run_prepared`).
+    `realtime_reads`: the client loops read under the FIFO policy where the host allows it
+    (`scheduling.prompt_reads`); False only to measure what that policy changes."""
     prepared = prepare_requests(
         requests,
         offsets_s,
@@ -423,11 +429,12 @@ def replay(
             request_timeout_s=request_timeout_s,
             max_connections=max_connections,
             connect_to=connect_to,
+            realtime_reads=realtime_reads,
         )
         settings = replace(settings, client_processes=client_processes)
     else:
         bar = ProgressBar(len(prepared), enabled=progress)
-        with prompt_reads() as policy:
+        with prompt_reads(realtime_reads) as policy:
             results, duration_s, started_at = run_event_loop(
                 run_prepared(
                     prepared,

@@ -17,3 +17,13 @@ def test_few_streams_run_more_rounds_for_the_same_requests() -> None:
 def test_the_floor_of_pairs_and_the_cap_hold() -> None:
     assert pairs_for(64, 6, 20) == 6  # the requested pairs, even when fewer would do
     assert pairs_for(1, 6, 10_000) == MAX_STREAM_PAIRS  # bounded, whatever is asked
+
+
+def test_each_block_runs_every_arm_once_and_every_arm_takes_every_position() -> None:
+    """Over six blocks, every arm (ours, the raw reference, ours at the normal policy) runs first,
+    second and third equally often, so no arm always follows the same one."""
+    from benchmarks.loadgen_vs_vllm_bench import ARM_ORDERS, ARMS
+
+    assert len(ARM_ORDERS) == 6 and all(sorted(order) == sorted(ARMS) for order in ARM_ORDERS)
+    for position in range(len(ARMS)):
+        assert sorted(order[position] for order in ARM_ORDERS) == sorted(ARMS * 2)
