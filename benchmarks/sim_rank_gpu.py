@@ -14,11 +14,16 @@ confirmation rounds). This benchmark therefore runs the ranking test there, held
   `score`, which names each file's commit and date).
 
 The trace is the Azure conversation trace by default, which the fit did see (its knee probes).
-Mooncake's (`--trace mooncake`), which it did not, is offered; at its knee on this model shape
-the simulator predicts the configurations within about 8% of each other (long prompts make
-prefill the whole cost), inside what one case's p95 moves, so it does not rank well there.
+Mooncake's (`--trace mooncake`), which it did not (`sim_gpu_fit.py` scores it, never fits it),
+holds the trace out too; its prompts share blocks, so prefix caching is among the configurations
+(`no_prefix_caching`).
 
-Two steps, one script:
+Three steps, one script:
+
+0. `plan` runs anywhere (no GPU): the simulator's own knee on the ladder and each load's
+   predicted spread across the configurations, so the device's minutes go to a ladder that
+   brackets the knee and to groups the simulator claims it can rank (a spread inside one case's
+   noise cannot be ranked live). It writes the predictions beside the run (`--out`).
 
 1. `measure` runs on the GPU host (no Django; the host's vLLM, as for gpu_tuning.py). A knee probe: vLLM's
    defaults replay the trace on one engine at each `--ladder` rate (prompts of their own per
@@ -98,6 +103,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "no_chunked_prefill": {"enable_chunked_prefill": False},
     "max_seqs_64": {"max_num_seqs": 64},
     "max_seqs_128": {"max_num_seqs": 128},
+    # Prefix-heavy traffic (Mooncake's shared blocks) is where caching separates configurations.
+    "no_prefix_caching": {"enable_prefix_caching": False},
 }
 REPEATED = "vllm_defaults"  # run again at each group's end: the noise floor
 LOADS = {"loaded": 1.0, "past_knee": 1.5}  # multiples of the knee's rate
@@ -144,18 +151,21 @@ def _workload(trace: str, rate: float, duration_s: float, seed: int, work: Path)
     return path
 
 
-def _caps(trace: str, model_dir: Path, max_model_len: int) -> dict[str, int]:
+def _caps(trace: str, model_dir: Path, max_model_len: int, *, positions: int | None = None) -> dict[str, int]:
+    """The sample's length caps for the model; `positions` (the config's max_position_embeddings)
+    stands in for reading the model folder, which needs its tokenizer."""
     from tuning.search.job import HARDWARE as TARGETS
     from tuning.search.job import caps_for
     from tuning.search.space import model_info
     from tuning.workload import ingest_path
 
     sample = ingest_path(TRACES_DIR / TRACES[trace], keep_blocks=True)
-    model = model_info(model_dir, require_weights=False)
+    if positions is None:
+        positions = model_info(model_dir, require_weights=False).max_position_embeddings
     caps = caps_for(
         input_p99=sample.profile.input_tokens.p99,
         output_p99=sample.profile.output_tokens.p99,
-        model_max_len=min(model.max_position_embeddings, max_model_len),
+        model_max_len=min(positions, max_model_len),
         hardware=TARGETS[HARDWARE],
     )
     d = caps.to_dict()
@@ -418,6 +428,104 @@ def measure(args: argparse.Namespace) -> int:
             persist(False)
     persist(True)
     log(f"complete: {args.out}")
+    return 0
+
+
+# --- plan (anywhere) ----------------------------------------------------------------------------
+
+
+def _model_config(path: Path) -> dict[str, Any]:
+    """A model's config.json, or the `model_config` a live file recorded."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--model-config {path}: {exc}") from None
+    config = data.get("model_config", data) if isinstance(data, dict) else None
+    if not isinstance(config, dict) or "hidden_size" not in config:
+        raise SystemExit(f"--model-config {path}: not a model config.json (no hidden_size)")
+    return config
+
+
+def plan(args: argparse.Namespace) -> int:
+    """What the simulator expects before device time is spent: the knee it predicts on the
+    measure step's ladder (same workloads, same stop), and at each load the configurations'
+    predicted TTFT with their spread (a spread inside one case's noise cannot be ranked live)."""
+    from serving.catalog.models import model_spec_from_dir
+    from serving.loadgen.traces import read_trace
+
+    ladder = _parse_rates(args.ladder)
+    loads = _parse_loads(args.loads)
+    configs = _parse_configs(args.configs)
+    config = _model_config(args.model_config)
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        model_dir = work / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config))
+        model = model_spec_from_dir(model_dir)
+        sample_caps = _caps(
+            args.trace, model_dir, args.max_model_len, positions=int(config["max_position_embeddings"])
+        )
+        points, knee = [], None
+        for i, rate in enumerate(ladder):
+            duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
+            requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
+            p = predict_case(model, requests, {}, sample_caps, 100 + i)
+            met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
+            points.append(
+                {"rate_rps": rate, "duration_s": duration, "requests": len(requests), **p, "slo_met": met}
+            )
+            log(
+                f"predicted probe {rate:g} req/s: p50 {p['ttft_p50_ms']:,.0f} ms, p95 {p['ttft_p95_ms']:,.0f} ms"
+            )
+            if not met:
+                break
+            knee = rate
+        groups: dict[str, Any] = {}
+        for gi, load in enumerate(loads if knee is not None else []):
+            rate = round(knee * LOADS[load], 4)
+            requests = read_trace(_workload(args.trace, rate, args.case_s, SEED + gi, work))
+            predicted = {
+                n: predict_case(model, requests, CONFIGS[n], sample_caps, SEED + gi) for n in configs
+            }
+            group: dict[str, Any] = {"rate_rps": rate, "requests": len(requests), "predicted": predicted}
+            for metric in ("p50", "p95"):
+                values = {n: p[f"ttft_{metric}_ms"] for n, p in predicted.items()}
+                group[f"{metric}_order"] = sorted(values, key=values.__getitem__)
+                group[f"{metric}_spread"] = max(values.values()) / min(values.values()) - 1
+            groups[load] = group
+            log(
+                f"[{load} {rate:g} req/s] predicted p50 order {group['p50_order']}, spread {group['p50_spread']:.1%}"
+            )
+    result = {
+        "benchmark": "sim_rank_gpu_plan",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        **git_state(REPO),
+        "machine": machine_facts(),
+        "versions": versions("numpy"),
+        "what": "the simulator's predictions only (hardware h200, the stored calibration); nothing measured",
+        "model_config": str(args.model_config),
+        "trace": args.trace,
+        "caps": sample_caps,
+        "slo_ms": {"p50": args.slo_p50_ms, "p95": args.slo_p95_ms},
+        "knee_rps": knee,
+        "ladder": points,
+        "case_s": args.case_s,
+        "groups": groups,
+    }
+    save_state(args.out, result)
+    print(
+        json.dumps(
+            {
+                "knee_rps": knee,
+                **{
+                    k: {m: g[m] for m in ("rate_rps", "p50_spread", "p95_spread", "p50_order")}
+                    for k, g in groups.items()
+                },
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -740,11 +848,25 @@ def main() -> int:
     m.add_argument("--deadline-s", type=float, default=540.0)
     m.add_argument("--knee-estimate-s", type=float, default=330.0)
     m.add_argument("--first-case-estimate-s", type=float, default=150.0)
+    pl = sub.add_parser("plan", help="anywhere: the simulator's knee and spread, before device time")
+    pl.add_argument("--model-config", type=Path, required=True, help="a config.json, or a live file")
+    pl.add_argument("--trace", default="azure_conv", choices=sorted(TRACES))
+    pl.add_argument("--ladder", default="16,24,32,48,64,96", help="rates, req/s, as for measure")
+    pl.add_argument("--probe-s", type=float, default=15.0)
+    pl.add_argument("--min-requests", type=int, default=30)
+    pl.add_argument("--case-s", type=float, default=20.0)
+    pl.add_argument("--loads", default="loaded,past_knee")
+    pl.add_argument("--configs", default=",".join(CONFIGS))
+    pl.add_argument("--slo-p50-ms", type=float, default=600.0)
+    pl.add_argument("--slo-p95-ms", type=float, default=2000.0)
+    pl.add_argument("--max-model-len", type=int, default=32768)
+    pl.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
     s.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
-    return measure(args) if args.step == "measure" else score(args)
+    steps = {"measure": measure, "plan": plan, "score": score}
+    return steps[args.step](args)
 
 
 if __name__ == "__main__":

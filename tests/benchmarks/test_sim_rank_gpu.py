@@ -153,3 +153,36 @@ def test_each_group_rotates_the_configurations_and_repeats_the_defaults_last() -
         "vllm_defaults",
         "vllm_defaults",
     ]
+
+
+def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Path) -> None:
+    """The plan stops its ladder at the first predicted miss, as the live probe does, and
+    predicts every configuration at the knee's rate; a file that is no model config is refused."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_3B))
+    out = tmp_path / "plan.json"
+    args = argparse.Namespace(
+        model_config=config,
+        trace="azure_conv",
+        ladder="8,1000",  # the second rate is far past any knee of one H200
+        probe_s=5.0,
+        min_requests=10,
+        case_s=5.0,
+        loads="loaded",
+        configs="vllm_defaults,budget_1024,no_prefix_caching",
+        slo_p50_ms=600.0,
+        slo_p95_ms=2000.0,
+        max_model_len=8192,
+        out=out,
+    )
+    assert sim_rank_gpu.plan(args) == 0
+    result = json.loads(out.read_text())
+    assert result["knee_rps"] == 8.0
+    assert [p["slo_met"] for p in result["ladder"]] == [True, False]
+    group = result["groups"]["loaded"]
+    assert group["rate_rps"] == 8.0
+    assert sorted(group["p50_order"]) == ["budget_1024", "no_prefix_caching", "vllm_defaults"]
+    assert group["p50_spread"] >= 0.0 and "nothing measured" in result["what"]
+    config.write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(SystemExit, match="no hidden_size"):
+        sim_rank_gpu.plan(args)
