@@ -383,11 +383,13 @@ def measure(args: argparse.Namespace) -> int:
     state.setdefault("caps", _caps(args.trace, args.model_dir, args.max_model_len))
     caps = state["caps"]
 
+    counted = time.monotonic()  # device time up to here is in the state already
+
     def persist(complete: bool) -> None:
-        state["device_seconds"] = round(
-            state.get("device_seconds", 0.0) + (time.monotonic() - clock.start), 1
-        )
-        clock.start = time.monotonic()
+        nonlocal counted
+        now = time.monotonic()
+        state["device_seconds"] = round(state.get("device_seconds", 0.0) + (now - counted), 1)
+        counted = now  # (the deadline's clock is not reset: it counts from the command's start)
         save_state(args.state, state)
         save_state(args.out, _live_file(args, state, complete))
 
