@@ -542,6 +542,18 @@ def _max_dev(ratios: list[dict[str, float]], draws: list[np.ndarray]) -> dict[st
     return {"value": point, "ci_low": float(low), "ci_high": float(high)}
 
 
+def _arm_figures(rounds: list[list[float]], policies: set[str], engine_ms: list[float]) -> dict[str, Any]:
+    """One arm's figures at one number of open streams, pooled over its rounds."""
+    values = [v for r in rounds for v in r]
+    return {
+        "scheduling": sorted(policies),
+        "num_measured": len(values),
+        "p50_ttft_ms": percentile(values, 50),
+        "p95_ttft_ms": percentile(values, 95),
+        "engine_mean_ttft_ms": float(np.mean(engine_ms)),
+    }
+
+
 def pairs_for(streams: int, pairs: int, min_requests: int) -> int:
     """Pairs of rounds at `streams` open streams: at least `pairs`, and enough that each client
     measures `min_requests` requests. A p95 over 20 requests is the second-largest of them, so
@@ -631,9 +643,12 @@ def streams_phase(
             p95, p95_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 95, rng)
             normal_p50, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 50, rng)
             normal_p95, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 95, rng)
-            ours_all = [v for r in ours_rounds for v in r]
-            raw_all = [v for r in raw_rounds for v in r]
-            normal_all = [v for r in rounds["ours_normal_policy"] for v in r]
+            figures = {who: _arm_figures(rounds[who], policies[who], engine_ms[who]) for who in ARMS}
+            # mean client TTFT minus the engine's own mean TTFT of the same rounds
+            overhead = {
+                who: float(np.mean([v for r in rounds[who] for v in r])) - figures[who]["engine_mean_ttft_ms"]
+                for who in ARMS
+            }
             case = {
                 "open_streams": n,
                 "pairs_of_rounds": n_pairs,
@@ -641,40 +656,19 @@ def streams_phase(
                 "mean_prompt_tokens": float(np.mean([r.num_prompt_tokens for r in requests])),
                 "output_tokens": output_tokens,
                 "errors": errors,
-                "ours": {
-                    "scheduling": sorted(policies["ours"]),
-                    "num_measured": len(ours_all),
-                    "p50_ttft_ms": percentile(ours_all, 50),
-                    "p95_ttft_ms": percentile(ours_all, 95),
-                    "engine_mean_ttft_ms": float(np.mean(engine_ms["ours"])),
-                },
-                "raw_socket_processes": {
-                    "scheduling": sorted(policies["raw"]),
-                    "num_measured": len(raw_all),
-                    "p50_ttft_ms": percentile(raw_all, 50),
-                    "p95_ttft_ms": percentile(raw_all, 95),
-                    "engine_mean_ttft_ms": float(np.mean(engine_ms["raw"])),
-                },
+                "ours": figures["ours"],
+                "raw_socket_processes": figures["raw"],
                 "p50_ttft_ratio": p50,
                 "p95_ttft_ratio": p95,
                 "_draws": {"p50": p50_draws, "p95": p95_draws},  # for the summary; not written
                 # The ablation: our load generator with its loop at the normal policy (as it ran
                 # before `serving.loadgen.scheduling`), in the same blocks.
                 "ours_normal_policy": {
-                    "scheduling": sorted(policies["ours_normal_policy"]),
-                    "num_measured": len(normal_all),
-                    "p50_ttft_ms": percentile(normal_all, 50),
-                    "p95_ttft_ms": percentile(normal_all, 95),
-                    "engine_mean_ttft_ms": float(np.mean(engine_ms["ours_normal_policy"])),
+                    **figures["ours_normal_policy"],
                     "p50_ttft_ratio": normal_p50,
                     "p95_ttft_ratio": normal_p95,
                 },
-                "client_minus_engine_mean_ttft_ms": {
-                    "ours": float(np.mean(ours_all)) - float(np.mean(engine_ms["ours"])),
-                    "raw": float(np.mean(raw_all)) - float(np.mean(engine_ms["raw"])),
-                    "ours_normal_policy": float(np.mean(normal_all))
-                    - float(np.mean(engine_ms["ours_normal_policy"])),
-                },
+                "client_minus_engine_mean_ttft_ms": overhead,
             }
             cases.append(case)
             print(

@@ -27,3 +27,16 @@ def test_each_block_runs_every_arm_once_and_every_arm_takes_every_position() -> 
     assert len(ARM_ORDERS) == 6 and all(sorted(order) == sorted(ARMS) for order in ARM_ORDERS)
     for position in range(len(ARMS)):
         assert sorted(order[position] for order in ARM_ORDERS) == sorted(ARMS * 2)
+
+
+def test_an_arms_figures_pool_its_rounds() -> None:
+    from benchmarks.loadgen_vs_vllm_bench import _arm_figures
+
+    figures = _arm_figures([[10.0, 30.0], [20.0]], {"fifo"}, [12.0, 14.0])
+    assert figures == {
+        "scheduling": ["fifo"],
+        "num_measured": 3,
+        "p50_ttft_ms": 20.0,
+        "p95_ttft_ms": 29.0,
+        "engine_mean_ttft_ms": 13.0,
+    }
