@@ -33,7 +33,7 @@ from serving.loadgen.client import PreparedRequest, Timing, build_body, send_str
 from serving.loadgen.progress import ProgressBar
 from serving.loadgen.prompts import PromptSynthesizer
 from serving.loadgen.results import SLO, ReplayResult, ReplaySettings, RequestResult, summarize
-from serving.loadgen.scheduling import prompt_reads
+from serving.loadgen.scheduling import on_this_host, prompt_reads
 from serving.loadgen.tokenizer import PromptTokenizer, TokenizerUnavailable
 from serving.loadgen.traces import TraceRequest
 
@@ -325,13 +325,19 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 def _shard_worker(
     args: tuple[
-        list[PreparedRequest], dict[str, str], float, int, float, Mapping[str, Sequence[str]] | None, bool
+        list[PreparedRequest],
+        dict[str, str],
+        float,
+        int,
+        float,
+        Mapping[str, Sequence[str]] | None,
+        str | None,
     ],
 ) -> tuple[list[RequestResult], float, float, str]:
     """One client process: its share of the requests on its own event loop, from the shared start.
     Returns its results, its first send and its finish (perf_counter instants), and the
     scheduling policy its loop ran under."""
-    shard, headers, request_timeout_s, max_connections, start_at, connect_to, realtime_reads = args
+    shard, headers, request_timeout_s, max_connections, start_at, connect_to, why_not = args
 
     async def run() -> tuple[list[RequestResult], float, float]:
         results, duration_s, _ = await run_prepared(
@@ -345,7 +351,7 @@ def _shard_worker(
         finished = time.perf_counter()
         return results, finished - duration_s, finished
 
-    with prompt_reads(realtime_reads) as policy:
+    with prompt_reads(why_not is None, why_not=why_not or "") as policy:
         results, first, finished = run_event_loop(run())
     return results, first, finished, policy
 
@@ -358,11 +364,13 @@ def run_sharded(
     request_timeout_s: float = 600.0,
     max_connections: int = 0,
     connect_to: Mapping[str, Sequence[str]] | None = None,
-    realtime_reads: bool = True,
+    fifo_refused: str | None = None,
 ) -> tuple[list[RequestResult], float, str, str]:
     """`run_prepared` spread round-robin over `processes` client processes (each its own event
     loop), all counting the schedule from one shared start; results in request order, the run's
-    duration, its start time and the scheduling policies the processes' loops ran under."""
+    duration, its start time and the scheduling policies the processes' loops ran under.
+    `fifo_refused`: None, the loops read under the FIFO policy where the host allows it; else why
+    they read at the normal policy (recorded)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -378,7 +386,7 @@ def run_sharded(
             pool.map(
                 _shard_worker,
                 [
-                    (shard, headers, request_timeout_s, max_connections, start_at, connect_to, realtime_reads)
+                    (shard, headers, request_timeout_s, max_connections, start_at, connect_to, fifo_refused)
                     for shard in shards
                     if shard
                 ],
@@ -404,14 +412,15 @@ def replay(
     progress: bool | None = None,
     client_processes: int = 1,
     connect_to: Mapping[str, Sequence[str]] | None = None,
-    realtime_reads: bool = True,
+    realtime_reads: bool | None = None,
 ) -> ReplayResult:
     """Replay `requests` at `offsets_s` (seconds from start) against `target`; blocks until done.
 
     `client_processes` > 1 spreads the requests over that many client processes (see `run_sharded`).
     `connect_to` pins host names to addresses (see `run_prepared`).
     `realtime_reads`: the client loops read under the FIFO policy where the host allows it
-    (`scheduling.prompt_reads`); False only to measure what that policy changes."""
+    (`scheduling.prompt_reads`); None (the default) does so for a target on this host only
+    (`scheduling.on_this_host`), False never (to measure what the policy changes)."""
     prepared = prepare_requests(
         requests,
         offsets_s,
@@ -421,6 +430,12 @@ def replay(
         max_output_tokens=settings.max_output_tokens,
         ignore_eos=settings.ignore_eos,
     )
+    if realtime_reads is None:
+        realtime_reads = on_this_host(target.base_url)
+        why_not = "target not on this host"
+    else:
+        why_not = "not asked"
+    fifo_refused = None if realtime_reads else why_not
     if client_processes > 1:
         results, duration_s, started_at, policy = run_sharded(
             prepared,
@@ -429,12 +444,12 @@ def replay(
             request_timeout_s=request_timeout_s,
             max_connections=max_connections,
             connect_to=connect_to,
-            realtime_reads=realtime_reads,
+            fifo_refused=fifo_refused,
         )
         settings = replace(settings, client_processes=client_processes)
     else:
         bar = ProgressBar(len(prepared), enabled=progress)
-        with prompt_reads(realtime_reads) as policy:
+        with prompt_reads(realtime_reads, why_not=why_not) as policy:
             results, duration_s, started_at = run_event_loop(
                 run_prepared(
                     prepared,

@@ -14,24 +14,42 @@ thread from holding a core for good. The policy is set with SCHED_RESET_ON_FORK,
 started from the thread (an engine, a client process) starts at the normal policy, and the
 previous policy is restored when the replay ends. A host that refuses it (no CAP_SYS_NICE, a
 container without real-time budget) runs the replay at the normal policy, and says so.
+
+Only a target on this host gets it (`on_this_host`): a remote endpoint (a prospect's provider in a
+benchmark) shares no core with the client, so the policy would buy nothing there, and an endpoint
+that streams without pause would then keep a real-time thread busy on one of our cores.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 FIFO = "fifo"
 REALTIME_PRIORITY = 1  # the lowest real-time priority: above every normal thread, below the kernel's own
 
 
+def on_this_host(base_url: str) -> bool:
+    """Whether `base_url` names this host: localhost or a loopback address (where a client and
+    the engine it measures share cores)."""
+    host = (urlsplit(base_url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @contextmanager
-def prompt_reads(enabled: bool = True) -> Iterator[str]:
+def prompt_reads(enabled: bool = True, *, why_not: str = "not asked") -> Iterator[str]:
     """Run the calling thread under SCHED_FIFO for the block; yields the policy it ran under:
-    "fifo", or "normal" with the reason FIFO was not used."""
+    "fifo", or "normal" with the reason FIFO was not used (`why_not` where not `enabled`)."""
     if not enabled:
-        yield "normal (not asked)"
+        yield f"normal ({why_not})"
         return
     setter = getattr(os, "sched_setscheduler", None)
     if setter is None:

@@ -285,6 +285,33 @@ def test_replay_trace_against_any_openai_compatible_endpoint(
     assert result.settings.client_scheduling == _host_policy()
 
 
+def test_a_remote_target_is_replayed_at_the_normal_policy(tokenizer_dir: Path, shared_traces: Path) -> None:
+    """A target named by a host name that is not this host (pinned here to the local test
+    server) is read at the normal policy, and the replay says why."""
+    from serving.loadgen import replay_trace
+
+    base_url, stop = _serve_in_thread(_fake_openai_app())
+    port = base_url.rsplit(":", 1)[1]
+    try:
+        result = replay_trace(
+            endpoint=f"http://provider.example:{port}/v1",
+            model="their-model",
+            trace=shared_traces / "azure2023_conv.csv",
+            tokenizer=tokenizer_dir,
+            api_key="k",
+            rate_rps=20.0,
+            max_requests=3,
+            max_prompt_tokens=64,
+            max_output_tokens=2,
+            progress=False,
+            connect_to={"provider.example": ["127.0.0.1"]},
+        )
+    finally:
+        stop()  # type: ignore[operator]
+    assert result.summary.num_errors == 0 and result.summary.ttft_ms.count == 3
+    assert result.settings.client_scheduling == "normal (target not on this host)"
+
+
 def _host_policy() -> str:
     from serving.loadgen.scheduling import prompt_reads
 
@@ -317,6 +344,26 @@ def test_client_loop_reads_under_fifo_and_gives_it_back() -> None:
     assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
     with prompt_reads(enabled=False) as policy:
         assert policy == "normal (not asked)" and os.sched_getscheduler(0) == before[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("http://127.0.0.1:8000", True),
+        ("http://localhost:8000/v1", True),
+        ("http://[::1]:8000", True),
+        ("http://127.8.9.10:1", True),
+        ("https://api.example.com/v1", False),
+        ("http://10.0.0.5:8000", False),
+        ("http://[2001:db8::1]:8000", False),
+        ("not a url", False),
+    ],
+)
+def test_only_a_target_on_this_host_gets_the_realtime_reads(url: str, local: bool) -> None:
+    """A remote endpoint shares no core with the client: no real-time thread is spent on it."""
+    from serving.loadgen.scheduling import on_this_host
+
+    assert on_this_host(url) is local
 
 
 def test_requests_spread_over_client_processes_keep_one_schedule(
