@@ -458,6 +458,8 @@ def plan(args: argparse.Namespace) -> int:
     ladder = _parse_rates(args.ladder)
     loads = _parse_loads(args.loads)
     configs = _parse_configs(args.configs)
+    if not 5.0 <= args.case_s <= MAX_CASE_S:
+        raise SystemExit(f"--case-s must be in [5, {MAX_CASE_S:g}], got {args.case_s:g}")
     config = _model_config(args.model_config)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)

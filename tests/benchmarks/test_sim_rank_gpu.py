@@ -186,3 +186,5 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
     config.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(SystemExit, match="no hidden_size"):
         sim_rank_gpu.plan(args)
+    with pytest.raises(SystemExit, match="--case-s must be in"):
+        sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "case_s": 1e9}))
