@@ -5,9 +5,12 @@ Why: a load generator that shares its host's cores with the engine (this project
 both on two cores) reads a streamed token only when the kernel next runs it. At the normal policy
 the engine's busy threads kept a client waiting until the engine had streamed the whole response:
 at one open stream our p95 TTFT read 113 ms where independent FIFO-scheduled raw-socket clients
-read 14 ms and the engine's own TTFT was 11 ms (`benchmarks/results/loadgen_vs_vllm_bench.json`,
-recorded before this module). Under FIFO the thread runs as soon as its socket is readable and
-yields the core as soon as it waits again, so it takes no more CPU time than before, only earlier.
+read 14 ms and the engine's own TTFT was 11 ms, on an AVX512-BF16 host
+(`benchmarks/results/loadgen_vs_vllm_bench_bfdb36e_client_at_normal_policy.json`). On an AVX2 host
+the normal policy made no significant difference (`loadgen_vs_vllm_bench.json`, its
+`ours_normal_policy` arm): how much the policy matters depends on the host. Under FIFO the thread
+runs as soon as its socket is readable and yields the core as soon as it waits again, so it takes
+no more CPU time than before, only earlier.
 
 The kernel's real-time throttling (`/proc/sys/kernel/sched_rt_runtime_us`) keeps a runaway FIFO
 thread from holding a core for good. The policy is set with SCHED_RESET_ON_FORK, so a process
