@@ -88,9 +88,11 @@ from benchmarks.sim_accuracy import (  # noqa: E402
 RESULT = REPO / "benchmarks" / "results" / "sim_rank_gpu.json"
 HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are sized for it
 # The GPUs a live file may name, and the catalog hardware each is predicted as. The H200 is
-# calibrated (operator profile and engine costs); the H100 is the simulator's what-if: the H100
-# datasheet with the H200's fitted efficiencies (its basis says so). Any other GPU has no
-# prediction to score and is refused.
+# calibrated (operator profile and engine costs). The H100 is predicted from its own operator
+# profile (serving/perf/data/h100.json) with the engine costs borrowed from the H200's live fit
+# where that profile exists, else as the simulator's what-if: the H100 datasheet with the H200's
+# fitted efficiencies (its basis says which). Any other GPU has no prediction to score and is
+# refused.
 GPU_HARDWARE = {"H200": "h200", "H100": "h100"}
 CALIBRATION_FILES = ("serving/perf/data/h200.json", "serving/perf/data/h200_live.json")
 # The configurations ranked: vLLM's defaults and one knob moved each, all of them knobs the
@@ -552,6 +554,15 @@ def hardware_of(machine: dict[str, Any]) -> str:
     )
 
 
+def calibration_files(hardware: str) -> tuple[str, ...]:
+    """The stored calibration a prediction for `hardware` rests on: its own operator profile
+    with the H200's live fit where it was profiled, else the H200's (a what-if)."""
+    own = f"serving/perf/data/{hardware}.json"
+    if hardware != HARDWARE and (REPO / own).exists():
+        return (own, CALIBRATION_FILES[1])
+    return CALIBRATION_FILES
+
+
 def predict_case(
     model: Any,
     requests: Sequence[Any],
@@ -559,6 +570,7 @@ def predict_case(
     caps: dict[str, int],
     seed: int,
     hardware: str = HARDWARE,
+    efficiency: Any = None,
 ) -> dict[str, Any]:
     from serving.sim.api import simulate_trace
 
@@ -571,6 +583,7 @@ def predict_case(
         max_prompt_tokens=caps["max_prompt_tokens"],
         max_output_tokens=caps["max_output_tokens"],
         seed=seed,
+        efficiency=efficiency,
     )
     s, mean = sim.summary, sim.attribution.mean
     return {
@@ -637,6 +650,7 @@ def score_group(
 def score(args: argparse.Namespace) -> int:
     from serving.catalog.models import model_spec_from_dir
     from serving.loadgen.traces import read_trace
+    from serving.perf.model import load_efficiency
 
     raw = args.live.read_bytes()
     live = json.loads(raw)
@@ -649,10 +663,18 @@ def score(args: argparse.Namespace) -> int:
         (model_dir / "config.json").write_text(json.dumps(live["model_config"]))
         model = model_spec_from_dir(model_dir)
         caps = live["caps"]
-        calibration = calibration_record(CALIBRATION_FILES)
+        files = calibration_files(hardware)
+        profiled = files != CALIBRATION_FILES
+        calibration = calibration_record(files)
         frozen = datetime.fromisoformat(calibration["frozen_at"]) if calibration["frozen_at"] else None
+        # Where the GPU has its own profile, the datasheet what-if it replaced (the H200's
+        # efficiencies on this GPU's datasheet) is scored beside on the same cases: what the
+        # profile changed.
+        what_if = load_efficiency(HARDWARE) if profiled else None
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
+        what_if_groups: dict[str, Any] = {}
+        what_if_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -677,6 +699,19 @@ def score(args: argparse.Namespace) -> int:
             measured = [first[n] for n in names]
             all_started += [c["started_at"] for c in cases]
             g = score_group(names, predicted, measured, rng)
+            if what_if is not None:
+                beside = [
+                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, what_if)
+                    for n in names
+                ]
+                for b in beside:
+                    b.pop("basis")
+                what_if_groups[load] = score_group(names, beside, measured, np.random.default_rng(0))
+                what_if_groups[load]["noise_floor"] = []
+                what_if_rows += [
+                    {"load": load, "config": n, "sim": b, "live": {"tpot_p50_ms": c["tpot_p50_ms"]}}
+                    for n, b, c in zip(names, beside, measured, strict=True)
+                ]
             repeats = [c for c in cases if c["config"] == repeated][1:]
             g["noise_floor"] = [
                 {
@@ -719,7 +754,9 @@ def score(args: argparse.Namespace) -> int:
         "trace": live["trace"],
         "fit_trace": "azure_conv",
         "hardware": hardware,
-        "fit_hardware": "h200",
+        "fit_hardware": (
+            f"{hardware} operators (its own profile), h200 engine costs" if profiled else "h200"
+        ),
         "calibration": calibration,
         "all_cases_after_freeze": bool(
             frozen and all(datetime.fromisoformat(s) > frozen for s in all_started)
@@ -751,6 +788,9 @@ def score(args: argparse.Namespace) -> int:
         "prediction": (
             "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs"
             if hardware == "h200"
+            else f"the {hardware}'s own operator profile ({files[0]}) with the engine costs borrowed from the "
+            "H200's live fit (h200_live.json); nothing fitted on these runs"
+            if profiled
             else f"a what-if: the {hardware} datasheet with the H200 calibration's efficiencies "
             "(serving/perf/data/h200.json, h200_live.json); this GPU was never calibrated, nothing fitted on these runs"
         ),
@@ -762,6 +802,13 @@ def score(args: argparse.Namespace) -> int:
         "groups": groups_out,
         "rows": rows,
     }
+    if what_if_groups:
+        result["what_if_beside"] = {
+            "prediction": f"the {hardware} datasheet with the H200 calibration's efficiencies "
+            "(serving/perf/data/h200.json, h200_live.json), as this GPU was predicted before it was profiled",
+            "summary": _summary(what_if_groups, what_if_rows),
+            "groups": what_if_groups,
+        }
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
     return 0

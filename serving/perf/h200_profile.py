@@ -44,6 +44,8 @@ HELD_OUT = ("llama-3.1-70b", "qwen3-8b", "glm-4.5-air")  # fit on the others, re
 TOKENS = (1, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DECODE = ((1, 2048), (16, 2048), (64, 1024), (64, 8192), (256, 2048))  # (batch, context)
 PREFILL = (512, 2048, 8192)
+# CUDA device names (as torch reports them) of the accelerators a profile may be fitted for.
+GPU_NAMES = {"H200": "h200", "H100": "h100"}
 
 
 def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int]]:
@@ -242,9 +244,9 @@ def _class_rows(rows: list[dict[str, Any]], op: str) -> tuple[list[dict[str, Any
 
 def held_out_errors(stored: dict[str, Any]) -> list[float]:
     """Every held-out operator's absolute percentage error under a stored fit (the contents of
-    `h200.json`), recomputed from its profile rows and fitted classes: what `held_out_mape`
-    averages, one value per operator, for an interval."""
-    hw = get_hardware("h200")
+    `h200.json`, `h100.json`), recomputed from its profile rows and fitted classes: what
+    `held_out_mape` averages, one value per operator, for an interval."""
+    hw = get_hardware(str(stored["efficiency"]["hardware"]))
     peak, bw = hw.peak_flops("bf16"), hw.memory_bandwidth_bytes_per_s
     errors: list[float] = []
     for op, entry in stored["fit"]["classes"].items():
@@ -259,10 +261,23 @@ def held_out_errors(stored: dict[str, Any]) -> list[float]:
     return errors
 
 
+def profiled_hardware(device: str) -> str:
+    """The catalog accelerator a profile's CUDA device name is (`NVIDIA H100 80GB HBM3` is
+    `h100`); a device the catalog does not list is refused, not fitted against another's datasheet."""
+    for marker, name in GPU_NAMES.items():
+        if marker in device:
+            return name
+    raise ValueError(
+        f"the profile was measured on {device!r}, which is none of the catalog's profiled GPUs "
+        f"({', '.join(GPU_NAMES)}): its efficiencies would be fitted against the wrong datasheet"
+    )
+
+
 def fit(profile: Path, out: Path) -> dict[str, Any]:
     data = json.loads(profile.read_text())
     rows = data["rows"]
-    hw = get_hardware("h200")
+    hardware = profiled_hardware(str(data["device"]))
+    hw = get_hardware(hardware)
     peak, bw = hw.peak_flops("bf16"), hw.memory_bandwidth_bytes_per_s
     copy = [r for r in rows if r["op"] == "copy"]
     result: dict[str, Any] = {"classes": {}}
@@ -299,7 +314,7 @@ def fit(profile: Path, out: Path) -> dict[str, Any]:
     if decode:
         memory_eff = min(memory_eff, decode["memory_efficiency"])
     efficiency = {
-        "hardware": "h200",
+        "hardware": hardware,
         "gemm_efficiency": gemm.get("compute_efficiency", 0.6),
         "attention_efficiency": attn.get("compute_efficiency", 0.35),
         "memory_efficiency": memory_eff,
@@ -395,7 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--models", default=",".join(PROFILED))
     f = sub.add_parser("fit")
     f.add_argument("profile", type=Path)
-    f.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "data" / "h200.json")
+    f.add_argument(
+        "--out", type=Path, default=None, help="default: serving/perf/data/<the profiled GPU>.json"
+    )
     k = sub.add_parser("from-kernels")
     k.add_argument("kernels_result", type=Path)
     k.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "data" / "h200.json")
@@ -406,7 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "measure":
         measure(args.out, max_seconds=args.max_seconds, device=args.device, models=args.models.split(","))
         return 0
-    result = fit(args.profile, args.out)
+    out = args.out
+    if out is None:
+        device = str(json.loads(args.profile.read_text()).get("device", ""))
+        out = Path(__file__).resolve().parent / "data" / f"{profiled_hardware(device)}.json"
+    result = fit(args.profile, out)
     print(
         json.dumps(
             {

@@ -204,10 +204,36 @@ def load_efficiency(hardware: str, *, live: bool = True, moe: bool = True) -> Ef
     return efficiency
 
 
+# The accelerator whose live fit of the engine's overheads (`data/<name>_live.json`) stands in
+# for an accelerator whose operators were profiled but whose engine was never fitted live: those
+# costs (scheduling, input preparation, the sampler, HTTP and tokenizing) are the engine
+# software's and its host CPU's, not the GPU's operators, so the nearest live fit is a better
+# guess than the priors. The basis says it is borrowed.
+LIVE_FIT_DONOR = "h200"
+
+
 def nearest_measured(hardware: Hardware) -> tuple[Efficiency, str]:
     """Efficiency factors for `hardware` and the basis of the prediction, in words."""
     own = load_efficiency(hardware.name)
     if own is not None and own.measured:
+        name = hardware.name.replace("-", "_")
+        donor = DATA_DIR / f"{LIVE_FIT_DONOR}_live.json"
+        if (
+            hardware.kind != "cpu"
+            and hardware.name != LIVE_FIT_DONOR
+            and not (DATA_DIR / f"{name}_live.json").exists()
+            and donor.exists()
+        ):
+            live = json.loads(donor.read_text())
+            borrowed = apply_live_fit(
+                own,
+                {
+                    **live,
+                    "how": f"engine overheads borrowed from the {LIVE_FIT_DONOR} live fit "
+                    f"({live.get('how') or donor.name}), never fitted on {hardware.name}",
+                },
+            )
+            return borrowed, f"measured on {hardware.name} ({borrowed.how})"
         return own, f"measured on {hardware.name} ({own.how})"
     if hardware.kind == "cpu":
         cpu = load_efficiency("local-cpu")

@@ -132,6 +132,35 @@ def test_every_prediction_says_whether_it_was_measured() -> None:
         assert "efficiency of h200" in basis
 
 
+def test_a_profiled_gpu_without_its_own_live_fit_borrows_the_h200_engine_costs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import serving.perf.model as perf_model
+
+    profiled = dataclasses.replace(
+        ACCELERATOR_PRIOR,
+        hardware="h100",
+        memory_efficiency=0.83,
+        measured=True,
+        how="GEMM/attention/memory efficiencies fitted to a torch operator profile on NVIDIA H100; "
+        "step, request and communication costs are priors, not measured",
+    )
+    (tmp_path / "h100.json").write_text(json.dumps({"efficiency": profiled.to_mapping()}))
+    live = {"fitted": {"step_overhead_ms": 0.9, "request_overhead_ms": 18.0}, "how": "fitted on H200 runs"}
+    (tmp_path / "h200_live.json").write_text(json.dumps(live))
+    monkeypatch.setattr(perf_model, "DATA_DIR", tmp_path)
+    eff, basis = nearest_measured(get_hardware("h100"))
+    # The operators are the H100's own; the engine's costs are the H200 live fit's, and both
+    # the efficiency and the basis say the latter were borrowed.
+    assert eff.memory_efficiency == 0.83 and eff.step_overhead_ms == 0.9 and eff.request_overhead_ms == 18.0
+    assert basis.startswith("measured on h100") and "borrowed from the h200 live fit" in basis
+    assert "priors, not measured" not in eff.how
+    # Its own live fit, once there, replaces the borrowed one.
+    (tmp_path / "h100_live.json").write_text(json.dumps({"fitted": {"step_overhead_ms": 0.5}, "how": "own"}))
+    eff, basis = nearest_measured(get_hardware("h100"))
+    assert eff.step_overhead_ms == 0.5 and "borrowed" not in basis
+
+
 def test_calibration_recovers_known_factors_from_synthetic_observations() -> None:
     truth = Efficiency(
         "local-cpu", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic", stream_overhead_ms=6.0
@@ -219,7 +248,7 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
     profile.write_text(
         json.dumps(
             {
-                "device": "test",
+                "device": "NVIDIA H200 (synthetic rows)",
                 "torch": "x",
                 "measured_at": "2026-11-30T00:00:00",
                 "how": "synthetic",
@@ -238,6 +267,21 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
     errors = held_out_errors(json.loads((tmp_path / "h200.json").read_text()))
     held_out_rows = [r for r in rows if r["model"] in HELD_OUT]
     assert len(errors) == len(held_out_rows) > 0
+
+    # The same timings named as an H100's are fitted against the H100's datasheet (less memory
+    # bandwidth, the same bf16 peak): the same compute efficiency, a higher memory efficiency.
+    h100 = json.loads(profile.read_text())
+    h100["device"] = "NVIDIA H100 80GB HBM3"
+    profile.write_text(json.dumps(h100))
+    h100_fit = fit(profile, tmp_path / "h100.json")
+    assert h100_fit["efficiency"]["hardware"] == "h100"
+    assert h100_fit["fit"]["classes"]["gemm"]["compute_efficiency"] == pytest.approx(0.75, abs=0.03)
+    assert h100_fit["fit"]["classes"]["gemm"]["memory_efficiency"] > gemm["memory_efficiency"] + 0.1
+    # A GPU the catalog does not profile is refused, not fitted against another's datasheet.
+    h100["device"] = "NVIDIA A100-SXM4-80GB"
+    profile.write_text(json.dumps(h100))
+    with pytest.raises(ValueError, match="A100"):
+        fit(profile, tmp_path / "a100.json")
     assert sum(errors) / len(errors) == pytest.approx(out["held_out_mape"], rel=1e-9)
 
 
