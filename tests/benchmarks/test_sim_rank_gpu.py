@@ -115,13 +115,21 @@ def test_a_live_ranking_the_simulator_inverts_scores_a_negative_tau(tmp_path: Pa
     assert summary["top1_agreement_rate"] == 0.0
 
 
-def test_an_h100_run_is_scored_as_the_what_if_and_an_uncalibrated_gpu_is_refused(tmp_path: Path) -> None:
+def test_an_h100_run_is_scored_on_its_profile_beside_the_what_if_and_an_uncalibrated_gpu_is_refused(
+    tmp_path: Path,
+) -> None:
     live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0), gpu="NVIDIA H100 80GB HBM3, 81559 MiB")
     out = tmp_path / "scored.json"
     sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
     result = json.loads(out.read_text())
-    assert result["hardware"] == "h100" and "what-if" in result["prediction"]
-    assert all("datasheet of h100" in b for b in result["groups"]["loaded"]["basis"])
+    # The H100's own operator profile with the H200's engine costs; the datasheet what-if it
+    # replaced is scored beside on the same cases.
+    assert result["hardware"] == "h100" and "own operator profile" in result["prediction"]
+    assert result["held_out"]["calibration"]["files"][0]["path"] == "serving/perf/data/h100.json"
+    assert all(b.startswith("measured on h100") for b in result["groups"]["loaded"]["basis"])
+    beside = result["what_if_beside"]
+    assert "datasheet" in beside["prediction"] and beside["summary"]["groups"] == 1
+    assert beside["summary"]["p50_ttft_mape"] is not None
     data = json.loads(live.read_text())
     data["machine"]["gpu"] = "NVIDIA A10G, 23028 MiB"
     live.write_text(json.dumps(data))

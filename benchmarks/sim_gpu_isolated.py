@@ -1,0 +1,373 @@
+"""The step model against the engine one request at a time: no queue, no batching.
+
+Past the knee on the H100 (`benchmarks/results/sim_rank_gpu_mooncake_past_knee.json`) the
+simulator predicted a p50 TPOT 2-4x the measured one at token budgets of 8,192 and more, and
+within 6% at 1,024, while its TTFTs were within about a fifth. Its per-token engine cost (fitted on
+the H200's Azure knee probes of the 8B and 32B, `serving/perf/data/h200_live.json`) lengthens
+every step by the tokens it schedules, so a step carrying a long prompt chunk holds up the
+decodes beside it. This benchmark takes queueing and batching away to see which part of a step
+the model gets wrong: one engine with vLLM's defaults for the model (random weights), single
+requests of rising prompt lengths (distinct prompts: nothing cached), each alone (spaced so that
+none overlaps the next), every length's requests replayed on their own between two scrapes of the
+engine's /metrics, so each length has the engine's own mean prefill and queue time beside the
+client's TTFT and TPOT.
+
+`measure` runs on the GPU host and writes the live file; `score` runs anywhere: the simulator on
+the same requests (the hardware `sim_rank_gpu.hardware_of` names from the live file's GPU, its
+stored calibration) per length, with the per-token cost as stored and with it removed (the
+ablation), against the measurements; intervals are 95% bootstrap over each length's requests,
+and the slope of time against prompt length is a least-squares fit over the lengths.
+
+    python3 benchmarks/sim_gpu_isolated.py measure --model-dir M --model-label llama-3.2-3b --out live.json
+    .venv/bin/python benchmarks/sim_gpu_isolated.py score live.json   # writes benchmarks/results/sim_gpu_isolated.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
+from benchmarks._resumable import log, save_state  # noqa: E402
+from benchmarks.sim_rank_gpu import _engine_config, calibration_files, hardware_of  # noqa: E402
+
+RESULT = REPO / "benchmarks" / "results" / "sim_gpu_isolated.json"
+LENGTHS = (256, 1024, 4096, 8192, 16384, 30000)  # prompt tokens
+MAX_LENGTHS = 12
+MAX_REPEATS = 20
+SPACING_S = 2.0  # between sends: a 30k-token prefill and its decode end well within it
+BOOTSTRAP_ROUNDS = 2000
+
+
+def _parse_lengths(text: str, max_model_len: int, output_tokens: int) -> list[int]:
+    try:
+        lengths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"--lengths wants comma-separated prompt lengths in tokens, got {text!r}") from None
+    if not lengths or len(lengths) > MAX_LENGTHS:
+        raise SystemExit(f"--lengths: 1 to {MAX_LENGTHS} lengths, got {text!r}")
+    too_long = [n for n in lengths if not 16 <= n <= max_model_len - output_tokens]
+    if too_long:
+        raise SystemExit(
+            f"--lengths: each in [16, {max_model_len - output_tokens}] (max_model_len less the output), "
+            f"not {too_long}"
+        )
+    return lengths
+
+
+def write_requests(path: Path, length: int, repeats: int, output_tokens: int, first_block: int) -> int:
+    """`repeats` requests of `length` prompt tokens, SPACING_S apart, each with block ids no other
+    request has (so no prompt shares a cached prefix); returns the next free block id."""
+    lines = []
+    block = first_block
+    for i in range(repeats):
+        blocks = math.ceil(length / 512)
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": int(i * SPACING_S * 1000),
+                    "input_length": length,
+                    "output_length": output_tokens,
+                    "hash_ids": list(range(block, block + blocks)),
+                }
+            )
+        )
+        block += blocks
+    path.write_text("\n".join(lines) + "\n")
+    return block
+
+
+# --- measure (on the GPU host) ------------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace) -> int:
+    from serving.engine.host import ForeignLoadMeter, GpuMeter
+    from serving.engine.launcher import start_engine
+    from serving.loadgen.api import replay_trace
+    from serving.metrics import scrape, snapshot_delta
+    from tuning.search.trial import warm_up
+
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise SystemExit(f"--repeats must be in [1, {MAX_REPEATS}], got {args.repeats}")
+    if not 2 <= args.output_tokens <= 1024:
+        raise SystemExit(f"--output-tokens must be in [2, 1024], got {args.output_tokens}")
+    lengths = _parse_lengths(args.lengths, args.max_model_len, args.output_tokens)
+    config = _engine_config({}, args.max_model_len, None, args.model_dir)
+    work = Path(tempfile.mkdtemp(prefix="isolated-"))
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "benchmark": "sim_gpu_isolated_live",
+        "when": started_at.isoformat(timespec="seconds"),
+        **git_state(REPO),
+        "machine": machine_facts(),
+        "versions": versions("vllm", "torch", "numpy"),
+        "model": args.model_label,
+        "model_config": json.loads((args.model_dir / "config.json").read_text()),
+        "method": {
+            "config": "vLLM's defaults (random weights, --load-format dummy)",
+            "max_model_len": args.max_model_len,
+            "lengths": lengths,
+            "repeats": args.repeats,
+            "output_tokens": args.output_tokens,
+            "spacing_s": SPACING_S,
+        },
+        "lengths": [],
+    }
+    with start_engine(model=str(args.model_dir), config=config, startup_timeout_s=900) as engine:
+        out["engine_ready_s"] = round(time.monotonic() - started, 1)
+        url = engine.base_url
+        warm_up(url, seed=50_000)
+        meter = ForeignLoadMeter().start()
+        gpu_meter = GpuMeter().start()
+        block = 1_000_000  # far from any block id the warm-up used
+        try:
+            for length in lengths:
+                path = work / f"len{length}.jsonl"
+                block = write_requests(path, length, args.repeats, args.output_tokens, block)
+                before = scrape(url)
+                result = replay_trace(
+                    endpoint=url,
+                    trace=path,
+                    max_prompt_tokens=length,
+                    max_output_tokens=args.output_tokens,
+                    seed=length,
+                    progress=False,
+                    request_timeout_s=120.0,
+                )
+                delta = snapshot_delta(before, scrape(url))
+                ok = [r for r in result.requests if r.ok]
+                entry = {
+                    "prompt_tokens": length,
+                    "requests": result.summary.num_requests,
+                    "errors": result.summary.num_errors,
+                    "ttft_ms": [round(r.ttft_ms, 3) for r in ok if r.ttft_ms is not None],
+                    "tpot_ms": [round(r.tpot_ms, 4) for r in ok if r.tpot_ms is not None],
+                    "engine": {
+                        "ttft_mean_ms": delta.ttft_mean_ms,
+                        "queue_mean_ms": delta.queue_mean_ms,
+                        "prefill_mean_ms": delta.prefill_mean_ms,
+                        "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+                    },
+                }
+                out["lengths"].append(entry)
+                ttft = float(np.median(entry["ttft_ms"])) if entry["ttft_ms"] else math.nan
+                tpot = float(np.median(entry["tpot_ms"])) if entry["tpot_ms"] else math.nan
+                log(
+                    f"{length:>6} tokens: TTFT p50 {ttft:,.1f} ms, TPOT p50 {tpot:.2f} ms, engine prefill "
+                    f"{delta.prefill_mean_ms or math.nan:,.1f} ms, {entry['errors']} errors"
+                )
+                save_state(args.out, out)
+        finally:
+            out["foreign_load"] = meter.stop().to_dict()
+            gpu = gpu_meter.stop()
+            gpu_meter.close()
+            out["gpu_load"] = gpu.to_dict() if gpu is not None else None
+    out["seconds"] = round(time.monotonic() - started, 1)
+    save_state(args.out, out)
+    log(f"complete: {args.out}")
+    return 0
+
+
+# --- score (anywhere) ---------------------------------------------------------------------------
+
+
+def _median_ci(values: Sequence[float], rng: np.random.Generator) -> dict[str, float] | None:
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if arr.size == 0:
+        return None
+    draws = np.median(rng.choice(arr, size=(BOOTSTRAP_ROUNDS, arr.size), replace=True), axis=1)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {"value": float(np.median(arr)), "ci_low": float(low), "ci_high": float(high)}
+
+
+def slope_ms_per_1k(lengths: Sequence[int], values: Sequence[float | None]) -> float | None:
+    """Least-squares slope of `values` (ms) against prompt length, in ms per 1,000 tokens."""
+    pairs = [(n, v) for n, v in zip(lengths, values, strict=True) if v is not None and math.isfinite(v)]
+    if len(pairs) < 2:
+        return None
+    x = np.array([p[0] for p in pairs], dtype=np.float64) / 1000.0
+    y = np.array([p[1] for p in pairs], dtype=np.float64)
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def predict_length(
+    model: Any, hardware: str, efficiency: Any, entry: dict[str, Any], live: dict[str, Any]
+) -> dict[str, float]:
+    """The simulator on one length's requests, as the live engine was configured."""
+    from serving.loadgen.traces import read_trace
+    from serving.sim.api import simulate_trace
+
+    method = live["method"]
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "len.jsonl"
+        write_requests(path, entry["prompt_tokens"], method["repeats"], method["output_tokens"], 1_000_000)
+        requests = read_trace(path)
+    sim = simulate_trace(
+        requests,
+        model=model,
+        hardware=hardware,
+        config=_engine_config({}, method["max_model_len"]),
+        max_prompt_tokens=entry["prompt_tokens"],
+        max_output_tokens=method["output_tokens"],
+        efficiency=efficiency,
+    )
+    mean = sim.attribution.mean
+    return {
+        "ttft_p50_ms": float(sim.summary.ttft_ms.p50),
+        "tpot_p50_ms": float(sim.summary.tpot_ms.p50),
+        "prefill_mean_ms": float(mean.prefill_compute_ms + mean.chunking_delay_ms),
+        "overhead_mean_ms": float(mean.overhead_ms),
+    }
+
+
+def score(args: argparse.Namespace) -> int:
+    from serving.catalog.hardware import get_hardware
+    from serving.catalog.models import model_spec_from_dir
+    from serving.perf.model import nearest_measured
+
+    raw = args.live.read_bytes()
+    live = json.loads(raw)
+    if live.get("benchmark") != "sim_gpu_isolated_live":
+        raise SystemExit(f"{args.live} is not a sim_gpu_isolated live file")
+    if not live["lengths"]:
+        raise SystemExit(f"{args.live}: no length was measured")
+    hardware = hardware_of(live["machine"])
+    stored, basis = nearest_measured(get_hardware(hardware))
+    variants = {
+        "as_stored": stored,
+        "no_token_overhead": dataclasses.replace(stored, token_overhead_ms=0.0),
+    }
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = Path(scratch) / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(live["model_config"]))
+        model = model_spec_from_dir(model_dir)
+        for entry in live["lengths"]:
+            measured = {
+                "ttft_p50_ms": _median_ci(entry["ttft_ms"], rng),
+                "tpot_p50_ms": _median_ci(entry["tpot_ms"], rng),
+                "engine_prefill_mean_ms": entry["engine"]["prefill_mean_ms"],
+                "engine_queue_mean_ms": entry["engine"]["queue_mean_ms"],
+                "engine_ttft_mean_ms": entry["engine"]["ttft_mean_ms"],
+                "requests": entry["requests"],
+                "errors": entry["errors"],
+            }
+            predicted = {
+                name: predict_length(model, hardware, eff, entry, live) for name, eff in variants.items()
+            }
+            row: dict[str, Any] = {
+                "prompt_tokens": entry["prompt_tokens"],
+                "live": measured,
+                "sim": predicted,
+            }
+            for name, p in predicted.items():
+                ratios = {}
+                for key, live_key in (("ttft_p50_ms", "ttft_p50_ms"), ("tpot_p50_ms", "tpot_p50_ms")):
+                    m = measured[live_key]
+                    if m:
+                        ratios[key] = {
+                            "value": p[key] / m["value"],
+                            "ci_low": p[key] / m["ci_high"],
+                            "ci_high": p[key] / m["ci_low"],
+                        }
+                prefill = measured["engine_prefill_mean_ms"]
+                if prefill:
+                    ratios["prefill_mean_ms"] = {"value": p["prefill_mean_ms"] / prefill}
+                row[f"sim_over_live_{name}"] = ratios
+            rows.append(row)
+    lengths = [r["prompt_tokens"] for r in rows]
+    summary: dict[str, Any] = {
+        "engine_prefill_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [r["live"]["engine_prefill_mean_ms"] for r in rows]
+        ),
+        "client_ttft_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [(r["live"]["ttft_p50_ms"] or {}).get("value") for r in rows]
+        ),
+    }
+    for name in variants:
+        summary[f"sim_prefill_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
+            lengths, [r["sim"][name]["prefill_mean_ms"] for r in rows]
+        )
+        summary[f"sim_ttft_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
+            lengths, [r["sim"][name]["ttft_p50_ms"] for r in rows]
+        )
+        for key in ("ttft_p50_ms", "tpot_p50_ms"):
+            errors = [
+                abs(r[f"sim_over_live_{name}"][key]["value"] - 1)
+                for r in rows
+                if key in r[f"sim_over_live_{name}"]
+            ]
+            summary[f"{key.replace('_ms', '')}_mape_{name}"] = float(np.mean(errors)) if errors else None
+    result = {
+        "benchmark": "sim_gpu_isolated",
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        **git_state(REPO),
+        "machine": machine_facts(),
+        "versions": versions("numpy"),
+        "live": {
+            "path": str(args.live.relative_to(REPO)) if args.live.is_relative_to(REPO) else str(args.live),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "when": live["when"],
+            "commit": live.get("commit"),
+            "dirty": live.get("dirty"),
+            "machine": live["machine"],
+            "versions": live["versions"],
+            "engine_ready_s": live.get("engine_ready_s"),
+            "foreign_load": live.get("foreign_load"),
+            "gpu_load": live.get("gpu_load"),
+            "method": live["method"],
+        },
+        "model": live["model"],
+        "hardware": hardware,
+        "prediction": basis,
+        "calibration_files": list(calibration_files(hardware)),
+        "ablation": "no_token_overhead: the same calibration with the per-scheduled-token engine cost set to 0",
+        "intervals_how": f"95% bootstrap ({BOOTSTRAP_ROUNDS} rounds) of each length's median over its requests",
+        "summary": summary,
+        "rows": rows,
+    }
+    save_state(args.out, result)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="step", required=True)
+    m = sub.add_parser("measure", help="on the GPU host: one engine, single requests of rising length")
+    m.add_argument("--model-dir", type=Path, required=True, help="config.json + tokenizer (random weights)")
+    m.add_argument("--model-label", required=True)
+    m.add_argument("--lengths", default=",".join(str(n) for n in LENGTHS))
+    m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--output-tokens", type=int, default=128)
+    m.add_argument("--max-model-len", type=int, default=32768)
+    m.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score", help="anywhere: the simulator on the same requests")
+    s.add_argument("live", type=Path, help="the live file `measure` wrote")
+    s.add_argument("--out", type=Path, default=RESULT)
+    args = parser.parse_args()
+    return measure(args) if args.step == "measure" else score(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The isolated-request benchmark's scoring and input checks, on simulated "live" requests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import sim_gpu_isolated
+from serving.catalog.hardware import get_hardware
+from serving.catalog.models import model_spec_from_dir
+from serving.perf.model import nearest_measured
+from tests.benchmarks.test_sim_rank_gpu import LLAMA_3B
+
+LENGTHS = (512, 2048, 8192)
+METHOD = {
+    "max_model_len": 16384,
+    "lengths": list(LENGTHS),
+    "repeats": 3,
+    "output_tokens": 32,
+    "spacing_s": 2.0,
+}
+
+
+def _live_file(tmp_path: Path, *, ttft_scale: float) -> Path:
+    """A live file whose requests took the simulator's own times (TTFT times `ttft_scale`)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_3B))
+    model = model_spec_from_dir(model_dir)
+    eff, _ = nearest_measured(get_hardware("h200"))
+    live = {"benchmark": "sim_gpu_isolated_live", "method": METHOD, "model_config": LLAMA_3B}
+    lengths = []
+    for n in LENGTHS:
+        p = sim_gpu_isolated.predict_length(model, "h200", eff, {"prompt_tokens": n}, live)
+        lengths.append(
+            {
+                "prompt_tokens": n,
+                "requests": 3,
+                "errors": 0,
+                "ttft_ms": [p["ttft_p50_ms"] * ttft_scale] * 3,
+                "tpot_ms": [p["tpot_p50_ms"]] * 3,
+                "engine": {
+                    "ttft_mean_ms": p["ttft_p50_ms"],
+                    "queue_mean_ms": 0.0,
+                    "prefill_mean_ms": p["prefill_mean_ms"],
+                    "prefix_cache_hit_rate": 0.0,
+                },
+            }
+        )
+    live.update(
+        {
+            "when": "2030-01-01T00:00:00+00:00",
+            "machine": {"gpu": "NVIDIA H200, 143771 MiB"},
+            "versions": {},
+            "model": "llama-3.2-3b",
+            "lengths": lengths,
+        }
+    )
+    out = tmp_path / "live.json"
+    out.write_text(json.dumps(live))
+    return out
+
+
+def test_requests_that_took_the_simulated_times_score_ratios_of_one(tmp_path: Path) -> None:
+    live = _live_file(tmp_path, ttft_scale=1.0)
+    out = tmp_path / "scored.json"
+    assert sim_gpu_isolated.score(argparse.Namespace(live=live, out=out)) == 0
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert summary["ttft_p50_mape_as_stored"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["tpot_p50_mape_as_stored"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["engine_prefill_ms_per_1k_tokens"] == pytest.approx(
+        summary["sim_prefill_ms_per_1k_tokens_as_stored"]
+    )
+    # Prefill time grows with the prompt, and the ablation without the per-token cost is cheaper.
+    assert (
+        summary["sim_prefill_ms_per_1k_tokens_as_stored"]
+        > summary["sim_prefill_ms_per_1k_tokens_no_token_overhead"]
+        > 0
+    )
+    row = result["rows"][-1]
+    assert row["sim_over_live_as_stored"]["ttft_p50_ms"]["value"] == pytest.approx(1.0)
+    assert result["hardware"] == "h200" and result["prediction"].startswith("measured on h200")
+
+
+def test_a_slower_engine_shows_as_a_ratio_below_one(tmp_path: Path) -> None:
+    live = _live_file(tmp_path, ttft_scale=2.0)
+    out = tmp_path / "scored.json"
+    sim_gpu_isolated.score(argparse.Namespace(live=live, out=out))
+    result = json.loads(out.read_text())
+    assert all(
+        r["sim_over_live_as_stored"]["ttft_p50_ms"]["value"] == pytest.approx(0.5) for r in result["rows"]
+    )
+    assert result["summary"]["ttft_p50_mape_as_stored"] == pytest.approx(0.5)
+
+
+def test_bad_lengths_are_refused_with_the_bounds() -> None:
+    with pytest.raises(SystemExit, match="comma-separated"):
+        sim_gpu_isolated._parse_lengths("1k,2k", 32768, 128)
+    with pytest.raises(SystemExit, match=r"each in \[16, 32640\]"):
+        sim_gpu_isolated._parse_lengths("512,40000", 32768, 128)
+    with pytest.raises(SystemExit, match="1 to 12 lengths"):
+        sim_gpu_isolated._parse_lengths(",".join(str(100 + i) for i in range(13)), 32768, 128)
+    assert sim_gpu_isolated._parse_lengths("4096,256,256", 32768, 128) == [256, 4096]
