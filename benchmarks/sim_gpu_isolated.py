@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import sys
@@ -44,7 +43,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from benchmarks._resumable import log, save_state  # noqa: E402
-from benchmarks.sim_rank_gpu import _engine_config, calibration_files, hardware_of  # noqa: E402
+from benchmarks.sim_rank_gpu import _engine_config, calibration_files, hardware_of, scored_header  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "sim_gpu_isolated.json"
 LENGTHS = (256, 1024, 4096, 8192, 16384, 30000)  # prompt tokens
@@ -316,25 +315,10 @@ def score(args: argparse.Namespace) -> int:
                 if key in r[f"sim_over_live_{name}"]
             ]
             summary[f"{key.replace('_ms', '')}_mape_{name}"] = float(np.mean(errors)) if errors else None
+    header = scored_header("sim_gpu_isolated", args.live, raw, live)
+    header["live"].update({k: live.get(k) for k in ("engine_ready_s", "foreign_load", "gpu_load", "method")})
     result = {
-        "benchmark": "sim_gpu_isolated",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        **git_state(REPO),
-        "machine": machine_facts(),
-        "versions": versions("numpy"),
-        "live": {
-            "path": str(args.live.relative_to(REPO)) if args.live.is_relative_to(REPO) else str(args.live),
-            "sha256": hashlib.sha256(raw).hexdigest(),
-            "when": live["when"],
-            "commit": live.get("commit"),
-            "dirty": live.get("dirty"),
-            "machine": live["machine"],
-            "versions": live["versions"],
-            "engine_ready_s": live.get("engine_ready_s"),
-            "foreign_load": live.get("foreign_load"),
-            "gpu_load": live.get("gpu_load"),
-            "method": live["method"],
-        },
+        **header,
         "model": live["model"],
         "hardware": hardware,
         "prediction": basis,

@@ -84,6 +84,7 @@ from benchmarks.sim_accuracy import (  # noqa: E402
     mape,
     top_k_hit,
 )
+from serving.perf.h200_profile import GPU_NAMES, profiled_hardware  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "sim_rank_gpu.json"
 HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are sized for it
@@ -93,7 +94,7 @@ HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are siz
 # where that profile exists, else as the simulator's what-if: the H100 datasheet with the H200's
 # fitted efficiencies (its basis says which). Any other GPU has no prediction to score and is
 # refused.
-GPU_HARDWARE = {"H200": "h200", "H100": "h100"}
+GPU_HARDWARE = GPU_NAMES  # serving.perf.h200_profile's: the GPUs an operator profile may be fitted for
 CALIBRATION_FILES = ("serving/perf/data/h200.json", "serving/perf/data/h200_live.json")
 # The configurations ranked: vLLM's defaults and one knob moved each, all of them knobs the
 # simulator models (a knob it ignores would be refused by `score`, not guessed).
@@ -545,13 +546,34 @@ def _percentile(values: np.ndarray, q: float) -> float:
 def hardware_of(machine: dict[str, Any]) -> str:
     """The catalog hardware a live file's GPU is predicted as (see GPU_HARDWARE)."""
     gpu = str(machine.get("gpu") or "none")
-    for marker, name in GPU_HARDWARE.items():
-        if marker in gpu:
-            return name
-    raise SystemExit(
-        f"the live run's GPU {gpu!r} has no H200 calibration or what-if in the simulator "
-        f"(known: {', '.join(GPU_HARDWARE)}): its prediction is withheld, not guessed"
-    )
+    try:
+        return profiled_hardware(gpu)
+    except ValueError:
+        raise SystemExit(
+            f"the live run's GPU {gpu!r} has no H200 calibration or what-if in the simulator "
+            f"(known: {', '.join(GPU_HARDWARE)}): its prediction is withheld, not guessed"
+        ) from None
+
+
+def scored_header(benchmark: str, live_path: Path, raw: bytes, live: dict[str, Any]) -> dict[str, Any]:
+    """What every scored result of a live file starts with: this scoring's provenance, and the
+    live file's (its bytes' hash, when, where and at which commit it was measured)."""
+    return {
+        "benchmark": benchmark,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        **git_state(REPO),
+        "machine": machine_facts(),
+        "versions": versions("numpy"),
+        "live": {
+            "path": str(live_path.relative_to(REPO)) if live_path.is_relative_to(REPO) else str(live_path),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "when": live["when"],
+            "commit": live.get("commit"),
+            "dirty": live.get("dirty"),
+            "machine": live["machine"],
+            "versions": live["versions"],
+        },
+    }
 
 
 def calibration_files(hardware: str) -> tuple[str, ...]:
@@ -763,24 +785,16 @@ def score(args: argparse.Namespace) -> int:
         ),
         "first_case_started_at": min(all_started) if all_started else None,
     }
-    result = {
-        "benchmark": "sim_rank_gpu",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        **git_state(REPO),
-        "machine": machine_facts(),
-        "versions": versions("numpy"),
-        "live": {
-            "path": str(args.live.relative_to(REPO)) if args.live.is_relative_to(REPO) else str(args.live),
-            "sha256": hashlib.sha256(raw).hexdigest(),
-            "when": live["when"],
+    header = scored_header("sim_rank_gpu", args.live, raw, live)
+    header["live"].update(
+        {
             "complete": live["complete"],
-            "commit": live.get("commit"),
-            "dirty": live.get("dirty"),
-            "machine": live["machine"],
-            "versions": live["versions"],
             "knee": {k: v for k, v in (live.get("knee") or {}).items()},
             "device_seconds": live.get("device_seconds"),
-        },
+        }
+    )
+    result = {
+        **header,
         "model": live["model"],
         "trace": live["trace"],
         "held_out": held_out,
