@@ -42,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -644,7 +645,7 @@ def refit_stored(path: Path) -> int:
     data["refitted"] = {
         "at": today.isoformat(timespec="seconds"),
         "how": "python -m serving.perf.calibrate --refit: the stored observations, fitted again",
-        **_code_state(),
+        **code_state(),
     }
     path.write_text(json.dumps(data, indent=1) + "\n")
     for row in data["fit"]:
@@ -653,8 +654,18 @@ def refit_stored(path: Path) -> int:
     return 0
 
 
-def _code_state() -> dict[str, object]:
-    """The commit this code is at and whether the fit's own files differ from it."""
+def code_state(files: Sequence[str] = ("calibrate.py", "model.py")) -> dict[str, object]:
+    """The commit this code is at and whether `files` (under serving/perf) differ from it. On a
+    host that got a copy of the tree (the GPU host: its .git, where there is one, is an older
+    snapshot's), the commit and dirty flag the launcher stated in TAILGUARD_GIT_COMMIT and
+    TAILGUARD_GIT_DIRTY, as the benchmarks take them."""
+    stated = os.environ.get("TAILGUARD_GIT_COMMIT")
+    if stated:
+        return {
+            "commit": stated,
+            "dirty": os.environ.get("TAILGUARD_GIT_DIRTY", "1") != "0",
+            "source": "stated by the launcher (a copy of the tree on another host)",
+        }
     here = Path(__file__).resolve().parent
 
     def git(*args: str) -> str | None:
@@ -664,7 +675,7 @@ def _code_state() -> dict[str, object]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
-    changed = git("status", "--porcelain", "--", "calibrate.py", "model.py")
+    changed = git("status", "--porcelain", "--", *files)
     return {
         "commit": git("rev-parse", "HEAD") or "unknown",
         "dirty": None if changed is None else bool(changed),

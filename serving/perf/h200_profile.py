@@ -194,7 +194,11 @@ def measure(
         if time.monotonic() - started > max_seconds:
             print(f"stopping after {name}: time limit", flush=True)
             break
+    from serving.perf.calibrate import code_state
+
     data = {
+        # The commit the profile was measured at, and whether this script differed from it.
+        **code_state(("h200_profile.py",)),
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu (smoke run)",
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -333,6 +337,9 @@ def fit(profile: Path, out: Path) -> dict[str, Any]:
     out_data = {
         "machine": data["device"],
         "measured_at": data["measured_at"],
+        # The commit the profile was measured at (None: measured before `measure` recorded it).
+        "measured_commit": data.get("commit"),
+        "measured_dirty": data.get("dirty"),
         "how": data["how"] + "; fitted by `python -m serving.perf.h200_profile fit`",
         "versions": {"torch": data["torch"]},
         "held_out_models": list(HELD_OUT),

@@ -161,6 +161,21 @@ def test_a_profiled_gpu_without_its_own_live_fit_borrows_the_h200_engine_costs(
     assert eff.step_overhead_ms == 0.5 and "borrowed" not in basis
 
 
+def test_the_code_state_is_the_launchers_statement_on_a_copied_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.perf.calibrate import code_state
+
+    monkeypatch.delenv("TAILGUARD_GIT_COMMIT", raising=False)
+    here = code_state()
+    assert here["commit"] == "unknown" or len(str(here["commit"])) == 40  # 'unknown' outside a checkout
+    assert "source" not in here
+    monkeypatch.setenv("TAILGUARD_GIT_COMMIT", "b" * 40)
+    monkeypatch.setenv("TAILGUARD_GIT_DIRTY", "0")
+    assert code_state(("h200_profile.py",))["commit"] == "b" * 40
+    assert code_state()["dirty"] is False
+    monkeypatch.delenv("TAILGUARD_GIT_DIRTY")  # unstated: counted dirty, never assumed clean
+    assert code_state()["dirty"] is True
+
+
 def test_calibration_recovers_known_factors_from_synthetic_observations() -> None:
     truth = Efficiency(
         "local-cpu", 0.5, 0.25, 1e6, 1.0, 0.0, 2.0, 0.1, 0.0, 15.0, True, "synthetic", stream_overhead_ms=6.0
@@ -249,6 +264,8 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
         json.dumps(
             {
                 "device": "NVIDIA H200 (synthetic rows)",
+                "commit": "a" * 40,
+                "dirty": False,
                 "torch": "x",
                 "measured_at": "2026-11-30T00:00:00",
                 "how": "synthetic",
@@ -262,6 +279,8 @@ def test_the_operator_profile_fit_recovers_a_known_roofline(tmp_path: Path) -> N
     assert gemm["memory_efficiency"] == pytest.approx(0.8, abs=0.03)
     assert out["held_out_mape"] < 0.03 and set(out["held_out_models"]) == set(HELD_OUT)
     assert out["efficiency"]["measured"] and "priors" in out["efficiency"]["how"]
+    # The calibration names the commit its profile was measured at.
+    assert (out["measured_commit"], out["measured_dirty"]) == ("a" * 40, False)
     # The stored fit gives back one error per held-out operator, whose mean is the stored MAPE
     # (sim_accuracy draws the MAPE's interval from them).
     errors = held_out_errors(json.loads((tmp_path / "h200.json").read_text()))
