@@ -85,6 +85,7 @@ from benchmarks.sim_accuracy import (  # noqa: E402
     top_k_hit,
 )
 from serving.perf.h200_profile import GPU_NAMES, profiled_hardware  # noqa: E402
+from serving.perf.model import LIVE_FIT_DONOR  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "sim_rank_gpu.json"
 HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are sized for it
@@ -94,7 +95,6 @@ HARDWARE = "h200"  # the calibrated accelerator: the measure step's caps are siz
 # where that profile exists, else as the simulator's what-if: the H100 datasheet with the H200's
 # fitted efficiencies (its basis says which). Any other GPU has no prediction to score and is
 # refused.
-GPU_HARDWARE = GPU_NAMES  # serving.perf.h200_profile's: the GPUs an operator profile may be fitted for
 CALIBRATION_FILES = ("serving/perf/data/h200.json", "serving/perf/data/h200_live.json")
 # The configurations ranked: vLLM's defaults and one knob moved each, all of them knobs the
 # simulator models (a knob it ignores would be refused by `score`, not guessed).
@@ -544,14 +544,14 @@ def _percentile(values: np.ndarray, q: float) -> float:
 
 
 def hardware_of(machine: dict[str, Any]) -> str:
-    """The catalog hardware a live file's GPU is predicted as (see GPU_HARDWARE)."""
+    """The catalog hardware a live file's GPU is predicted as (h200_profile's GPU_NAMES)."""
     gpu = str(machine.get("gpu") or "none")
     try:
         return profiled_hardware(gpu)
     except ValueError:
         raise SystemExit(
             f"the live run's GPU {gpu!r} has no H200 calibration or what-if in the simulator "
-            f"(known: {', '.join(GPU_HARDWARE)}): its prediction is withheld, not guessed"
+            f"(known: {', '.join(GPU_NAMES)}): its prediction is withheld, not guessed"
         ) from None
 
 
@@ -578,11 +578,13 @@ def scored_header(benchmark: str, live_path: Path, raw: bytes, live: dict[str, A
 
 def calibration_files(hardware: str) -> tuple[str, ...]:
     """The stored calibration a prediction for `hardware` rests on: its own operator profile
-    with the H200's live fit where it was profiled, else the H200's (a what-if)."""
+    with its own live fit, or the one it borrows (`serving.perf.model.nearest_measured`), where
+    it was profiled; else the H200's (a what-if)."""
     own = f"serving/perf/data/{hardware}.json"
-    if hardware != HARDWARE and (REPO / own).exists():
-        return (own, CALIBRATION_FILES[1])
-    return CALIBRATION_FILES
+    if hardware == HARDWARE or not (REPO / own).exists():
+        return CALIBRATION_FILES
+    live = f"serving/perf/data/{hardware}_live.json"
+    return (own, live if (REPO / live).exists() else f"serving/perf/data/{LIVE_FIT_DONOR}_live.json")
 
 
 def predict_case(

@@ -277,10 +277,13 @@ def profiled_hardware(device: str) -> str:
     )
 
 
-def fit(profile: Path, out: Path) -> dict[str, Any]:
+def fit(profile: Path, out: Path | None = None) -> dict[str, Any]:
+    """Fits `profile` (what `measure` wrote) and writes the calibration to `out`, by default
+    `serving/perf/data/<the profiled GPU>.json`."""
     data = json.loads(profile.read_text())
     rows = data["rows"]
     hardware = profiled_hardware(str(data["device"]))
+    out = out or Path(__file__).resolve().parent / "data" / f"{hardware}.json"
     hw = get_hardware(hardware)
     peak, bw = hw.peak_flops("bf16"), hw.memory_bandwidth_bytes_per_s
     copy = [r for r in rows if r["op"] == "copy"]
@@ -430,11 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "measure":
         measure(args.out, max_seconds=args.max_seconds, device=args.device, models=args.models.split(","))
         return 0
-    out = args.out
-    if out is None:
-        device = str(json.loads(args.profile.read_text()).get("device", ""))
-        out = Path(__file__).resolve().parent / "data" / f"{profiled_hardware(device)}.json"
-    result = fit(args.profile, out)
+    result = fit(args.profile, args.out)
     print(
         json.dumps(
             {
