@@ -9,11 +9,12 @@ it with the simulator for hardware `h200`, and scores the prediction.
 
 The H200 operator calibration (`serving/perf/data/h200.json`) measured GEMM and attention in
 isolation; the costs around them were priors: the engine's own per step (scheduling, input
-preparation, the sampler, CUDA-graph replay or piecewise launches), per scheduled sequence and
-per scheduled token (norms, activations, rotary), and outside the engine loop the
-client-visible cost of a request (HTTP, tokenizing) and the frontend's delay per other request
-streaming when one is sent (one API-server process tokenizes, detokenizes and streams for all).
-These five are fitted here, and only here:
+preparation, the sampler, CUDA-graph replay or piecewise launches) and per scheduled sequence,
+and outside the engine loop the client-visible cost of a request (HTTP), its cost per prompt
+token before it reaches the engine (tokenizing, the hand-off to the engine core) and the
+frontend's delay per other request streaming when one is sent (one API-server process tokenizes,
+detokenizes and streams for all). These five are fitted here, and only here (`--fields` may name
+the per-scheduled-token step cost too; see DEFAULT_FIELDS for why it is left out):
 
 - FIT set: the azure_conv knee probe of each shape (vLLM defaults at rising rates: 14 rates of
   the 8B, 7 of the 32B), on p50 and p95 TTFT;
@@ -109,7 +110,21 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "seq_overhead_ms": (1e-4, 0.5),
     "token_overhead_ms": (1e-5, 0.05),
     "stream_overhead_ms": (1e-4, 2.0),
+    "prompt_token_overhead_ms": (1e-5, 0.05),
 }
+# The costs fitted by default. The per-scheduled-token step cost is not among them: fitted on the
+# FIT set's TTFTs it took the time the API server spends per prompt token before the engine
+# (benchmarks/results/sim_gpu_isolated_*_token_overhead_in_step.json: engine prefill 17.5 and
+# 27.9 ms per 1k tokens against the step model's 22.7 and 32.0), which as a step cost also
+# lengthened every decode sharing a step with a long prompt chunk; the per-prompt-token cost before
+# the engine takes its place (TTFTs alone cannot tell the two apart; the isolated requests can).
+DEFAULT_FIELDS = (
+    "step_overhead_ms",
+    "seq_overhead_ms",
+    "request_overhead_ms",
+    "stream_overhead_ms",
+    "prompt_token_overhead_ms",
+)
 # Said in every result: the model was revised once after its held-out scores were seen.
 FIRST_ATTEMPT = (
     "a first fit (four step-model costs without the frontend's per-stream delay, compass search "
@@ -118,7 +133,11 @@ FIRST_ATTEMPT = (
     "p50 TPOT 1.05: a per-sequence cost of a slow engine that the trials' TPOT refutes); the "
     "frontend's per-stream delay, already a field of the step model (measured on CPUs), and the "
     "multi-start search were then added. The held-out set thus chose the model's form once; no "
-    "value was fitted on it"
+    "value was fitted on it. A second revision (2026-12-06), after the H100 past-knee run "
+    "(sim_rank_gpu_mooncake_past_knee.json) showed p50 TPOT 2-4x the measured at token budgets of "
+    "8,192 and more: single requests on the H100 (sim_gpu_isolated_*_live.json) put the fitted "
+    "per-scheduled-token step cost (0.006866 ms) outside the engine's prefill, so it became a "
+    "per-prompt-token cost before the engine; the fit's data and search are unchanged"
 )
 LIVE_FILE = DATA_DIR / f"{HARDWARE}_live.json"
 
@@ -484,18 +503,22 @@ def main() -> int:
         help=f"store the fitted overheads with their provenance in {LIVE_FILE.relative_to(REPO)}",
     )
     parser.add_argument("--max-evaluations", type=int, default=60, help="per refined start")
-    parser.add_argument("--fields", default=",".join(LIVE_FIT_FIELDS))
+    parser.add_argument("--fields", default=",".join(DEFAULT_FIELDS), help=f"of {', '.join(LIVE_FIT_FIELDS)}")
     args = parser.parse_args()
     started = time.monotonic()
     prior = load_efficiency(HARDWARE, live=False)
     if prior is None:
         raise SystemExit(f"no operator calibration for {HARDWARE}")
-    priors = {name: float(getattr(prior, name)) for name in args.fields.split(",")}
+    names = args.fields.split(",")
+    if not names or set(names) - set(LIVE_FIT_FIELDS) - set(BOUNDS):
+        parser.error(f"--fields takes names among {', '.join(sorted(set(LIVE_FIT_FIELDS) & set(BOUNDS)))}")
+    priors = {name: float(getattr(prior, name)) for name in names}
     # The calibration stored by the last --write-calibration, scored beside the new fit.
     stored = json.loads(LIVE_FILE.read_text()) if LIVE_FILE.exists() else None
+    # Every cost it set, whichever they were (the rest are the operator calibration's).
     previous = (
-        {n: float(stored["fitted"][n]) for n in priors}
-        if stored and set(priors) <= set(stored.get("fitted", {}))
+        {n: float(v) for n, v in stored["fitted"].items()}
+        if stored and isinstance(stored.get("fitted"), dict) and set(stored["fitted"]) <= set(LIVE_FIT_FIELDS)
         else None
     )
     with tempfile.TemporaryDirectory(prefix="sim-gpu-fit-") as scratch:
@@ -577,7 +600,7 @@ def main() -> int:
     git = git_state(REPO)
     commit = str(git.get("commit", ""))
     fit_how = (
-        f"step, sequence, token and request costs and the frontend's per-stream delay fitted to "
+        f"{', '.join(n.removesuffix('_ms').replace('_', ' ') for n in fitted)} fitted to "
         f"live vLLM runs on the H200 "
         f"(azure_conv knee probes of {', '.join(models)}, {len(fit_runs)} rates, vLLM defaults, "
         f"benchmarks/results/{{{', '.join(sorted(s for s, _ in FIT_SET))}}}; "

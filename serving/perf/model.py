@@ -60,6 +60,12 @@ class Efficiency:
     # Client-visible delay added to a request's arrival per other request streaming when it is
     # sent (the API server and the streams share CPU); 0 where not measured.
     stream_overhead_ms: float = 0.0
+    # Client-visible delay per prompt token before a request reaches the engine's queue (the API
+    # server tokenizing it, the hand-off to the engine core), paid once per request and outside
+    # every engine step: it holds up that request only, not the steps of the others. 0 where not
+    # measured. (Fitted as a per-scheduled-token step cost, the same time per prompt token also
+    # lengthened every decode step that shared a step with a long prompt chunk.)
+    prompt_token_overhead_ms: float = 0.0
     # vLLM's fused-MoE op, where its own timings were fitted (`data/<name>_moe.json`; 0: not
     # measured, and MoE layers are costed like the dense ones): a fixed time per MoE layer per
     # step (the routing sort and the chain's launches, inside a CUDA graph), and the shares of
@@ -74,7 +80,7 @@ class Efficiency:
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        scalars = {"stream_overhead_ms", *MOE_FIT_FIELDS}
+        scalars = {"stream_overhead_ms", "prompt_token_overhead_ms", *MOE_FIT_FIELDS}
         optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
         fields.update({k: data[k] for k in scalars if k in data})
@@ -136,6 +142,7 @@ LIVE_FIT_FIELDS = (
     "token_overhead_ms",
     "request_overhead_ms",
     "stream_overhead_ms",
+    "prompt_token_overhead_ms",
 )
 PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
 # What a fit of vLLM's fused-MoE op timings may set (`data/<name>_moe.json`, key `fitted`).
@@ -367,6 +374,7 @@ class StepTimeModel:
         self._overhead_token = eff.token_overhead_ms / 1000.0
         self.request_overhead_s = eff.request_overhead_ms / 1000.0
         self.stream_overhead_s = eff.stream_overhead_ms / 1000.0
+        self.prompt_token_overhead_s = eff.prompt_token_overhead_ms / 1000.0
         if self.tp > 1:
             link = hardware.interconnect_gbps.value * 1e9 * eff.comm_efficiency
             if link <= 0:

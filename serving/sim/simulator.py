@@ -356,7 +356,7 @@ def simulate(
         )
         sim = SimRequest(
             index,
-            engine_arrival_s=offset + overhead_s,
+            engine_arrival_s=offset + overhead_s + num_prompt * step_model.prompt_token_overhead_s,
             num_prompt_tokens=num_prompt,
             max_output_tokens=out,
             block_hashes=hashes,
@@ -368,14 +368,20 @@ def simulate(
                 f"HTTP 400: {num_prompt} prompt + {out} output tokens exceed max_model_len {sched_cfg.max_model_len}"
             )
         sims.append(sim)
-    # Requests are sent at their offsets; each reaches the engine after the fixed overhead, plus,
-    # where the calibration has one, the per-stream cost of the streams open when it was sent
-    # (the frontend shares its CPU with them): resolved as the replay passes each send time.
+    # Requests are sent at their offsets; each reaches the engine after the fixed overhead and its
+    # prompt's per-token cost (tokenizing, the hand-off to the engine core), plus, where the
+    # calibration has one, the per-stream cost of the streams open when it was sent (the frontend
+    # shares its CPU with them): resolved as the replay passes each send time.
     sends = sorted(
         ((offsets[s.index], s) for s in sims if s.index not in errors), key=lambda p: (p[0], p[1].index)
     )
     loop = _Loop(scheduler, step_model, record_itl=record_itl)
-    loop.run(sends, overhead_s=overhead_s, stream_s=step_model.stream_overhead_s)
+    loop.run(
+        sends,
+        overhead_s=overhead_s,
+        stream_s=step_model.stream_overhead_s,
+        prompt_token_s=step_model.prompt_token_overhead_s,
+    )
 
     results = []
     for sim, offset in zip(sims, offsets, strict=True):
@@ -456,14 +462,20 @@ class _Loop:
         self.step_tokens: dict[int, list[float]] = {}  # tokens -> [steps, seconds]
 
     def run(
-        self, sends: Sequence[tuple[float, SimRequest]], *, overhead_s: float, stream_s: float = 0.0
+        self,
+        sends: Sequence[tuple[float, SimRequest]],
+        *,
+        overhead_s: float,
+        stream_s: float = 0.0,
+        prompt_token_s: float = 0.0,
     ) -> None:
         """Replay `sends` ((send time, request), in send order).
 
-        A request reaches the engine `overhead_s` after it is sent, plus `stream_s` for every stream
-        open at its send time (first token out, not finished). That count is known once the replay
-        has passed the send time, so each send is resolved then and queued by its arrival; until
-        then `send time + overhead_s` bounds its arrival, which is all the clock jumps need.
+        A request reaches the engine `overhead_s` after it is sent, plus `prompt_token_s` per prompt
+        token, plus `stream_s` for every stream open at its send time (first token out, not
+        finished). That count is known once the replay has passed the send time, so each send is
+        resolved then and queued by its arrival; until then `send time + overhead_s` bounds its
+        arrival, which is all the clock jumps need.
         """
         s = self.s
         cfg = s.config
@@ -482,7 +494,7 @@ class _Loop:
             while nxt < n_send and sends[nxt][0] <= now:  # every event up to `now` is known
                 offset, req = sends[nxt]
                 nxt += 1
-                arrival = offset + overhead_s
+                arrival = offset + overhead_s + prompt_token_s * req.num_prompt_tokens
                 if stream_s:
                     opened = bisect.bisect_right(first_times, offset)
                     arrival += stream_s * (opened - bisect.bisect_right(finish_times, offset))

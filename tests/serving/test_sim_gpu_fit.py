@@ -54,8 +54,10 @@ def test_h200_loads_the_fitted_overheads_with_their_provenance() -> None:
     fitted = load_efficiency("h200")
     prior = load_efficiency("h200", live=False)
     assert fitted is not None and prior is not None
-    for name in LIVE_FIT_FIELDS:
-        assert getattr(fitted, name) == pytest.approx(float(live["fitted"][name]))
+    assert live["fitted"] and set(live["fitted"]) <= set(LIVE_FIT_FIELDS)
+    for name in LIVE_FIT_FIELDS:  # what the fit set, else the operator calibration's own
+        expected = live["fitted"].get(name, getattr(prior, name))
+        assert getattr(fitted, name) == pytest.approx(float(expected))
     # The operator profile's roofline factors are not touched by the live fit.
     for name in ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "comm_efficiency"):
         assert getattr(fitted, name) == getattr(prior, name)
