@@ -9,26 +9,28 @@ it with the simulator for hardware `h200`, and scores the prediction.
 
 The H200 operator calibration (`serving/perf/data/h200.json`) measured GEMM and attention in
 isolation; the costs around them were priors: the engine's own per step (scheduling, input
-preparation, the sampler, CUDA-graph replay or piecewise launches) and per scheduled sequence,
-and outside the engine loop the client-visible cost of a request (HTTP), its cost per prompt
-token before it reaches the engine (tokenizing, the hand-off to the engine core) and the
-frontend's delay per other request streaming when one is sent (one API-server process tokenizes,
-detokenizes and streams for all). These five are fitted here, and only here (`--fields` may name
-the per-scheduled-token step cost too; see DEFAULT_FIELDS for why it is left out):
+preparation, the sampler, CUDA-graph replay or piecewise launches), per scheduled sequence and
+per scheduled token (norms, activations, rotary), and outside the engine loop the client-visible
+cost of a request (HTTP), its cost per prompt token before it reaches the engine (tokenizing, the
+hand-off to the engine core) and the frontend's delay per other request streaming when one is
+sent (one API-server process tokenizes, detokenizes and streams for all). These six are fitted
+here, and only here (`--fields` picks fewer):
 
 - FIT set: the azure_conv knee probe of each shape (vLLM defaults at rising rates: 14 rates of
-  the 8B, 7 of the 32B), on p50 and p95 TTFT;
+  the 8B, 7 of the 32B), on p50 and p95 TTFT; and single requests of the 8B at five prompt lengths
+  on the H100 (`benchmarks/sim_gpu_isolated.py`), on p50 TTFT and TPOT;
 - HELD-OUT set: the mooncake knee probes and every trial of every result file (another trace,
-  tuned configurations, repeated rounds), on p50/p95 TTFT and p50 TPOT (TPOT never enters the fit).
+  tuned configurations, repeated rounds), on p50/p95 TTFT and p50 TPOT (no loaded TPOT enters the
+  fit); and the 3B's single requests (a model size no FIT run served).
 
 The calibration stored before the run (fitted on the 8B's knee alone) is scored on the same runs
 beside the new fit (`previous`), and the held-out error is reported per shape.
 
 The fit minimises the mean squared log error of the FIT set's TTFTs over the logarithms of the
-five costs within physical bounds: the priors and a two-level grid are scored, and a compass
+six costs within physical bounds: the priors and a two-level grid are scored, and a compass
 search refines the best two (TTFTs alone can be explained by a slow engine step or by a slow
 frontend; a search from the priors alone stopped in the first, which the grid's start beat on the
-FIT set). Five physical parameters for 28 numbers, no per-point terms. The step model does not
+FIT set). Six physical parameters for 52 numbers, no per-point terms. The step model does not
 distinguish CUDA-graph modes (a full-graph decode step and a piecewise mixed step share one fixed
 cost), so the held-out trials with `cudagraph_mode` set show whether that matters.
 
@@ -99,6 +101,14 @@ FIT_SET = frozenset(
 HARDWARE = "h200"
 FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")
 FIT_FIGURES = ("ttft_p50_ms", "ttft_p95_ms")  # what the knee probe measured
+# Single requests of rising prompt length, each alone on a fresh engine with vLLM's defaults
+# (benchmarks/sim_gpu_isolated.py, on the H100): what a step costs without queueing or batching.
+# The 8B's are in the FIT set (p50 TTFT and TPOT: they tell a cost in the engine's steps from one
+# before the engine, and a slow step from a slow frontend, which the knees' TTFTs cannot); the
+# 3B's are held out (its model size is in no FIT run).
+ISOLATED_FIT = ("sim_gpu_isolated_8b_live.json",)
+ISOLATED_HELD_OUT = ("sim_gpu_isolated_3b_live.json",)
+ISOLATED_FIGURES = ("ttft_p50_ms", "tpot_p50_ms")
 # A probe's duration, where its file does not record it, is inferred from its counts.
 KNEE_DURATIONS_S = (10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
 TRIAL_SEED = 0  # gpu_tuning.py's --seed default, which the recorded runs used
@@ -112,19 +122,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "stream_overhead_ms": (1e-4, 2.0),
     "prompt_token_overhead_ms": (1e-5, 0.05),
 }
-# The costs fitted by default. The per-scheduled-token step cost is not among them: fitted on the
-# FIT set's TTFTs it took the time the API server spends per prompt token before the engine
+# The costs fitted by default: every engine overhead. The per-prompt-token cost before the engine
+# was added (2026-12-06) when single requests (ISOLATED_FIT) showed that the per-scheduled-token
+# step cost fitted on the knees' TTFTs alone was mostly time spent outside the engine's prefill
 # (benchmarks/results/sim_gpu_isolated_*_token_overhead_in_step.json: engine prefill 17.5 and
-# 27.9 ms per 1k tokens against the step model's 22.7 and 32.0), which as a step cost also
-# lengthened every decode sharing a step with a long prompt chunk; the per-prompt-token cost before
-# the engine takes its place (TTFTs alone cannot tell the two apart; the isolated requests can).
-DEFAULT_FIELDS = (
-    "step_overhead_ms",
-    "seq_overhead_ms",
-    "request_overhead_ms",
-    "stream_overhead_ms",
-    "prompt_token_overhead_ms",
-)
+# 27.9 ms per 1k prompt tokens, the step model's 22.7 and 32.0), which as a step cost also
+# lengthened every decode sharing a step with a long prompt chunk. TTFTs alone cannot tell the
+# two apart; the isolated requests' TTFT and TPOT can.
+DEFAULT_FIELDS = LIVE_FIT_FIELDS
 # Said in every result: the model was revised once after its held-out scores were seen.
 FIRST_ATTEMPT = (
     "a first fit (four step-model costs without the frontend's per-stream delay, compass search "
@@ -136,8 +141,9 @@ FIRST_ATTEMPT = (
     "value was fitted on it. A second revision (2026-12-06), after the H100 past-knee run "
     "(sim_rank_gpu_mooncake_past_knee.json) showed p50 TPOT 2-4x the measured at token budgets of "
     "8,192 and more: single requests on the H100 (sim_gpu_isolated_*_live.json) put the fitted "
-    "per-scheduled-token step cost (0.006866 ms) outside the engine's prefill, so it became a "
-    "per-prompt-token cost before the engine; the fit's data and search are unchanged"
+    "per-scheduled-token step cost (0.006866 ms) mostly outside the engine's prefill: a per-prompt-"
+    "token cost before the engine was added, and the 8B's single requests joined the FIT set (their "
+    "TPOT with them); the 3B's, and every run scored before, stay held out"
 )
 LIVE_FILE = DATA_DIR / f"{HARDWARE}_live.json"
 
@@ -159,10 +165,17 @@ class Run:
     seed: int
     measured: dict[str, float]  # figure -> value, where measured
     workload_key: str  # runs with the same key replay the same requests
+    hardware: str = HARDWARE  # the catalog hardware it ran on
 
     @property
     def fit(self) -> bool:
+        if self.kind == "isolated":
+            return self.source in ISOLATED_FIT
         return (self.source, self.case) in FIT_SET and self.kind == "knee"
+
+    @property
+    def fit_figures(self) -> tuple[str, ...]:
+        return ISOLATED_FIGURES if self.kind == "isolated" else FIT_FIGURES
 
 
 def _parse_value(text: str) -> Any:
@@ -324,29 +337,83 @@ def collect_runs(workloads: Workloads) -> list[Run]:
     return runs
 
 
+def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
+    """The isolated-request runs, one per prompt length, re-created as sim_gpu_isolated sent them;
+    their model shapes (from the live files' config.json) are added to `models`."""
+    from benchmarks.sim_gpu_isolated import write_requests
+    from benchmarks.sim_rank_gpu import _engine_config, hardware_of
+    from serving.catalog.models import model_spec_from_dir
+
+    runs: list[Run] = []
+    for source in (*ISOLATED_FIT, *ISOLATED_HELD_OUT):
+        live = json.loads((RESULTS / source).read_text())
+        model = str(live["model"])
+        if model not in models:
+            folder = scratch / f"model-{model}"
+            folder.mkdir()
+            (folder / "config.json").write_text(json.dumps(live["model_config"]))
+            models[model] = model_spec_from_dir(folder)
+        method = live["method"]
+        for entry in live["lengths"]:
+            n = int(entry["prompt_tokens"])
+            path = scratch / f"{model}-isolated-{n}.jsonl"
+            write_requests(path, n, int(method["repeats"]), int(method["output_tokens"]), 1_000_000)
+            measured = {
+                figure: float(np.median(entry[key]))
+                for figure, key in (("ttft_p50_ms", "ttft_ms"), ("tpot_p50_ms", "tpot_ms"))
+                if entry[key]
+            }
+            runs.append(
+                Run(
+                    source=source,
+                    model=model,
+                    case="isolated",
+                    kind="isolated",
+                    label=f"{n} prompt tokens, alone, vLLM defaults",
+                    rate_rps=1.0 / float(method["spacing_s"]),
+                    requests=tuple(read_trace(path)),
+                    config=_engine_config({}, int(method["max_model_len"])),
+                    max_prompt_tokens=n,
+                    max_output_tokens=int(method["output_tokens"]),
+                    seed=0,
+                    measured=measured,
+                    workload_key=f"isolated-{n}",
+                    hardware=hardware_of(live["machine"]),
+                )
+            )
+    return runs
+
+
 class Predictor:
     """Simulated figures of a run under given overheads; identical runs are simulated once."""
 
-    def __init__(self, models: dict[str, ModelSpec], base: Efficiency) -> None:
+    def __init__(self, models: dict[str, ModelSpec], bases: dict[str, Efficiency]) -> None:
         self.models = models
-        self.base = base
+        self.bases = bases  # hardware -> its operator calibration
         self._cache: dict[tuple[Any, ...], dict[str, float]] = {}
 
-    def efficiency(self, overheads: dict[str, float]) -> Efficiency:
-        return dataclasses.replace(self.base, **overheads)
+    def efficiency(self, overheads: dict[str, float], hardware: str = HARDWARE) -> Efficiency:
+        return dataclasses.replace(self.bases[hardware], **overheads)
 
     def predict(self, run: Run, overheads: dict[str, float]) -> dict[str, float]:
-        key = (run.model, run.workload_key, repr(run.config), run.seed, tuple(sorted(overheads.items())))
+        key = (
+            run.hardware,
+            run.model,
+            run.workload_key,
+            repr(run.config),
+            run.seed,
+            tuple(sorted(overheads.items())),
+        )
         if key not in self._cache:
             s = simulate_trace(
                 run.requests,
                 model=self.models[run.model],
-                hardware=HARDWARE,
+                hardware=run.hardware,
                 config=run.config,
                 max_prompt_tokens=run.max_prompt_tokens,
                 max_output_tokens=run.max_output_tokens,
                 seed=run.seed,
-                efficiency=self.efficiency(overheads),
+                efficiency=self.efficiency(overheads, run.hardware),
             ).summary
             self._cache[key] = {
                 "ttft_p50_ms": s.ttft_ms.p50,
@@ -361,7 +428,7 @@ def log_loss(predictor: Predictor, runs: Sequence[Run], overheads: dict[str, flo
     terms = []
     for run in runs:
         predicted = predictor.predict(run, overheads)
-        for figure in FIT_FIGURES:
+        for figure in run.fit_figures:
             if figure in run.measured and math.isfinite(predicted[figure]) and predicted[figure] > 0:
                 terms.append(math.log(predicted[figure] / run.measured[figure]) ** 2)
             elif figure in run.measured:
@@ -523,9 +590,16 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory(prefix="sim-gpu-fit-") as scratch:
         runs = collect_runs(Workloads(Path(scratch)))
-    # The shapes gpu_tuning.py served (their config.json's dimensions), by the files' names.
-    models = {name: get_model(name) for name in sorted({r.model for r in runs})}
-    predictor = Predictor(models, prior)
+        # The shapes gpu_tuning.py served (their config.json's dimensions), by the files' names.
+        models = {name: get_model(name) for name in sorted({r.model for r in runs})}
+        runs += collect_isolated(models, Path(scratch))
+    bases = {HARDWARE: prior}
+    for hardware in sorted({r.hardware for r in runs} - {HARDWARE}):
+        base = load_efficiency(hardware, live=False)
+        if base is None:
+            raise SystemExit(f"no operator calibration for {hardware}, where isolated runs were measured")
+        bases[hardware] = base
+    predictor = Predictor(models, bases)
     fit_runs = [r for r in runs if r.fit]
     held_out = [r for r in runs if not r.fit]
     print(f"{len(fit_runs)} FIT runs, {len(held_out)} HELD-OUT runs", file=sys.stderr)
@@ -601,9 +675,12 @@ def main() -> int:
     commit = str(git.get("commit", ""))
     fit_how = (
         f"{', '.join(n.removesuffix('_ms').replace('_', ' ') for n in fitted)} fitted to "
-        f"live vLLM runs on the H200 "
-        f"(azure_conv knee probes of {', '.join(models)}, {len(fit_runs)} rates, vLLM defaults, "
+        f"live vLLM runs on the H200 and H100 "
+        f"(azure_conv knee probes of {', '.join(sorted({r.model for r in fit_runs if r.kind == 'knee'}))}, "
+        f"{sum(r.kind == 'knee' for r in fit_runs)} rates, vLLM defaults, "
         f"benchmarks/results/{{{', '.join(sorted(s for s, _ in FIT_SET))}}}; "
+        f"single requests of {sum(r.kind == 'isolated' for r in fit_runs)} prompt lengths on the H100, "
+        f"benchmarks/results/{{{', '.join(ISOLATED_FIT)}}}; "
         f"benchmarks/sim_gpu_fit.py, {when.date().isoformat()}, commit {commit[:10]}); "
         "communication costs are priors, not measured"
     )
@@ -616,13 +693,18 @@ def main() -> int:
         "hardware": HARDWARE,
         "models": list(models),
         "method": {
-            "sources": [f"benchmarks/results/{s}" for s in SOURCES],
+            "sources": [f"benchmarks/results/{s}" for s in (*SOURCES, *ISOLATED_FIT, *ISOLATED_HELD_OUT)],
             "fit_set": "; ".join(
                 f"{source}: cases.{case}.knee_probe.points" for source, case in sorted(FIT_SET)
             )
-            + " (p50 and p95 TTFT)",
+            + " (p50 and p95 TTFT); "
+            + "; ".join(f"{source}: every prompt length" for source in ISOLATED_FIT)
+            + " (p50 TTFT and TPOT)",
             "held_out_set": "every other knee-probe point and every trial of every source (p50/p95 TTFT, "
-            "p50 TPOT)",
+            "p50 TPOT); the isolated requests of " + ", ".join(ISOLATED_HELD_OUT) + " (p50 TTFT and TPOT)",
+            "isolated_hardware": "the isolated requests ran on the H100 and are predicted with its operator "
+            "calibration (serving/perf/data/h100.json) and the same fitted overheads: the engine software's "
+            "and its host CPU's costs, not the GPU's (the H100's host CPU is not the H200's)",
             "previous": "the calibration stored before this run (serving/perf/data/h200_live.json), scored "
             "on the same runs in each row's `previous`"
             if previous
@@ -665,7 +747,7 @@ def main() -> int:
             "fitted_at": when.isoformat(timespec="seconds"),
             "commit": commit,
             "dirty": git.get("dirty"),
-            "sources": [f"benchmarks/results/{s}" for s in SOURCES],
+            "sources": [f"benchmarks/results/{s}" for s in (*SOURCES, *ISOLATED_FIT, *ISOLATED_HELD_OUT)],
             "fit_set": result["method"]["fit_set"],
             "result": "benchmarks/results/sim_gpu_fit.json",
             "mape": sets,

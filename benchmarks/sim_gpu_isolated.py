@@ -14,9 +14,15 @@ client's TTFT and TPOT.
 
 `measure` runs on the GPU host and writes the live file; `score` runs anywhere: the simulator on
 the same requests (the hardware `sim_rank_gpu.hardware_of` names from the live file's GPU, its
-stored calibration) per length, with the per-token cost as stored and with it removed (the
+stored calibration) per length, as stored and without each per-token cost it has (the
 ablation), against the measurements; intervals are 95% bootstrap over each length's requests,
-and the slope of time against prompt length is a least-squares fit over the lengths.
+and the slope of time against prompt length is a least-squares fit over the lengths. Beside
+them, the slope of what the client waited beyond the engine's own queue and prefill.
+
+What it found on the H100 (2026-12-06): the engine's prefill grew 17.5 (3B) and 27.9 (8B) ms per
+1k prompt tokens, the step model's with its per-token step cost 22.7 and 32.0; the rest of the
+client's TTFT slope lay outside the engine (`*_token_overhead_in_step.json`). The calibration now
+carries that cost per prompt token before the engine instead (`benchmarks/sim_gpu_fit.py`).
 
     python3 benchmarks/sim_gpu_isolated.py measure --model-dir M --model-label llama-3.2-3b --out live.json
     .venv/bin/python benchmarks/sim_gpu_isolated.py score live.json   # writes benchmarks/results/sim_gpu_isolated.json
@@ -51,6 +57,9 @@ MAX_LENGTHS = 12
 MAX_REPEATS = 20
 SPACING_S = 2.0  # between sends: a 30k-token prefill and its decode end well within it
 BOOTSTRAP_ROUNDS = 2000
+# The step model's costs that grow with a request's prompt: per token scheduled in an engine step,
+# and per prompt token before the request reaches the engine (serving.perf.model.Efficiency).
+PER_TOKEN_COSTS = ("token_overhead_ms", "prompt_token_overhead_ms")
 
 
 def _parse_lengths(text: str, max_model_len: int, output_tokens: int) -> list[int]:
@@ -205,6 +214,14 @@ def slope_ms_per_1k(lengths: Sequence[int], values: Sequence[float | None]) -> f
     return float(np.polyfit(x, y, 1)[0])
 
 
+def _outside_engine_ms(live: dict[str, Any]) -> float | None:
+    """Client p50 TTFT less the engine's own mean queue and prefill time of the same requests."""
+    ttft, prefill, queue = live["ttft_p50_ms"], live["engine_prefill_mean_ms"], live["engine_queue_mean_ms"]
+    if not ttft or prefill is None or queue is None:
+        return None
+    return float(ttft["value"] - prefill - queue)
+
+
 def predict_length(
     model: Any, hardware: str, efficiency: Any, entry: dict[str, Any], live: dict[str, Any]
 ) -> dict[str, float]:
@@ -248,9 +265,12 @@ def score(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.live}: no length was measured")
     hardware = hardware_of(live["machine"])
     stored, basis = nearest_measured(get_hardware(hardware))
-    variants = {
-        "as_stored": stored,
-        "no_token_overhead": dataclasses.replace(stored, token_overhead_ms=0.0),
+    # The ablation: the calibration without each per-token cost it has (in the engine's steps, or
+    # before the engine), one at a time.
+    variants = {"as_stored": stored} | {
+        f"without_{name.removesuffix('_ms')}": dataclasses.replace(stored, **{name: 0.0})
+        for name in PER_TOKEN_COSTS
+        if getattr(stored, name) > 0
     }
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
@@ -300,6 +320,11 @@ def score(args: argparse.Namespace) -> int:
         "client_ttft_ms_per_1k_tokens": slope_ms_per_1k(
             lengths, [(r["live"]["ttft_p50_ms"] or {}).get("value") for r in rows]
         ),
+        # What the client waits beyond the engine's queue and prefill: the request's path outside
+        # the engine loop (HTTP, tokenizing, the hand-off to the engine core, detokenizing).
+        "outside_engine_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [_outside_engine_ms(r["live"]) for r in rows]
+        ),
     }
     for name in variants:
         summary[f"sim_prefill_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
@@ -323,7 +348,9 @@ def score(args: argparse.Namespace) -> int:
         "hardware": hardware,
         "prediction": basis,
         "calibration_files": list(calibration_files(hardware)),
-        "ablation": "no_token_overhead: the same calibration with the per-scheduled-token engine cost set to 0",
+        "stored_per_token_costs_ms": {name: getattr(stored, name) for name in PER_TOKEN_COSTS},
+        "ablation": "without_<cost>: the same calibration with that per-token cost set to 0 (each "
+        "per-token cost the calibration has, one at a time)",
         "intervals_how": f"95% bootstrap ({BOOTSTRAP_ROUNDS} rounds) of each length's median over its requests",
         "summary": summary,
         "rows": rows,

@@ -75,11 +75,20 @@ def test_requests_that_took_the_simulated_times_score_ratios_of_one(tmp_path: Pa
     assert summary["engine_prefill_ms_per_1k_tokens"] == pytest.approx(
         summary["sim_prefill_ms_per_1k_tokens_as_stored"]
     )
-    # Prefill time grows with the prompt, and the ablation without the per-token cost is cheaper.
+    # Prefill time grows with the prompt. The stored calibration's per-prompt-token cost lies
+    # before the engine: without it the TTFT grows more slowly, the engine's prefill not at all.
+    assert result["stored_per_token_costs_ms"]["prompt_token_overhead_ms"] > 0
     assert (
-        summary["sim_prefill_ms_per_1k_tokens_as_stored"]
-        > summary["sim_prefill_ms_per_1k_tokens_no_token_overhead"]
+        summary["sim_ttft_ms_per_1k_tokens_as_stored"]
+        > summary["sim_ttft_ms_per_1k_tokens_without_prompt_token_overhead"]
         > 0
+    )
+    assert summary["sim_prefill_ms_per_1k_tokens_without_prompt_token_overhead"] == pytest.approx(
+        summary["sim_prefill_ms_per_1k_tokens_as_stored"]
+    )
+    # The live requests' time outside the engine: here the simulator's own, TTFT less prefill.
+    assert summary["outside_engine_ms_per_1k_tokens"] == pytest.approx(
+        summary["sim_ttft_ms_per_1k_tokens_as_stored"] - summary["sim_prefill_ms_per_1k_tokens_as_stored"]
     )
     row = result["rows"][-1]
     assert row["sim_over_live_as_stored"]["ttft_p50_ms"]["value"] == pytest.approx(1.0)
