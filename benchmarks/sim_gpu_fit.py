@@ -18,7 +18,8 @@ here, and only here (`--fields` picks fewer):
 
 - FIT set: the azure_conv knee probe of each shape (vLLM defaults at rising rates: 14 rates of
   the 8B, 7 of the 32B), on p50 and p95 TTFT; and single requests of the 8B at five prompt lengths
-  on the H100 (`benchmarks/sim_gpu_isolated.py`), on p50 TTFT and TPOT;
+  on the H100 (`benchmarks/sim_gpu_isolated.py`), on p50 TTFT and TPOT and the engine's own mean
+  prefill time;
 - HELD-OUT set: the mooncake knee probes and every trial of every result file (another trace,
   tuned configurations, repeated rounds), on p50/p95 TTFT and p50 TPOT (no loaded TPOT enters the
   fit); and the 3B's single requests (a model size no FIT run served).
@@ -30,7 +31,7 @@ The fit minimises the mean squared log error of the FIT set's TTFTs over the log
 six costs within physical bounds: the priors and a two-level grid are scored, and a compass
 search refines the best two (TTFTs alone can be explained by a slow engine step or by a slow
 frontend; a search from the priors alone stopped in the first, which the grid's start beat on the
-FIT set). Six physical parameters for 52 numbers, no per-point terms. The step model does not
+FIT set). Six physical parameters for 57 numbers, no per-point terms. The step model does not
 distinguish CUDA-graph modes (a full-graph decode step and a piecewise mixed step share one fixed
 cost), so the held-out trials with `cudagraph_mode` set show whether that matters.
 
@@ -99,16 +100,18 @@ FIT_SET = frozenset(
     {("gpu_tuning.json", "azure_conv"), ("gpu_tuning_qwen3_32b_azure_conv.json", "azure_conv")}
 )
 HARDWARE = "h200"
-FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")
+FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "engine_prefill_ms")
 FIT_FIGURES = ("ttft_p50_ms", "ttft_p95_ms")  # what the knee probe measured
 # Single requests of rising prompt length, each alone on a fresh engine with vLLM's defaults
 # (benchmarks/sim_gpu_isolated.py, on the H100): what a step costs without queueing or batching.
-# The 8B's are in the FIT set (p50 TTFT and TPOT: they tell a cost in the engine's steps from one
+# The 8B's are in the FIT set (p50 TTFT, TPOT and the engine's prefill: they tell a cost in the engine's steps from one
 # before the engine, and a slow step from a slow frontend, which the knees' TTFTs cannot); the
 # 3B's are held out (its model size is in no FIT run).
 ISOLATED_FIT = ("sim_gpu_isolated_8b_live.json",)
 ISOLATED_HELD_OUT = ("sim_gpu_isolated_3b_live.json",)
-ISOLATED_FIGURES = ("ttft_p50_ms", "tpot_p50_ms")
+# The engine's own mean prefill time (its /metrics) is what tells a cost in the engine's steps from
+# one before the engine: the client's TTFT holds both alike.
+ISOLATED_FIGURES = ("ttft_p50_ms", "tpot_p50_ms", "engine_prefill_ms")
 # A probe's duration, where its file does not record it, is inferred from its counts.
 KNEE_DURATIONS_S = (10.0, 15.0, 20.0, 30.0, 40.0, 60.0)
 TRIAL_SEED = 0  # gpu_tuning.py's --seed default, which the recorded runs used
@@ -128,7 +131,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # (benchmarks/results/sim_gpu_isolated_*_token_overhead_in_step.json: engine prefill 17.5 and
 # 27.9 ms per 1k prompt tokens, the step model's 22.7 and 32.0), which as a step cost also
 # lengthened every decode sharing a step with a long prompt chunk. TTFTs alone cannot tell the
-# two apart; the isolated requests' TTFT and TPOT can.
+# two apart; the engine's own prefill time of the isolated requests can.
 DEFAULT_FIELDS = LIVE_FIT_FIELDS
 # Said in every result: the model was revised once after its held-out scores were seen.
 FIRST_ATTEMPT = (
@@ -363,6 +366,8 @@ def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
                 for figure, key in (("ttft_p50_ms", "ttft_ms"), ("tpot_p50_ms", "tpot_ms"))
                 if entry[key]
             }
+            if entry["engine"].get("prefill_mean_ms"):
+                measured["engine_prefill_ms"] = float(entry["engine"]["prefill_mean_ms"])
             runs.append(
                 Run(
                     source=source,
@@ -414,11 +419,14 @@ class Predictor:
                 max_output_tokens=run.max_output_tokens,
                 seed=run.seed,
                 efficiency=self.efficiency(overheads, run.hardware),
-            ).summary
+            )
+            mean = s.attribution.mean
             self._cache[key] = {
-                "ttft_p50_ms": s.ttft_ms.p50,
-                "ttft_p95_ms": s.ttft_ms.p95,
-                "tpot_p50_ms": s.tpot_ms.p50,
+                "ttft_p50_ms": s.summary.ttft_ms.p50,
+                "ttft_p95_ms": s.summary.ttft_ms.p95,
+                "tpot_p50_ms": s.summary.tpot_ms.p50,
+                # the engine's own prefill time of a request: scheduled to its first token
+                "engine_prefill_ms": mean.prefill_compute_ms + mean.chunking_delay_ms,
             }
         return self._cache[key]
 
@@ -699,9 +707,11 @@ def main() -> int:
             )
             + " (p50 and p95 TTFT); "
             + "; ".join(f"{source}: every prompt length" for source in ISOLATED_FIT)
-            + " (p50 TTFT and TPOT)",
+            + " (p50 TTFT and TPOT, the engine's mean prefill time)",
             "held_out_set": "every other knee-probe point and every trial of every source (p50/p95 TTFT, "
-            "p50 TPOT); the isolated requests of " + ", ".join(ISOLATED_HELD_OUT) + " (p50 TTFT and TPOT)",
+            "p50 TPOT); the isolated requests of "
+            + ", ".join(ISOLATED_HELD_OUT)
+            + " (p50 TTFT and TPOT, the engine's mean prefill time)",
             "isolated_hardware": "the isolated requests ran on the H100 and are predicted with its operator "
             "calibration (serving/perf/data/h100.json) and the same fitted overheads: the engine software's "
             "and its host CPU's costs, not the GPU's (the H100's host CPU is not the H200's)",
