@@ -60,11 +60,12 @@ class Efficiency:
     # Client-visible delay added to a request's arrival per other request streaming when it is
     # sent (the API server and the streams share CPU); 0 where not measured.
     stream_overhead_ms: float = 0.0
-    # Client-visible delay per prompt token before a request reaches the engine's queue (the API
-    # server tokenizing it, the hand-off to the engine core), paid once per request and outside
-    # every engine step: it holds up that request only, not the steps of the others. 0 where not
-    # measured. (Fitted as a per-scheduled-token step cost, the same time per prompt token also
-    # lengthened every decode step that shared a step with a long prompt chunk.)
+    # The frontend's time per prompt token before a request reaches the engine's queue (the API
+    # server tokenizing it, the hand-off to the engine core), paid once per request, one prompt at
+    # a time in send order (one API-server process), outside every engine step: it holds up the
+    # requests sent after a long prompt, not the engine's steps. 0 where not measured. (Fitted as a
+    # per-scheduled-token step cost, the same time per prompt token would also lengthen every
+    # decode step that shares a step with a long prompt chunk.)
     prompt_token_overhead_ms: float = 0.0
     # vLLM's fused-MoE op, where its own timings were fitted (`data/<name>_moe.json`; 0: not
     # measured, and MoE layers are costed like the dense ones): a fixed time per MoE layer per

@@ -368,8 +368,8 @@ def simulate(
                 f"HTTP 400: {num_prompt} prompt + {out} output tokens exceed max_model_len {sched_cfg.max_model_len}"
             )
         sims.append(sim)
-    # Requests are sent at their offsets; each reaches the engine after the fixed overhead and its
-    # prompt's per-token cost (tokenizing, the hand-off to the engine core), plus, where the
+    # Requests are sent at their offsets; each reaches the engine after the frontend has read its
+    # prompt (a per-token cost, one prompt at a time) and the fixed overhead, plus, where the
     # calibration has one, the per-stream cost of the streams open when it was sent (the frontend
     # shares its CPU with them): resolved as the replay passes each send time.
     sends = sorted(
@@ -471,9 +471,10 @@ class _Loop:
     ) -> None:
         """Replay `sends` ((send time, request), in send order).
 
-        A request reaches the engine `overhead_s` after it is sent, plus `prompt_token_s` per prompt
-        token, plus `stream_s` for every stream open at its send time (first token out, not
-        finished). That count is known once the replay has passed the send time, so each send is
+        A request reaches the engine `overhead_s` after the frontend has read its prompt, at
+        `prompt_token_s` per token, one prompt at a time in send order (one API-server process
+        tokenizes them: a long prompt holds up the requests sent after it, not the engine's steps),
+        plus `stream_s` for every stream open at its send time (first token out, not finished). That count is known once the replay has passed the send time, so each send is
         resolved then and queued by its arrival; until then `send time + overhead_s` bounds its
         arrival, which is all the clock jumps need.
         """
@@ -490,11 +491,16 @@ class _Loop:
         op_s = self.op_s
         pool = s.pool
         step_tokens = self.step_tokens
+        frontend_free = 0.0  # when the frontend has read the prompts sent so far
         while nxt < n_send or arrivals or s.waiting or s.running:
             while nxt < n_send and sends[nxt][0] <= now:  # every event up to `now` is known
                 offset, req = sends[nxt]
                 nxt += 1
-                arrival = offset + overhead_s + prompt_token_s * req.num_prompt_tokens
+                if prompt_token_s:  # one frontend reads the prompts, in the order they were sent
+                    frontend_free = max(offset, frontend_free) + prompt_token_s * req.num_prompt_tokens
+                    arrival = frontend_free + overhead_s
+                else:
+                    arrival = offset + overhead_s
                 if stream_s:
                     opened = bisect.bisect_right(first_times, offset)
                     arrival += stream_s * (opened - bisect.bisect_right(finish_times, offset))
