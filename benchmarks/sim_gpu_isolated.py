@@ -21,8 +21,10 @@ them, the slope of what the client waited beyond the engine's own queue and pref
 
 What it found on the H100 (2026-12-06): the engine's prefill grew 17.5 (3B) and 27.9 (8B) ms per
 1k prompt tokens, the step model's with its per-token step cost 22.7 and 32.0; the rest of the
-client's TTFT slope lay outside the engine (`*_token_overhead_in_step.json`). The calibration now
-carries that cost per prompt token before the engine instead (`benchmarks/sim_gpu_fit.py`).
+client's TTFT slope lay outside the engine (`*_token_overhead_in_step.json`, scored with the
+calibration of that day). The 8B's requests now take part in the H200 live fit
+(`benchmarks/sim_gpu_fit.py`), which was offered a per-prompt-token cost before the engine and
+still chose a per-token step cost; `sim_gpu_isolated_{3b,8b}.json` score the refitted calibration.
 
     python3 benchmarks/sim_gpu_isolated.py measure --model-dir M --model-label llama-3.2-3b --out live.json
     .venv/bin/python benchmarks/sim_gpu_isolated.py score live.json   # writes benchmarks/results/sim_gpu_isolated.json
