@@ -244,3 +244,35 @@ def test_a_request_sent_while_others_stream_reaches_the_engine_later_by_the_cali
     plain = simulate(trace, efficiency=dataclasses.replace(eff, stream_overhead_ms=0.0), **kwargs)  # type: ignore[arg-type]
     delayed, undelayed = result.requests[2].ttft_ms, plain.requests[2].ttft_ms
     assert delayed is not None and undelayed is not None and delayed > undelayed + 10.0
+
+
+def test_the_frontend_reads_prompts_in_turn_outside_the_engines_steps() -> None:
+    # A 20,000-token prompt, then a 100-token one sent 1 ms later: with a per-prompt-token
+    # frontend cost the short request waits for the long prompt to be read (one API-server
+    # process), while the engine's steps cost what they cost without it.
+    import dataclasses
+
+    from serving.perf.model import Efficiency, load_efficiency
+    from serving.sim.simulator import SimResult
+
+    base = load_efficiency("h200")
+    assert base is not None
+    base = dataclasses.replace(base, prompt_token_overhead_ms=0.0)
+    slow_frontend = dataclasses.replace(base, prompt_token_overhead_ms=0.01)  # 200 ms for 20k tokens
+    trace = [TraceRequest(0.0, 20_000, 8), TraceRequest(0.001, 100, 8)]
+
+    def run(eff: Efficiency) -> SimResult:
+        return simulate(
+            trace,
+            model=get_model("llama-3.1-8b"),
+            hardware=get_hardware("h200"),
+            config=EngineConfig(dtype="bfloat16", max_model_len=32768),
+            efficiency=eff,
+        )
+
+    fast, slow = run(base), run(slow_frontend)
+    short_fast, short_slow = fast.requests[1].ttft_ms, slow.requests[1].ttft_ms
+    assert short_fast is not None and short_slow is not None
+    # The short one waited for the long prompt's 200 ms of reading, not for its own 1 ms.
+    assert short_slow - short_fast > 150.0
+    assert slow.busy_s == pytest.approx(fast.busy_s)
