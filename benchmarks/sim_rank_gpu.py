@@ -57,6 +57,7 @@ writes benchmarks/results/sim_rank_gpu.json (`--out` elsewhere).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -672,9 +673,10 @@ def score_group(
 
 
 def score(args: argparse.Namespace) -> int:
+    from serving.catalog.hardware import get_hardware
     from serving.catalog.models import model_spec_from_dir
     from serving.loadgen.traces import read_trace
-    from serving.perf.model import load_efficiency
+    from serving.perf.model import load_efficiency, nearest_measured
 
     raw = args.live.read_bytes()
     live = json.loads(raw)
@@ -695,10 +697,18 @@ def score(args: argparse.Namespace) -> int:
         # efficiencies on this GPU's datasheet) is scored beside on the same cases: what the
         # profile changed.
         what_if = load_efficiency(HARDWARE) if profiled else None
+        # The ablation beside: the same calibration without its per-scheduled-token step cost
+        # (fitted on the 8B's and 32B's runs, one constant for every model size), on the same cases.
+        stored, _ = nearest_measured(get_hardware(hardware))
+        no_token = (
+            dataclasses.replace(stored, token_overhead_ms=0.0) if stored.token_overhead_ms > 0 else None
+        )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
         what_if_groups: dict[str, Any] = {}
         what_if_rows: list[dict[str, Any]] = []
+        ablation_groups: dict[str, Any] = {}
+        ablation_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -735,6 +745,19 @@ def score(args: argparse.Namespace) -> int:
                 what_if_rows += [
                     {"load": load, "config": n, "sim": b, "live": {"tpot_p50_ms": c["tpot_p50_ms"]}}
                     for n, b, c in zip(names, beside, measured, strict=True)
+                ]
+            if no_token is not None:
+                ablated = [
+                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, no_token)
+                    for n in names
+                ]
+                for a in ablated:
+                    a.pop("basis")
+                ablation_groups[load] = score_group(names, ablated, measured, np.random.default_rng(0))
+                ablation_groups[load]["noise_floor"] = []
+                ablation_rows += [
+                    {"load": load, "config": n, "sim": a, "live": {"tpot_p50_ms": c["tpot_p50_ms"]}}
+                    for n, a, c in zip(names, ablated, measured, strict=True)
                 ]
             repeats = [c for c in cases if c["config"] == repeated][1:]
             g["noise_floor"] = [
@@ -824,6 +847,14 @@ def score(args: argparse.Namespace) -> int:
             "(serving/perf/data/h200.json, h200_live.json), as this GPU was predicted before it was profiled",
             "summary": _summary(what_if_groups, what_if_rows),
             "groups": what_if_groups,
+        }
+    if ablation_groups:
+        result["ablation_beside"] = {
+            "prediction": f"the same calibration with its per-scheduled-token step cost "
+            f"({stored.token_overhead_ms} ms) set to 0: leave-one-out of that term",
+            "summary": _summary(ablation_groups, ablation_rows),
+            "groups": ablation_groups,
+            "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in ablation_rows],
         }
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
