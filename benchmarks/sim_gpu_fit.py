@@ -124,6 +124,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "token_overhead_ms": (1e-5, 0.05),
     "stream_overhead_ms": (1e-4, 2.0),
     "prompt_token_overhead_ms": (1e-5, 0.05),
+    "token_compute_share": (1e-3, 2.0),  # a share, not ms: of a token's linear-layer compute time
 }
 # The costs fitted by default: every engine overhead. The per-prompt-token cost before the engine
 # (one frontend reading prompts in turn) was added on 2026-12-06, when single requests

@@ -67,6 +67,11 @@ class Efficiency:
     # per-scheduled-token step cost, the same time per prompt token would also lengthen every
     # decode step that shares a step with a long prompt chunk.)
     prompt_token_overhead_ms: float = 0.0
+    # The engine's work per scheduled token beyond the operator profile, as a share of that token's
+    # linear-layer compute time at the profile's efficiency: work that grows with the model (norms,
+    # activations, rotary, in-engine GEMMs short of the isolated ones), where `token_overhead_ms`
+    # is the same for every model. 0 where not measured.
+    token_compute_share: float = 0.0
     # vLLM's fused-MoE op, where its own timings were fitted (`data/<name>_moe.json`; 0: not
     # measured, and MoE layers are costed like the dense ones): a fixed time per MoE layer per
     # step (the routing sort and the chain's launches, inside a CUDA graph), and the shares of
@@ -81,7 +86,7 @@ class Efficiency:
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        scalars = {"stream_overhead_ms", "prompt_token_overhead_ms", *MOE_FIT_FIELDS}
+        scalars = {"stream_overhead_ms", "prompt_token_overhead_ms", "token_compute_share", *MOE_FIT_FIELDS}
         optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
         fields.update({k: data[k] for k in scalars if k in data})
@@ -144,6 +149,7 @@ LIVE_FIT_FIELDS = (
     "request_overhead_ms",
     "stream_overhead_ms",
     "prompt_token_overhead_ms",
+    "token_compute_share",
 )
 PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
 # What a fit of vLLM's fused-MoE op timings may set (`data/<name>_moe.json`, key `fitted`).
@@ -372,7 +378,10 @@ class StepTimeModel:
             self._moe_fixed = model.num_moe_layers * eff.moe_floor_us / 1e6
         self._overhead_fixed = eff.step_overhead_ms / 1000.0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
-        self._overhead_token = eff.token_overhead_ms / 1000.0
+        self._overhead_token = (
+            eff.token_overhead_ms / 1000.0
+            + eff.token_compute_share * self._linear_flops * self._s_per_gemm_flop
+        )
         self.request_overhead_s = eff.request_overhead_ms / 1000.0
         self.stream_overhead_s = eff.stream_overhead_ms / 1000.0
         self.prompt_token_overhead_s = eff.prompt_token_overhead_ms / 1000.0
