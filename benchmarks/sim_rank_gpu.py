@@ -697,11 +697,13 @@ def score(args: argparse.Namespace) -> int:
         # efficiencies on this GPU's datasheet) is scored beside on the same cases: what the
         # profile changed.
         what_if = load_efficiency(HARDWARE) if profiled else None
-        # The ablation beside: the same calibration without its per-scheduled-token step cost
-        # (fitted on the 8B's and 32B's runs, one constant for every model size), on the same cases.
+        # The ablation beside: the same calibration without its per-scheduled-token step costs (the
+        # constant one and the one that grows with the model), on the same cases.
         stored, _ = nearest_measured(get_hardware(hardware))
         no_token = (
-            dataclasses.replace(stored, token_overhead_ms=0.0) if stored.token_overhead_ms > 0 else None
+            dataclasses.replace(stored, token_overhead_ms=0.0, token_compute_share=0.0)
+            if stored.token_overhead_ms > 0 or stored.token_compute_share > 0
+            else None
         )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
@@ -850,8 +852,9 @@ def score(args: argparse.Namespace) -> int:
         }
     if ablation_groups:
         result["ablation_beside"] = {
-            "prediction": f"the same calibration with its per-scheduled-token step cost "
-            f"({stored.token_overhead_ms} ms) set to 0: leave-one-out of that term",
+            "prediction": f"the same calibration with its per-scheduled-token step costs "
+            f"({stored.token_overhead_ms} ms, and {stored.token_compute_share} of the token's "
+            "linear-layer compute time) set to 0: leave-one-out of that term",
             "summary": _summary(ablation_groups, ablation_rows),
             "groups": ablation_groups,
             "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in ablation_rows],
