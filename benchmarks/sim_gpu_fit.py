@@ -126,16 +126,16 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "prompt_token_overhead_ms": (1e-5, 0.05),
     "token_compute_share": (1e-3, 2.0),  # a share, not ms: of a token's linear-layer compute time
 }
-# The costs fitted by default: every engine overhead. The per-prompt-token cost before the engine
-# (one frontend reading prompts in turn) was added on 2026-12-06, when single requests
-# (ISOLATED_FIT) showed the engine's own prefill growing 17.5 (3B) and 27.9 (8B) ms per 1k prompt
-# tokens against the step model's 22.7 and 32.0 with its per-scheduled-token step cost, and the
-# client's TTFT 5.6-6.2 ms per 1k tokens more than the engine's queue and prefill
-# (benchmarks/results/sim_gpu_isolated_*_token_overhead_in_step.json). Given the choice, with the
-# engine's prefill time in the FIT set, the fit still put the time in the steps (0.0059 ms per
-# token) and next to none before the engine (6.3e-5): the knees' TTFTs need it there. Without the
-# step cost (`sim_gpu_fit_without_token_overhead.json`) the held-out p95 TTFT and TPOT errors
-# were 0.57 and 0.48.
+# The costs fitted by default: every engine overhead. Two were added on 2026-12-06. The
+# per-prompt-token cost before the engine (one frontend reading prompts in turn), when single
+# requests (ISOLATED_FIT) showed the engine's own prefill growing 17.5 (3B) and 27.9 (8B) ms per 1k
+# prompt tokens against the step model's 22.7 and 32.0 with its constant per-scheduled-token step
+# cost (benchmarks/results/sim_gpu_isolated_*_token_overhead_in_step.json); the fit set it near
+# zero (sim_gpu_fit_constant_token_cost.json). Then the per-token step cost that grows with the
+# model (`token_compute_share`), when a 1B run recorded after that fit was queued 10-40x too long
+# by the constant cost fitted on the 8B and 32B (sim_rank_gpu_1b_mooncake_past_knee.json): given
+# both, the fit put the per-token time in the share (0.30 of a token's linear-layer compute) and
+# next to none in the constant. The 1B run thus chose this form; no value was fitted on it.
 DEFAULT_FIELDS = LIVE_FIT_FIELDS
 # Said in every result: the model was revised once after its held-out scores were seen.
 FIRST_ATTEMPT = (
@@ -151,7 +151,10 @@ FIRST_ATTEMPT = (
     "per-scheduled-token step cost (0.006866 ms) partly outside the engine's prefill: a per-prompt-"
     "token cost before the engine was offered to the fit (which set it near zero), and the 8B's single "
     "requests joined the FIT set (their TPOT and the engine's prefill time with them); the 3B's, and "
-    "every run scored before, stay held out"
+    "every run scored before, stay held out. A third (the same day), after a llama-3.2-1b run recorded "
+    "after the second fit (sim_rank_gpu_1b_mooncake_past_knee.json) had p50 TTFT MAPE 5.6: a per-token "
+    "step cost that grows with the model's compute was offered beside the constant one, and the fit "
+    "chose it"
 )
 LIVE_FILE = DATA_DIR / f"{HARDWARE}_live.json"
 

@@ -446,3 +446,22 @@ def test_a_cpu_format_without_its_own_calibration_says_so_in_the_basis() -> None
     timed = dataclasses.replace(fitted, format_factors={"bf16": 2.0}, format_memory_factors={"bf16": 2.0})
     assert "not calibrated" not in StepTimeModel(spec, cpu, weight_format="bf16", efficiency=timed).basis
     assert "not calibrated" not in StepTimeModel(spec, cpu, weight_format="fp32", efficiency=fitted).basis
+
+
+def test_the_token_compute_share_grows_with_the_model_where_the_constant_cost_does_not() -> None:
+    # A per-token cost that is a share of the token's linear-layer compute time costs an 8B model
+    # far less per token than a 70B one; the constant per-token cost costs both alike.
+    base = load_efficiency("h200", live=False)
+    assert base is not None
+    quiet = dataclasses.replace(base, token_overhead_ms=0.0, token_compute_share=0.0)
+    share = dataclasses.replace(quiet, token_compute_share=0.3)
+    constant = dataclasses.replace(quiet, token_overhead_ms=0.006)
+
+    def per_token_ms(model: str, eff: Efficiency) -> float:
+        m = StepTimeModel(get_model(model), get_hardware("h200"), efficiency=eff)
+        q = StepTimeModel(get_model(model), get_hardware("h200"), efficiency=quiet)
+        return (m.step_parts(4096, 1, 1, 0.0, 0, 0)[3] - q.step_parts(4096, 1, 1, 0.0, 0, 0)[3]) / 4096 * 1000
+
+    small, large = per_token_ms("llama-3.1-8b", share), per_token_ms("llama-3.1-70b", share)
+    assert 0 < small < large / 5  # the 70B has about 9x the 8B's linear-layer FLOPs per token
+    assert per_token_ms("llama-3.1-8b", constant) == pytest.approx(per_token_ms("llama-3.1-70b", constant))
