@@ -735,31 +735,25 @@ def score(args: argparse.Namespace) -> int:
             measured = [first[n] for n in names]
             all_started += [c["started_at"] for c in cases]
             g = score_group(names, predicted, measured, rng)
-            if what_if is not None:
+            # The same cases under another calibration, scored beside: the datasheet what-if a
+            # profile replaced, and the ablation.
+            for other, other_groups, other_rows in (
+                (what_if, what_if_groups, what_if_rows),
+                (no_token, ablation_groups, ablation_rows),
+            ):
+                if other is None:
+                    continue
                 beside = [
-                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, what_if)
+                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, other)
                     for n in names
                 ]
                 for b in beside:
                     b.pop("basis")
-                what_if_groups[load] = score_group(names, beside, measured, np.random.default_rng(0))
-                what_if_groups[load]["noise_floor"] = []
-                what_if_rows += [
+                other_groups[load] = score_group(names, beside, measured, np.random.default_rng(0))
+                other_groups[load]["noise_floor"] = []
+                other_rows += [
                     {"load": load, "config": n, "sim": b, "live": {"tpot_p50_ms": c["tpot_p50_ms"]}}
                     for n, b, c in zip(names, beside, measured, strict=True)
-                ]
-            if no_token is not None:
-                ablated = [
-                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, no_token)
-                    for n in names
-                ]
-                for a in ablated:
-                    a.pop("basis")
-                ablation_groups[load] = score_group(names, ablated, measured, np.random.default_rng(0))
-                ablation_groups[load]["noise_floor"] = []
-                ablation_rows += [
-                    {"load": load, "config": n, "sim": a, "live": {"tpot_p50_ms": c["tpot_p50_ms"]}}
-                    for n, a, c in zip(names, ablated, measured, strict=True)
                 ]
             repeats = [c for c in cases if c["config"] == repeated][1:]
             g["noise_floor"] = [
