@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import sys
@@ -59,9 +60,10 @@ MAX_LENGTHS = 12
 MAX_REPEATS = 20
 SPACING_S = 2.0  # between sends: a 30k-token prefill and its decode end well within it
 BOOTSTRAP_ROUNDS = 2000
-# The step model's costs that grow with a request's prompt: per token scheduled in an engine step,
-# and per prompt token before the request reaches the engine (serving.perf.model.Efficiency).
-PER_TOKEN_COSTS = ("token_overhead_ms", "prompt_token_overhead_ms")
+# The step model's costs that grow with a request's prompt: per token scheduled in an engine step
+# (a constant, and a share of the token's compute), and per prompt token before the request
+# reaches the engine (serving.perf.model.Efficiency).
+PER_TOKEN_COSTS = ("token_overhead_ms", "prompt_token_overhead_ms", "token_compute_share")
 
 
 def _parse_lengths(text: str, max_model_len: int, output_tokens: int) -> list[int]:
@@ -224,6 +226,39 @@ def _outside_engine_ms(live: dict[str, Any]) -> float | None:
     return float(ttft["value"] - prefill - queue)
 
 
+def _summary(rows: Sequence[dict[str, Any]], variants: Sequence[str]) -> dict[str, float | None]:
+    """The slopes against prompt length and the MAPEs per variant, over `rows` (lengths)."""
+    lengths = [r["prompt_tokens"] for r in rows]
+    summary: dict[str, float | None] = {
+        "engine_prefill_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [r["live"]["engine_prefill_mean_ms"] for r in rows]
+        ),
+        "client_ttft_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [(r["live"]["ttft_p50_ms"] or {}).get("value") for r in rows]
+        ),
+        # What the client waits beyond the engine's queue and prefill: the request's path outside
+        # the engine loop (HTTP, tokenizing, the hand-off to the engine core, detokenizing).
+        "outside_engine_ms_per_1k_tokens": slope_ms_per_1k(
+            lengths, [_outside_engine_ms(r["live"]) for r in rows]
+        ),
+    }
+    for name in variants:
+        summary[f"sim_prefill_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
+            lengths, [r["sim"][name]["prefill_mean_ms"] for r in rows]
+        )
+        summary[f"sim_ttft_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
+            lengths, [r["sim"][name]["ttft_p50_ms"] for r in rows]
+        )
+        for key in ("ttft_p50_ms", "tpot_p50_ms"):
+            errors = [
+                abs(r[f"sim_over_live_{name}"][key]["value"] - 1)
+                for r in rows
+                if key in r[f"sim_over_live_{name}"]
+            ]
+            summary[f"{key.replace('_ms', '')}_mape_{name}"] = float(np.mean(errors)) if errors else None
+    return summary
+
+
 def predict_length(
     model: Any, hardware: str, efficiency: Any, entry: dict[str, Any], live: dict[str, Any]
 ) -> dict[str, float]:
@@ -257,7 +292,7 @@ def predict_length(
 def score(args: argparse.Namespace) -> int:
     from serving.catalog.hardware import get_hardware
     from serving.catalog.models import model_spec_from_dir
-    from serving.perf.model import nearest_measured
+    from serving.perf.model import apply_live_fit, load_efficiency, nearest_measured
 
     raw = args.live.read_bytes()
     live = json.loads(raw)
@@ -267,6 +302,24 @@ def score(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.live}: no length was measured")
     hardware = hardware_of(live["machine"])
     stored, basis = nearest_measured(get_hardware(hardware))
+    live_fit_file = getattr(args, "live_fit", None)
+    live_fit: dict[str, Any] | None = None
+    if live_fit_file is not None:
+        # An earlier live fit (e.g. `git show REV:serving/perf/data/h200_live.json`) in place of the
+        # stored one, on the same operator calibration: what the requests score under it.
+        fit_raw = live_fit_file.read_bytes()
+        fit = json.loads(fit_raw)
+        operators = load_efficiency(hardware, live=False)
+        if operators is None:
+            raise SystemExit(f"no operator calibration for {hardware}")
+        stored = apply_live_fit(operators, {**fit, "how": f"the live fit in {live_fit_file}"})
+        basis = f"measured on {hardware} ({stored.how})"
+        live_fit = {
+            "path": str(live_fit_file),
+            "sha256": hashlib.sha256(fit_raw).hexdigest(),
+            "fitted_at": fit.get("fitted_at"),
+            "commit": fit.get("commit"),
+        }
     # The ablation: the calibration without each per-token cost it has (in the engine's steps, or
     # before the engine), one at a time.
     variants = {"as_stored": stored} | {
@@ -314,34 +367,21 @@ def score(args: argparse.Namespace) -> int:
                     ratios["prefill_mean_ms"] = {"value": p["prefill_mean_ms"] / prefill}
                 row[f"sim_over_live_{name}"] = ratios
             rows.append(row)
-    lengths = [r["prompt_tokens"] for r in rows]
-    summary: dict[str, Any] = {
-        "engine_prefill_ms_per_1k_tokens": slope_ms_per_1k(
-            lengths, [r["live"]["engine_prefill_mean_ms"] for r in rows]
-        ),
-        "client_ttft_ms_per_1k_tokens": slope_ms_per_1k(
-            lengths, [(r["live"]["ttft_p50_ms"] or {}).get("value") for r in rows]
-        ),
-        # What the client waits beyond the engine's queue and prefill: the request's path outside
-        # the engine loop (HTTP, tokenizing, the hand-off to the engine core, detokenizing).
-        "outside_engine_ms_per_1k_tokens": slope_ms_per_1k(
-            lengths, [_outside_engine_ms(r["live"]) for r in rows]
-        ),
-    }
-    for name in variants:
-        summary[f"sim_prefill_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
-            lengths, [r["sim"][name]["prefill_mean_ms"] for r in rows]
-        )
-        summary[f"sim_ttft_ms_per_1k_tokens_{name}"] = slope_ms_per_1k(
-            lengths, [r["sim"][name]["ttft_p50_ms"] for r in rows]
-        )
-        for key in ("ttft_p50_ms", "tpot_p50_ms"):
-            errors = [
-                abs(r[f"sim_over_live_{name}"][key]["value"] - 1)
-                for r in rows
-                if key in r[f"sim_over_live_{name}"]
-            ]
-            summary[f"{key.replace('_ms', '')}_mape_{name}"] = float(np.mean(errors)) if errors else None
+    summary = _summary(rows, list(variants))
+    # Every figure's 95% interval: the lengths resampled with replacement (a slope needs two
+    # distinct lengths, a draw with fewer is skipped), the figure recomputed on each draw.
+    draws: dict[str, list[float]] = {k: [] for k in summary}
+    for _ in range(BOOTSTRAP_ROUNDS):
+        pick = rng.integers(0, len(rows), size=len(rows))
+        if len({int(k) for k in pick}) < 2:
+            continue
+        for k, v in _summary([rows[int(k)] for k in pick], list(variants)).items():
+            if v is not None:
+                draws[k].append(v)
+    for k in list(summary):
+        if summary[k] is not None and len(draws[k]) >= 2:
+            low, high = np.percentile(draws[k], [2.5, 97.5])
+            summary[f"{k}_ci_low"], summary[f"{k}_ci_high"] = float(low), float(high)
     header = scored_header("sim_gpu_isolated", args.live, raw, live)
     header["live"].update({k: live.get(k) for k in ("engine_ready_s", "foreign_load", "gpu_load", "method")})
     result = {
@@ -349,11 +389,13 @@ def score(args: argparse.Namespace) -> int:
         "model": live["model"],
         "hardware": hardware,
         "prediction": basis,
-        "calibration_files": list(calibration_files(hardware)),
+        "calibration_files": list(calibration_files(hardware)) if live_fit is None else None,
+        "live_fit_given": live_fit,
         "stored_per_token_costs_ms": {name: getattr(stored, name) for name in PER_TOKEN_COSTS},
         "ablation": "without_<cost>: the same calibration with that per-token cost set to 0 (each "
         "per-token cost the calibration has, one at a time)",
-        "intervals_how": f"95% bootstrap ({BOOTSTRAP_ROUNDS} rounds) of each length's median over its requests",
+        "intervals_how": f"95% bootstrap ({BOOTSTRAP_ROUNDS} rounds): per row, each length's median over its "
+        "requests; in the summary, the lengths resampled",
         "summary": summary,
         "rows": rows,
     }
@@ -381,6 +423,12 @@ def main() -> int:
     s = sub.add_parser("score", help="anywhere: the simulator on the same requests")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
     s.add_argument("--out", type=Path, default=RESULT)
+    s.add_argument(
+        "--live-fit",
+        type=Path,
+        default=None,
+        help="an earlier live fit's file to score with, instead of the stored one",
+    )
     args = parser.parse_args()
     return measure(args) if args.step == "measure" else score(args)
 

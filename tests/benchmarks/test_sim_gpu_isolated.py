@@ -114,3 +114,33 @@ def test_bad_lengths_are_refused_with_the_bounds() -> None:
     with pytest.raises(SystemExit, match="1 to 12 lengths"):
         sim_gpu_isolated._parse_lengths(",".join(str(100 + i) for i in range(13)), 32768, 128)
     assert sim_gpu_isolated._parse_lengths("4096,256,256", 32768, 128) == [256, 4096]
+
+
+def test_every_summary_figure_has_an_interval_around_it(tmp_path: Path) -> None:
+    live = _live_file(tmp_path, ttft_scale=1.5)
+    out = tmp_path / "scored.json"
+    sim_gpu_isolated.score(argparse.Namespace(live=live, out=out))
+    summary = json.loads(out.read_text())["summary"]
+    figures = [k for k in summary if not k.endswith(("_ci_low", "_ci_high"))]
+    assert figures
+    for k in figures:
+        assert summary[f"{k}_ci_low"] - 1e-9 <= summary[k] <= summary[f"{k}_ci_high"] + 1e-9, k
+
+
+def test_an_earlier_live_fit_given_scores_in_place_of_the_stored_one(tmp_path: Path) -> None:
+    from serving.perf.model import DATA_DIR
+
+    live = _live_file(tmp_path, ttft_scale=1.0)
+    stored_out, given_out = tmp_path / "stored.json", tmp_path / "given.json"
+    sim_gpu_isolated.score(argparse.Namespace(live=live, out=stored_out))
+    # The stored fit given explicitly scores the same; a fit without its costs scores otherwise.
+    fit = DATA_DIR / "h200_live.json"
+    sim_gpu_isolated.score(argparse.Namespace(live=live, out=given_out, live_fit=fit))
+    stored, given = json.loads(stored_out.read_text()), json.loads(given_out.read_text())
+    assert given["summary"] == stored["summary"]
+    assert given["live_fit_given"]["path"] == str(fit) and given["calibration_files"] is None
+    bare = tmp_path / "bare_fit.json"
+    bare.write_text(json.dumps({"fitted": {"request_overhead_ms": 1.0}}))
+    bare_out = tmp_path / "bare.json"
+    sim_gpu_isolated.score(argparse.Namespace(live=live, out=bare_out, live_fit=bare))
+    assert json.loads(bare_out.read_text())["summary"]["ttft_p50_mape_as_stored"] > 0.05
