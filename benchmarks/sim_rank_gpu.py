@@ -478,7 +478,7 @@ def plan(args: argparse.Namespace) -> int:
         for i, rate in enumerate(ladder):
             duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
             requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
-            p = predict_case(model, requests, {}, sample_caps, 100 + i)
+            p = predict_case(model, requests, {}, sample_caps, 100 + i, hardware=args.hardware)
             met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
             points.append(
                 {"rate_rps": rate, "duration_s": duration, "requests": len(requests), **p, "slo_met": met}
@@ -494,7 +494,8 @@ def plan(args: argparse.Namespace) -> int:
             rate = round(knee * LOADS[load], 4)
             requests = read_trace(_workload(args.trace, rate, args.case_s, SEED + gi, work))
             predicted = {
-                n: predict_case(model, requests, CONFIGS[n], sample_caps, SEED + gi) for n in configs
+                n: predict_case(model, requests, CONFIGS[n], sample_caps, SEED + gi, hardware=args.hardware)
+                for n in configs
             }
             group: dict[str, Any] = {"rate_rps": rate, "requests": len(requests), "predicted": predicted}
             for metric in ("p50", "p95"):
@@ -511,7 +512,9 @@ def plan(args: argparse.Namespace) -> int:
         **git_state(REPO),
         "machine": machine_facts(),
         "versions": versions("numpy"),
-        "what": "the simulator's predictions only (hardware h200, the stored calibration); nothing measured",
+        "what": f"the simulator's predictions only (hardware {args.hardware}, the stored calibration); nothing measured",
+        "hardware": args.hardware,
+        "calibration": list(calibration_files(args.hardware)),
         "model_config": str(args.model_config),
         "trace": args.trace,
         "caps": sample_caps,
@@ -955,6 +958,12 @@ def main() -> int:
     pl.add_argument("--slo-p50-ms", type=float, default=600.0)
     pl.add_argument("--slo-p95-ms", type=float, default=2000.0)
     pl.add_argument("--max-model-len", type=int, default=32768)
+    pl.add_argument(
+        "--hardware",
+        default=HARDWARE,
+        choices=sorted({profiled_hardware(g) for g in GPU_NAMES}),
+        help="the card the live run will get (an H100 is predicted from its own operator profile)",
+    )
     pl.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")

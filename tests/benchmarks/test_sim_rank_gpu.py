@@ -181,6 +181,7 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
         slo_p50_ms=600.0,
         slo_p95_ms=2000.0,
         max_model_len=8192,
+        hardware="h200",
         out=out,
     )
     assert sim_rank_gpu.plan(args) == 0
@@ -191,6 +192,13 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
     assert group["rate_rps"] == 8.0
     assert sorted(group["p50_order"]) == ["budget_1024", "no_prefix_caching", "vllm_defaults"]
     assert group["p50_spread"] >= 0.0 and "nothing measured" in result["what"]
+    assert result["calibration"] == ["serving/perf/data/h200.json", "serving/perf/data/h200_live.json"]
+    # Sized for an H100 instead (what the device machine mostly lends): its own operator profile.
+    h100 = tmp_path / "plan_h100.json"
+    assert sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "hardware": "h100", "out": h100})) == 0
+    on_h100 = json.loads(h100.read_text())
+    assert on_h100["hardware"] == "h100" and on_h100["calibration"][0] == "serving/perf/data/h100.json"
+    assert on_h100["ladder"][0]["ttft_p50_ms"] != result["ladder"][0]["ttft_p50_ms"]
     config.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(SystemExit, match="no hidden_size"):
         sim_rank_gpu.plan(args)
