@@ -902,16 +902,30 @@ def _summary(groups: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, An
         out["noise_floor_p50_ttft"] = float(np.mean([f["ttft_p50_rel_diff"] for f in floors]))
         out["noise_floor_p95_ttft"] = float(np.mean([f["ttft_p95_rel_diff"] for f in floors]))
     for metric in ("p50", "p95"):
-        sim, blind = out.get(f"{metric}_ttft_mape"), out.get(f"blind_{metric}_ttft_mape")
-        hi, lo = out.get(f"{metric}_ttft_mape_ci_high"), out.get(f"blind_{metric}_ttft_mape_ci_low")
-        if sim is None or blind is None:
+        # Paired: the simulator and the blind baseline are scored on the same cases, so the
+        # difference of their errors is resampled case by case (two intervals that overlap can
+        # still be apart when paired, and vice versa).
+        differences = [
+            e - b
+            for g in groups.values()
+            for e, b in zip(g[metric]["errors"], g[metric]["blind_errors"], strict=True)
+            if e is not None and b is not None
+        ]
+        figure = bootstrap_mean(differences)
+        if figure is None:
             continue
-        if hi is not None and lo is not None and hi < lo:
-            verdict = "the simulator beats the blind baseline (intervals apart)"
-        elif sim < blind:
-            verdict = "the simulator below the blind baseline as a point only: no significant difference"
+        name = f"{metric}_ttft_mape_minus_blind"
+        out[name], out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (
+            figure["value"],
+            figure["ci_low"],
+            figure["ci_high"],
+        )
+        if figure["ci_high"] < 0:
+            verdict = "the simulator beats the blind baseline (paired 95% interval below 0)"
+        elif figure["ci_low"] > 0:
+            verdict = "the simulator does not beat the blind baseline: the baseline is better (paired 95% interval above 0)"
         else:
-            verdict = "the simulator does not beat the blind baseline"
+            verdict = "no significant difference from the blind baseline (paired 95% interval spans 0)"
         out[f"{metric}_vs_blind"] = verdict
     return out
 
