@@ -18,7 +18,8 @@ cores with the engine, so lateness here includes time the client waits for a CPU
 
 A third phase holds 1, 8 and 32 streams open at once and compares our client with that many
 independent raw-socket clients, one process each (no event loop, no shared interpreter), in
-blocks of rounds of the same requests (each block one round per arm, the six orders in turn),
+blocks of rounds of the same requests (each block one round per arm, in the four orders of a
+Williams square in turn),
 beside the engine's own TTFT from its /metrics histogram: whatever our client adds as streams
 grow shows as a ratio above 1, with a bootstrap 95% interval over the blocks (after one
 unmeasured round at each number of streams).
@@ -33,7 +34,10 @@ one stream runs more rounds than 32 do: a p95 over a handful of requests is deci
 stall.
 Both sides connect before the first send (the raw clients
 before their shared barrier, ours by the load generator's connection warm-up), so neither TTFT
-holds a TCP handshake. Summary figures `p50_ttft_max_dev` and `p95_ttft_max_dev`
+holds a TCP handshake, and both send the same time after connecting (`REFERENCE_LEAD_S`, our
+client's start lead): an engine idle for that long answers its first token later than one whose
+server has just accepted a connection, which raw clients sending at once met. Those are the fourth
+arm (`raw_no_lead`, the reference before), beside. Summary figures `p50_ttft_max_dev` and `p95_ttft_max_dev`
 are the largest |ours / raw - 1| over those loads.
 
 Requests: lengths of the first requests of the Azure LLM inference trace 2023 (conversation;
@@ -49,7 +53,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import itertools
 import json
 import math
 import multiprocessing
@@ -79,6 +82,7 @@ from serving.loadgen import (  # noqa: E402
     replay,
 )
 from serving.loadgen.api import replay_generated  # noqa: E402
+from serving.loadgen.runner import START_LEAD_S  # noqa: E402
 from serving.models import build_tiny_model  # noqa: E402
 
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
@@ -86,8 +90,18 @@ RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
 MAX_STREAM_PAIRS = 500  # bounds the rounds at one number of open streams
 # Phase 3's arms: our load generator as it runs (its loop under the FIFO policy where allowed),
 # the raw-socket reference, and ours at the normal policy (the ablation of that policy).
-ARMS = ("ours", "raw", "ours_normal_policy")
-ARM_ORDERS = tuple(itertools.permutations(ARMS))
+ARMS = ("ours", "raw", "ours_normal_policy", "raw_no_lead")
+# A Williams square: over four blocks every arm runs once in each position and follows every other
+# arm exactly once, so no arm gains from a fixed predecessor (a warm or a busy engine).
+ARM_ORDERS = tuple(
+    tuple(ARMS[i] for i in row) for row in ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+)
+# The raw reference sends this long after its connection is open, as our load generator sends its
+# first request that long after its connections are warm (`runner.START_LEAD_S`): both clients then
+# meet an engine that has been idle for the same time. Sent at once (the `raw_no_lead` arm, the
+# reference before), the request follows the connection's accept on the server's heels; on a
+# 2-core host the engine's own TTFT at one stream was then lower than after the same idle gap.
+REFERENCE_LEAD_S = START_LEAD_S
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -425,10 +439,13 @@ def lateness_phase(work: Path, *, rates: list[float], duration_s: float) -> list
 # -- phase 3: open streams, against independent raw-socket clients -----------------------------------
 
 
-def _raw_stream_client(host: str, port: int, body: bytes, barrier: Any, results: Any, index: int) -> None:
+def _raw_stream_client(
+    host: str, port: int, body: bytes, barrier: Any, results: Any, index: int, lead_s: float = 0.0
+) -> None:
     """One request on its own process and its own socket, with no HTTP library and no event loop:
-    the request goes out in one write, and the first token is the first received bytes that hold
-    a streamed event carrying a choice (what our client times)."""
+    the request goes out in one write, `lead_s` after every client is connected, and the first
+    token is the first received bytes that hold a streamed event carrying a choice (what our
+    client times)."""
     import socket
 
     # The reference must read its bytes when they arrive. On a host whose cores the engine keeps
@@ -450,6 +467,8 @@ def _raw_stream_client(host: str, port: int, body: bytes, barrier: Any, results:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         barrier.wait(timeout=120)
+        if lead_s > 0:
+            time.sleep(lead_s)
         sent = time.perf_counter()
         sock.sendall(head + body)
         seen = b""
@@ -476,9 +495,11 @@ def _raw_stream_client(host: str, port: int, body: bytes, barrier: Any, results:
         sock.close()
 
 
-def raw_round(engine: EngineProcess, bodies: list[bytes]) -> tuple[list[float | None], int, set[str]]:
-    """All of `bodies` at once, one raw-socket client process each; their TTFTs, errors and the
-    scheduling policies they ran under."""
+def raw_round(
+    engine: EngineProcess, bodies: list[bytes], lead_s: float = REFERENCE_LEAD_S
+) -> tuple[list[float | None], int, set[str]]:
+    """All of `bodies` at once, one raw-socket client process each, sent `lead_s` after every
+    client is connected; their TTFTs, errors and the scheduling policies they ran under."""
     from urllib.parse import urlsplit
 
     url = urlsplit(engine.base_url)
@@ -488,7 +509,7 @@ def raw_round(engine: EngineProcess, bodies: list[bytes]) -> tuple[list[float | 
     children = [
         ctx.Process(
             target=_raw_stream_client,
-            args=(url.hostname, url.port, body, barrier, results, i),
+            args=(url.hostname, url.port, body, barrier, results, i, lead_s),
             name=f"raw-client-{i}",
         )
         for i, body in enumerate(bodies)
@@ -627,8 +648,10 @@ def streams_phase(
                 # each block measures every arm once, in one of the 6 orders, taken in turn
                 for who in ARM_ORDERS[block % len(ARM_ORDERS)]:
                     before = scrape(engine.base_url)
-                    if who == "raw":
-                        ttft, errs, used = raw_round(engine, bodies)
+                    if who in ("raw", "raw_no_lead"):
+                        ttft, errs, used = raw_round(
+                            engine, bodies, lead_s=REFERENCE_LEAD_S if who == "raw" else 0.0
+                        )
                     else:
                         run = run_ours(engine, requests, [0.0] * n, synth, realtime_reads=who == "ours")
                         ttft, errs, used = run["ttft_ms"], run["errors"], {run["scheduling"]}
@@ -643,6 +666,8 @@ def streams_phase(
             p95, p95_draws = _cluster_bootstrap_ratio(ours_rounds, raw_rounds, 95, rng)
             normal_p50, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 50, rng)
             normal_p95, _ = _cluster_bootstrap_ratio(rounds["ours_normal_policy"], raw_rounds, 95, rng)
+            no_lead_p50, _ = _cluster_bootstrap_ratio(ours_rounds, rounds["raw_no_lead"], 50, rng)
+            no_lead_p95, _ = _cluster_bootstrap_ratio(ours_rounds, rounds["raw_no_lead"], 95, rng)
             figures = {who: _arm_figures(rounds[who], policies[who], engine_ms[who]) for who in ARMS}
             # mean client TTFT minus the engine's own mean TTFT of the same rounds
             overhead = {
@@ -668,13 +693,22 @@ def streams_phase(
                     "p50_ttft_ratio": normal_p50,
                     "p95_ttft_ratio": normal_p95,
                 },
+                # The reference's ablation: raw clients that send as soon as all are connected
+                # (the reference before REFERENCE_LEAD_S), our client's ratios against them.
+                "raw_no_lead": {
+                    **figures["raw_no_lead"],
+                    "ours_p50_ttft_ratio": no_lead_p50,
+                    "ours_p95_ttft_ratio": no_lead_p95,
+                },
+                "reference_lead_s": REFERENCE_LEAD_S,
                 "client_minus_engine_mean_ttft_ms": overhead,
             }
             cases.append(case)
             print(
                 f"  {n} open streams: p50 ratio {p50['value']:.3f} ({p50['ci_low']:.3f}-{p50['ci_high']:.3f}), "
                 f"p95 ratio {p95['value']:.3f} ({p95['ci_low']:.3f}-{p95['ci_high']:.3f}); at the normal "
-                f"policy p50 {normal_p50['value']:.3f}, p95 {normal_p95['value']:.3f}",
+                f"policy p50 {normal_p50['value']:.3f}, p95 {normal_p95['value']:.3f}; against raw clients "
+                f"without the lead p50 {no_lead_p50['value']:.3f}, p95 {no_lead_p95['value']:.3f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -782,6 +816,11 @@ def main(argv: list[str] | None = None) -> int:
         for q in ("p50", "p95"):
             summary[f"normal_policy_{q}_ttft_ratio_by_streams"] = {
                 str(c["open_streams"]): c["ours_normal_policy"][f"{q}_ttft_ratio"] for c in open_streams
+            }
+        # Ablation of the reference's lead: our client against raw clients that send at once.
+        for q in ("p50", "p95"):
+            summary[f"no_lead_reference_{q}_ttft_ratio_by_streams"] = {
+                str(c["open_streams"]): c["raw_no_lead"][f"ours_{q}_ttft_ratio"] for c in open_streams
             }
     if accuracy is not None:
         summary |= {

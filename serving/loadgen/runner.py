@@ -39,7 +39,7 @@ from serving.loadgen.traces import TraceRequest
 
 T = TypeVar("T")
 
-_START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it is not born late
+START_LEAD_S = 0.05  # the first send is scheduled this far after setup, so it is not born late
 # With several client processes, the shared start is this far ahead: every process must have
 # imported its client and opened its loop before the first send.
 _SHARDED_START_LEAD_S = 3.0
@@ -256,7 +256,7 @@ async def run_prepared(
             if progress is not None:
                 progress.update(error=timing.error is not None)
 
-        start = start_at if start_at is not None else time.perf_counter() + _START_LEAD_S
+        start = start_at if start_at is not None else time.perf_counter() + START_LEAD_S
         started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         tasks = []
         for request in order:

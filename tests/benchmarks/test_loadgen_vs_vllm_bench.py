@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from benchmarks.loadgen_vs_vllm_bench import MAX_STREAM_PAIRS, pairs_for
 
 
@@ -20,13 +22,23 @@ def test_the_floor_of_pairs_and_the_cap_hold() -> None:
 
 
 def test_each_block_runs_every_arm_once_and_every_arm_takes_every_position() -> None:
-    """Over six blocks, every arm (ours, the raw reference, ours at the normal policy) runs first,
-    second and third equally often, so no arm always follows the same one."""
+    """Over four blocks (a Williams square), every arm (ours, the raw reference, ours at the normal
+    policy, the raw reference without its lead) runs in each position once and follows each other
+    arm exactly once, so no arm always comes after the same one."""
     from benchmarks.loadgen_vs_vllm_bench import ARM_ORDERS, ARMS
 
-    assert len(ARM_ORDERS) == 6 and all(sorted(order) == sorted(ARMS) for order in ARM_ORDERS)
+    assert len(ARM_ORDERS) == len(ARMS) == 4 and all(sorted(order) == sorted(ARMS) for order in ARM_ORDERS)
     for position in range(len(ARMS)):
-        assert sorted(order[position] for order in ARM_ORDERS) == sorted(ARMS * 2)
+        assert sorted(order[position] for order in ARM_ORDERS) == sorted(ARMS)
+    followed = [(a, b) for order in ARM_ORDERS for a, b in itertools.pairwise(order)]
+    assert len(followed) == len(set(followed)) == len(ARMS) * (len(ARMS) - 1)
+
+
+def test_the_reference_sends_as_long_after_connecting_as_our_client_does() -> None:
+    from benchmarks.loadgen_vs_vllm_bench import REFERENCE_LEAD_S
+    from serving.loadgen.runner import START_LEAD_S
+
+    assert REFERENCE_LEAD_S == START_LEAD_S > 0
 
 
 def test_an_arms_figures_pool_its_rounds() -> None:
