@@ -7,7 +7,7 @@ the engine's busy threads kept a client waiting until the engine had streamed th
 at one open stream our p95 TTFT read 113 ms where independent FIFO-scheduled raw-socket clients
 read 14 ms and the engine's own TTFT was 11 ms, on an AVX512-BF16 host
 (`benchmarks/results/loadgen_vs_vllm_bench_bfdb36e_client_at_normal_policy.json`). On an AVX2 host
-the normal policy made no significant difference (`loadgen_vs_vllm_bench.json`, its
+the normal policy made no significant difference (`loadgen_vs_vllm_bench_5e3bd4d_avx2_host.json`, its
 `ours_normal_policy` arm): how much the policy matters depends on the host. Under FIFO the thread
 runs as soon as its socket is readable and yields the core as soon as it waits again, so it takes
 no more CPU time than before, only earlier.
