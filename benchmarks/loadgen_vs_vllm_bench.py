@@ -45,7 +45,7 @@ Azure/AzurePublicDataset, CC-BY 4.0), prompts capped at 1024 tokens, outputs at 
 
     .venv/bin/python benchmarks/loadgen_vs_vllm_bench.py
 
-writes benchmarks/results/loadgen_vs_vllm_bench.json (about 15 minutes on 2 cores).
+writes benchmarks/results/loadgen_vs_vllm_bench.json (about 17 minutes on 2 cores).
 """
 
 from __future__ import annotations
