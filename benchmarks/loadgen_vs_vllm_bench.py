@@ -645,7 +645,7 @@ def streams_phase(
             errors = 0
             n_pairs = pairs_for(n, pairs, min_requests)
             for block in range(n_pairs):
-                # each block measures every arm once, in one of the 6 orders, taken in turn
+                # each block measures every arm once, in one of the Williams square's 4 orders, taken in turn
                 for who in ARM_ORDERS[block % len(ARM_ORDERS)]:
                     before = scrape(engine.base_url)
                     if who in ("raw", "raw_no_lead"):
