@@ -89,7 +89,8 @@ TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 RESULT = REPO / "benchmarks" / "results" / "loadgen_vs_vllm_bench.json"
 MAX_STREAM_PAIRS = 500  # bounds the rounds at one number of open streams
 # Phase 3's arms: our load generator as it runs (its loop under the FIFO policy where allowed),
-# the raw-socket reference, and ours at the normal policy (the ablation of that policy).
+# the raw-socket reference, ours at the normal policy (the ablation of that policy), and the
+# reference sending as soon as it is connected (the ablation of REFERENCE_LEAD_S).
 ARMS = ("ours", "raw", "ours_normal_policy", "raw_no_lead")
 # A Williams square: over four blocks every arm runs once in each position and follows every other
 # arm exactly once, so no arm gains from a fixed predecessor (a warm or a busy engine).
