@@ -142,7 +142,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # A fourth (2026-12-06, evening), after the Qwen3-4B run (sim_rank_gpu_4b_mooncake_past_knee.json)
 # had p50 TTFT 14-36% low on every configuration: the single requests already in the FIT set hold
 # the frontend's time per prompt token outright (the client's TTFT less the engine's own queue and
-# prefill grows 6.2 ms per 1k prompt tokens on the 8B, 5.8 on the held-out 3B: tokenizing and
+# prefill grows 6.0 ms per 1k prompt tokens on the 8B and on the held-out 3B, sim_gpu_fit.json
+# `frontend_token_cost`: tokenizing and
 # carrying the prompt, the same for any model), which the loss fit had traded against the engine's
 # step costs (it set 0.0002 ms). That cost is now measured from them (`frontend_token_cost`), not
 # fitted; the other six are fitted around it.
