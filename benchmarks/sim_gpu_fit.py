@@ -34,8 +34,8 @@ The fit minimises the mean squared log error of the FIT set's TTFTs over the log
 six costs within physical bounds: the priors and a two-level grid are scored, and a compass
 search refines the best two (TTFTs alone can be explained by a slow engine step or by a slow
 frontend; a search from the priors alone stopped in the first, which the grid's start beat on the
-FIT set). Six fitted physical parameters (and one measured) for 57 numbers, no per-point terms. The step model does not
-distinguish CUDA-graph modes (a full-graph decode step and a piecewise mixed step share one fixed
+FIT set). Six fitted physical parameters (and one measured) for 57 numbers, no per-point terms.
+The step model does not distinguish CUDA-graph modes (a full-graph decode step and a piecewise mixed step share one fixed
 cost), so the held-out trials with `cudagraph_mode` set show whether that matters.
 
     .venv/bin/python benchmarks/sim_gpu_fit.py                      # about 5 minutes on 2 cores
@@ -143,9 +143,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # had p50 TTFT 14-36% low on every configuration: the single requests already in the FIT set hold
 # the frontend's time per prompt token outright (the client's TTFT less the engine's own queue and
 # prefill grows 6.0 ms per 1k prompt tokens on the 8B and on the held-out 3B, sim_gpu_fit.json
-# `frontend_token_cost`: tokenizing and
-# carrying the prompt, the same for any model), which the loss fit had traded against the engine's
-# step costs (it set 0.0002 ms). That cost is now measured from them (`frontend_token_cost`), not
+# `frontend_token_cost`: tokenizing and carrying the prompt, the same for any model), which the
+# loss fit had traded against the engine's step costs (it set 0.0002 ms). That cost is now measured from them (`frontend_token_cost`), not
 # fitted; the other six are fitted around it.
 MEASURED_FIELDS = ("prompt_token_overhead_ms",)
 DEFAULT_FIELDS = tuple(f for f in LIVE_FIT_FIELDS if f not in MEASURED_FIELDS)
@@ -367,8 +366,8 @@ def collect_runs(workloads: Workloads) -> list[Run]:
 def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
     """The isolated-request runs, one per prompt length, re-created as sim_gpu_isolated sent them;
     their model shapes (from the live files' config.json) are added to `models`."""
-    from benchmarks.sim_gpu_isolated import budget_knobs, write_requests
-    from benchmarks.sim_rank_gpu import _engine_config, hardware_of
+    from benchmarks.sim_gpu_isolated import simulated_config, write_requests
+    from benchmarks.sim_rank_gpu import hardware_of
     from serving.catalog.models import model_spec_from_dir
 
     runs: list[Run] = []
@@ -406,10 +405,7 @@ def collect_isolated(models: dict[str, ModelSpec], scratch: Path) -> list[Run]:
                     ),
                     rate_rps=1.0 / float(method["spacing_s"]),
                     requests=tuple(read_trace(path)),
-                    config=_engine_config(
-                        budget_knobs(method.get("max_num_batched_tokens"), int(method["max_model_len"])),
-                        int(method["max_model_len"]),
-                    ),
+                    config=simulated_config(method),
                     max_prompt_tokens=n,
                     max_output_tokens=int(method["output_tokens"]),
                     seed=0,

@@ -121,6 +121,12 @@ def budget_knobs(budget: int | None, max_model_len: int) -> dict[str, Any]:
     return {"max_num_batched_tokens": int(budget)}
 
 
+def simulated_config(method: dict[str, Any]) -> Any:
+    """The configuration a live file's engine ran (its `method`), as the simulator reads it."""
+    max_model_len = int(method["max_model_len"])
+    return _engine_config(budget_knobs(method.get("max_num_batched_tokens"), max_model_len), max_model_len)
+
+
 def measure(args: argparse.Namespace) -> int:
     from serving.engine.host import ForeignLoadMeter, GpuMeter
     from serving.engine.launcher import start_engine
@@ -133,7 +139,7 @@ def measure(args: argparse.Namespace) -> int:
     if not 2 <= args.output_tokens <= 1024:
         raise SystemExit(f"--output-tokens must be in [2, 1024], got {args.output_tokens}")
     lengths = _parse_lengths(args.lengths, args.max_model_len, args.output_tokens)
-    knobs = budget_knobs(getattr(args, "max_num_batched_tokens", None), args.max_model_len)
+    knobs = budget_knobs(args.max_num_batched_tokens, args.max_model_len)
     config = _engine_config(knobs, args.max_model_len, args.cpu_kv_cache_gib, args.model_dir)
     work = Path(tempfile.mkdtemp(prefix="isolated-"))
     started_at = datetime.now(UTC)
@@ -294,10 +300,7 @@ def predict_length(
         requests,
         model=model,
         hardware=hardware,
-        config=_engine_config(
-            budget_knobs(method.get("max_num_batched_tokens"), method["max_model_len"]),
-            method["max_model_len"],
-        ),
+        config=simulated_config(method),
         max_prompt_tokens=entry["prompt_tokens"],
         max_output_tokens=method["output_tokens"],
         efficiency=efficiency,
