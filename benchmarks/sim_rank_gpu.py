@@ -636,6 +636,10 @@ def _interval(draws: Sequence[float]) -> dict[str, float] | None:
     return {"ci_low": float(low), "ci_high": float(high)}
 
 
+# The fewest configurations a group is ranked over (a group cut short by the device's time included).
+MIN_RANKED = 3
+
+
 def score_group(
     names: Sequence[str],
     predicted: list[dict[str, Any]],
@@ -657,13 +661,18 @@ def score_group(
             taus.append(kendall_tau_b(pred, draw))
             top1s.append(top_k_hit(pred, draw, 1))
             top3s.append(top_k_hit(pred, draw, TOP_K))
+        # Among TOP_K configurations or fewer the predicted best is always in the measured top
+        # TOP_K: no test, so no figure.
+        top3_tested = len(names) > TOP_K
         out[metric] = {
             "kendall_tau": kendall_tau_b(pred, meas),
             "kendall_tau_ci": _interval([t for t in taus if t is not None]),
             "top1_agreement": top_k_hit(pred, meas, 1),
             "top1_agreement_resampled_mean": float(np.mean([t for t in top1s if t is not None])),
-            "top3_hit": top_k_hit(pred, meas, TOP_K),
-            "top3_hit_resampled_mean": float(np.mean([t for t in top3s if t is not None])),
+            "top3_hit": top_k_hit(pred, meas, TOP_K) if top3_tested else None,
+            "top3_hit_resampled_mean": (
+                float(np.mean([t for t in top3s if t is not None])) if top3_tested else None
+            ),
             "sim_mape": mape(pred, meas),
             "blind_constant_ms": constant,
             "blind_mape": mape([constant] * len(meas), meas),
@@ -723,14 +732,18 @@ def score(args: argparse.Namespace) -> int:
             first: dict[str, dict[str, Any]] = {}
             for c in cases:
                 first.setdefault(c["config"], c)
-            if len(first) < len(configs):
-                log(f"[{load}] only {len(first)} of {len(configs)} configurations measured: not ranked")
+            # A group the device's time cut short is ranked over the configurations it measured,
+            # if there are enough of them to order, and says so; fewer are not ranked.
+            names = [n for n in configs if n in first]
+            if len(names) < MIN_RANKED:
+                log(f"[{load}] only {len(names)} of {len(configs)} configurations measured: not ranked")
                 continue
+            if len(names) < len(configs):
+                log(f"[{load}] {len(names)} of {len(configs)} configurations measured: ranked over those")
             path = _workload(
                 live["trace"], group["rate_rps"], group["duration_s"], group["seed"], Path(scratch)
             )
             requests = read_trace(path)
-            names = list(configs)
             predicted = [
                 predict_case(model, requests, configs[n], caps, group["seed"], hardware) for n in names
             ]
@@ -769,6 +782,15 @@ def score(args: argparse.Namespace) -> int:
                 for r in repeats
             ]
             g["rate_rps"] = group["rate_rps"]
+            g["partial"] = (
+                {
+                    "measured": len(names),
+                    "planned": len(configs),
+                    "missing": [n for n in configs if n not in first],
+                }
+                if len(names) < len(configs)
+                else None
+            )
             g["basis"] = sorted(basis)
             g["requests_per_case"] = [c["requests"] for c in measured]
             groups_out[load] = g
@@ -791,9 +813,10 @@ def score(args: argparse.Namespace) -> int:
                     }
                 )
     if not groups_out:
-        raise SystemExit(f"{args.live}: no group has every configuration measured")
+        raise SystemExit(f"{args.live}: no group has {MIN_RANKED} or more configurations measured")
     summary = _summary(groups_out, rows)
     summary["configs_per_group"] = len(live["method"]["configs"])
+    summary["partial_groups"] = sum(1 for g in groups_out.values() if g["partial"])
     held_out = {
         "model": live["model"],
         "fit_models": ["llama-3.1-8b", "qwen3-32b"],

@@ -97,7 +97,9 @@ def test_live_cases_that_are_the_simulation_score_a_perfect_ranking(tmp_path: Pa
     summary = result["summary"]
     assert summary["configs_per_group"] == 3
     assert summary["rank_tau"] == pytest.approx(1.0)
-    assert summary["top1_agreement_rate"] == 1.0 and summary["top3_hit_rate"] == 1.0
+    # among three configurations the predicted best is always in the measured top 3: no figure
+    assert summary["top1_agreement_rate"] == 1.0 and summary["top3_hit_rate"] is None
+    assert summary["partial_groups"] == 0
     assert summary["p50_ttft_mape"] < 0.01 and summary["blind_p50_ttft_mape"] > 0.1
     # Paired against the blind baseline case by case: better on average, but the best constant
     # is exactly right on one of the three cases, so a resample of that case alone ties: with
@@ -109,6 +111,28 @@ def test_live_cases_that_are_the_simulation_score_a_perfect_ranking(tmp_path: Pa
     assert result["held_out"]["all_cases_after_freeze"] is True
     group = result["groups"]["loaded"]["p50"]
     assert group["measured_order"] == group["predicted_order"]
+
+
+def test_a_group_cut_short_is_ranked_over_what_it_measured_and_says_so(tmp_path: Path) -> None:
+    """Planned four configurations, three measured (the device's time ran out): ranked over the
+    three, the missing one named; with two measured it is not ranked and the score refuses."""
+    live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0))
+    data = json.loads(live.read_text())
+    data["complete"] = False
+    data["method"]["configs"]["no_prefix_caching"] = sim_rank_gpu.CONFIGS["no_prefix_caching"]
+    live.write_text(json.dumps(data))
+    out = tmp_path / "scored.json"
+    assert sim_rank_gpu.score(argparse.Namespace(live=live, out=out)) == 0
+    result = json.loads(out.read_text())
+    group = result["groups"]["loaded"]
+    assert group["partial"] == {"measured": 3, "planned": 4, "missing": ["no_prefix_caching"]}
+    assert group["configs"] == list(CHOSEN) and result["summary"]["partial_groups"] == 1
+    assert result["summary"]["rank_tau"] == pytest.approx(1.0)
+    cases = data["groups"]["loaded"]["cases"]
+    data["groups"]["loaded"]["cases"] = [c for c in cases if c["config"] != "max_seqs_64"]
+    live.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="no group has 3 or more configurations measured"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
 
 
 def test_a_live_ranking_the_simulator_inverts_scores_a_negative_tau(tmp_path: Path) -> None:
