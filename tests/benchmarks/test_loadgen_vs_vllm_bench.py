@@ -52,6 +52,8 @@ def test_an_arms_figures_pool_its_rounds() -> None:
         "p95_ttft_ms": 29.0,
         "engine_mean_ttft_ms": 13.0,
     }
+    spread = _arm_figures([[10.0]], {"fifo"}, [12.0], [[0.0, 4.0, 1.0], [0.0, 2.0], [0.0, 9.0]])
+    assert spread["send_spread_ms_median"] == 4.0  # the median round's first-to-last send
 
 
 def test_a_reference_client_reports_its_first_token_and_reads_the_rest_only_when_released() -> None:
@@ -83,7 +85,7 @@ def test_a_reference_client_reports_its_first_token_and_reads_the_rest_only_when
     server = threading.Thread(target=serve)
     server.start()
     barrier = threading.Barrier(2)
-    results: queue.Queue[tuple[int, object, str]] = queue.Queue()
+    results: queue.Queue[tuple[int, object, str, float | None]] = queue.Queue()
     release = threading.Event()
     client = threading.Thread(
         target=_raw_stream_client,
@@ -91,9 +93,9 @@ def test_a_reference_client_reports_its_first_token_and_reads_the_rest_only_when
     )
     client.start()
     barrier.wait(timeout=30)
-    index, ttft, _policy = results.get(timeout=30)
+    index, ttft, _policy, sent = results.get(timeout=30)
     reported.set()
-    assert index == 7 and isinstance(ttft, float) and ttft >= 0.0
+    assert index == 7 and isinstance(ttft, float) and ttft >= 0.0 and isinstance(sent, float)
     client.join(timeout=0.5)
     assert client.is_alive()  # held on `release`, the rest of the stream unread
     release.set()
