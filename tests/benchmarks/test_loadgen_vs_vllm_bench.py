@@ -52,3 +52,55 @@ def test_an_arms_figures_pool_its_rounds() -> None:
         "p95_ttft_ms": 29.0,
         "engine_mean_ttft_ms": 13.0,
     }
+    spread = _arm_figures([[10.0]], {"fifo"}, [12.0], [[0.0, 4.0, 1.0], [0.0, 2.0], [0.0, 9.0]])
+    assert spread["send_spread_ms_median"] == 4.0  # the median round's first-to-last send
+
+
+def test_a_reference_client_reports_its_first_token_and_reads_the_rest_only_when_released() -> None:
+    """A raw client against a local server that streams one event, then (once the client has
+    reported) the rest: the client's report comes with the first event, it then reads nothing
+    until released, and after release it reads the stream to its end and hangs up."""
+    import queue
+    import socket
+    import threading
+
+    from benchmarks.loadgen_vs_vllm_bench import _raw_stream_client
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    reported = threading.Event()
+    served: dict[str, object] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the request, in one write
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+            conn.sendall(b'data: {"id":"x","choices":[{"text":"a"}]}\n\n')
+            served["reported_in_time"] = reported.wait(timeout=30)
+            conn.sendall(b'data: {"id":"x","choices":[{"text":"b"}]}\n\ndata: [DONE]\n\n')
+            conn.shutdown(socket.SHUT_WR)
+            served["closed_by_client"] = conn.recv(1) == b""
+
+    server = threading.Thread(target=serve)
+    server.start()
+    barrier = threading.Barrier(2)
+    results: queue.Queue[tuple[int, object, str, float | None]] = queue.Queue()
+    release = threading.Event()
+    client = threading.Thread(
+        target=_raw_stream_client,
+        args=("127.0.0.1", port, b"{}", barrier, results, 7, 0.0, release),
+    )
+    client.start()
+    barrier.wait(timeout=30)
+    index, ttft, _policy, sent = results.get(timeout=30)
+    reported.set()
+    assert index == 7 and isinstance(ttft, float) and ttft >= 0.0 and isinstance(sent, float)
+    client.join(timeout=0.5)
+    assert client.is_alive()  # held on `release`, the rest of the stream unread
+    release.set()
+    client.join(timeout=30)
+    server.join(timeout=30)
+    listener.close()
+    assert not client.is_alive() and served == {"reported_in_time": True, "closed_by_client": True}
+    assert results.empty()  # one report per request, none from the drain
