@@ -452,13 +452,49 @@ def _model_config(path: Path) -> dict[str, Any]:
     return config
 
 
+# The most `plan --slower` may cost the engine's steps (x the calibration).
+MAX_SLOWER = 3.0
+
+
+def slower_steps(efficiency: Any, factor: float) -> Any:
+    """`efficiency` with every engine step `factor` times as costly: the shares of peak its
+    operators reach divided by `factor`, its fixed costs per step, per sequence, per token, per
+    all-reduce and per MoE layer multiplied by it. What happens before the engine (the HTTP front
+    end, tokenizing) is left as calibrated."""
+    return dataclasses.replace(
+        efficiency,
+        gemm_efficiency=efficiency.gemm_efficiency / factor,
+        attention_efficiency=efficiency.attention_efficiency / factor,
+        memory_efficiency=efficiency.memory_efficiency / factor,
+        comm_efficiency=efficiency.comm_efficiency / factor,
+        comm_latency_us=efficiency.comm_latency_us * factor,
+        step_overhead_ms=efficiency.step_overhead_ms * factor,
+        seq_overhead_ms=efficiency.seq_overhead_ms * factor,
+        token_overhead_ms=efficiency.token_overhead_ms * factor,
+        moe_floor_us=efficiency.moe_floor_us * factor,
+        moe_memory_efficiency=efficiency.moe_memory_efficiency / factor,
+        moe_gemm_efficiency=efficiency.moe_gemm_efficiency / factor,
+        how=f"{efficiency.how}; every engine step costed {factor:g}x (plan --slower)",
+    )
+
+
 def plan(args: argparse.Namespace) -> int:
     """What the simulator expects before device time is spent: the knee it predicts on the
     measure step's ladder (same workloads, same stop), and at each load the configurations'
-    predicted TTFT with their spread (a spread inside one case's noise cannot be ranked live)."""
+    predicted TTFT with their spread (a spread inside one case's noise cannot be ranked live).
+
+    Beside it, the same ladder with every engine step `--slower` times as costly: where the knee
+    falls if the step model is that optimistic. Past the knee TTFT is the backlog the engine
+    builds, so an error in its throughput grows into a much larger one in TTFT; a group whose
+    rate is past that knee may land far past the live one (the 1.7B H100 run of 2026-12-07:
+    planned at the predicted knee, measured at five times the SLO)."""
+    from serving.catalog.hardware import get_hardware
     from serving.catalog.models import model_spec_from_dir
     from serving.loadgen.traces import read_trace
+    from serving.perf.model import nearest_measured
 
+    if not 1.0 <= args.slower <= MAX_SLOWER:
+        raise SystemExit(f"--slower must be in [1, {MAX_SLOWER:g}], got {args.slower:g}")
     ladder = _parse_rates(args.ladder)
     loads = _parse_loads(args.loads)
     configs = _parse_configs(args.configs)
@@ -489,6 +525,19 @@ def plan(args: argparse.Namespace) -> int:
             if not met:
                 break
             knee = rate
+        stored, _ = nearest_measured(get_hardware(args.hardware))
+        slow = slower_steps(stored, args.slower)
+        slow_points, slow_knee = [], None
+        for i, rate in enumerate(ladder if args.slower > 1.0 else []):
+            duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
+            requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
+            p = predict_case(model, requests, {}, sample_caps, 100 + i, args.hardware, slow)
+            p.pop("basis")
+            met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
+            slow_points.append({"rate_rps": rate, **p, "slo_met": met})
+            if not met:
+                break
+            slow_knee = rate
         groups: dict[str, Any] = {}
         for gi, load in enumerate(loads if knee is not None else []):
             rate = round(knee * LOADS[load], 4)
@@ -502,10 +551,22 @@ def plan(args: argparse.Namespace) -> int:
                 values = {n: p[f"ttft_{metric}_ms"] for n, p in predicted.items()}
                 group[f"{metric}_order"] = sorted(values, key=values.__getitem__)
                 group[f"{metric}_spread"] = max(values.values()) / min(values.values()) - 1
+            if args.slower > 1.0:
+                slow_defaults = predict_case(model, requests, {}, sample_caps, SEED + gi, args.hardware, slow)
+                group["vllm_defaults_if_slower"] = {
+                    k: slow_defaults[k] for k in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms")
+                }
+                group["past_knee_if_slower"] = slow_knee is None or rate > slow_knee
             groups[load] = group
             log(
                 f"[{load} {rate:g} req/s] predicted p50 order {group['p50_order']}, spread {group['p50_spread']:.1%}"
             )
+            if group.get("past_knee_if_slower"):
+                log(
+                    f"[{load} {rate:g} req/s] past the knee if every engine step costs {args.slower:g}x "
+                    f"(knee then {slow_knee if slow_knee is not None else 'below the ladder'}): "
+                    "the live group may land far past the live knee"
+                )
     result = {
         "benchmark": "sim_rank_gpu_plan",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -521,6 +582,14 @@ def plan(args: argparse.Namespace) -> int:
         "slo_ms": {"p50": args.slo_p50_ms, "p95": args.slo_p95_ms},
         "knee_rps": knee,
         "ladder": points,
+        "if_slower": {
+            "step_cost_factor": args.slower,
+            "how": "every engine step costed that many times the calibration's (slower_steps); the front end as calibrated",
+            "knee_rps": slow_knee,
+            "ladder": slow_points,
+        }
+        if args.slower > 1.0
+        else None,
         "case_s": args.case_s,
         "groups": groups,
     }
@@ -995,6 +1064,12 @@ def main() -> int:
     pl.add_argument("--slo-p50-ms", type=float, default=600.0)
     pl.add_argument("--slo-p95-ms", type=float, default=2000.0)
     pl.add_argument("--max-model-len", type=int, default=32768)
+    pl.add_argument(
+        "--slower",
+        type=float,
+        default=1.25,
+        help="beside the plan, the knee if every engine step costs this many times the calibration's (1: none)",
+    )
     pl.add_argument(
         "--hardware",
         default=HARDWARE,

@@ -212,14 +212,24 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
         slo_p95_ms=2000.0,
         max_model_len=8192,
         hardware="h200",
+        slower=1.25,
         out=out,
     )
     assert sim_rank_gpu.plan(args) == 0
     result = json.loads(out.read_text())
     assert result["knee_rps"] == 8.0
+    # Beside it, the same ladder with every engine step 1.25x as costly: a knee no higher, and the
+    # defaults at the group's rate no faster.
+    slower = result["if_slower"]
+    assert slower["step_cost_factor"] == 1.25 and (slower["knee_rps"] or 0.0) <= result["knee_rps"]
+    assert len(slower["ladder"]) >= 1 and not slower["ladder"][-1]["slo_met"]
     assert [p["slo_met"] for p in result["ladder"]] == [True, False]
     group = result["groups"]["loaded"]
     assert group["rate_rps"] == 8.0
+    slow_defaults = group["vllm_defaults_if_slower"]
+    assert slow_defaults["ttft_p50_ms"] >= group["predicted"]["vllm_defaults"]["ttft_p50_ms"]
+    assert slow_defaults["tpot_p50_ms"] > group["predicted"]["vllm_defaults"]["tpot_p50_ms"]
+    assert group["past_knee_if_slower"] is (slower["knee_rps"] is None or slower["knee_rps"] < 8.0)
     assert sorted(group["p50_order"]) == ["budget_1024", "no_prefix_caching", "vllm_defaults"]
     assert group["p50_spread"] >= 0.0 and "nothing measured" in result["what"]
     assert result["calibration"] == ["serving/perf/data/h200.json", "serving/perf/data/h200_live.json"]
@@ -234,3 +244,24 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
         sim_rank_gpu.plan(args)
     with pytest.raises(SystemExit, match="--case-s must be in"):
         sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "case_s": 1e9}))
+    with pytest.raises(SystemExit, match="--slower must be in"):
+        sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "slower": 0.5}))
+
+
+def test_slower_steps_cost_the_engines_steps_more_and_leave_the_front_end() -> None:
+    from serving.catalog.hardware import get_hardware
+    from serving.perf.model import nearest_measured
+
+    stored, _ = nearest_measured(get_hardware("h200"))
+    slow = sim_rank_gpu.slower_steps(stored, 2.0)
+    assert slow.gemm_efficiency == pytest.approx(stored.gemm_efficiency / 2)
+    assert slow.attention_efficiency == pytest.approx(stored.attention_efficiency / 2)
+    assert slow.memory_efficiency == pytest.approx(stored.memory_efficiency / 2)
+    assert slow.step_overhead_ms == pytest.approx(stored.step_overhead_ms * 2)
+    assert slow.seq_overhead_ms == pytest.approx(stored.seq_overhead_ms * 2)
+    assert slow.token_overhead_ms == pytest.approx(stored.token_overhead_ms * 2)
+    # before the engine: as calibrated
+    assert slow.request_overhead_ms == stored.request_overhead_ms
+    assert slow.prompt_token_overhead_ms == stored.prompt_token_overhead_ms
+    assert slow.token_compute_share == stored.token_compute_share
+    assert "2x" in slow.how
