@@ -457,24 +457,13 @@ MAX_SLOWER = 3.0
 
 
 def slower_steps(efficiency: Any, factor: float) -> Any:
-    """`efficiency` with every engine step `factor` times as costly: the shares of peak its
-    operators reach divided by `factor`, its fixed costs per step, per sequence, per token, per
-    all-reduce and per MoE layer multiplied by it. What happens before the engine (the HTTP front
-    end, tokenizing) is left as calibrated."""
-    return dataclasses.replace(
-        efficiency,
-        gemm_efficiency=efficiency.gemm_efficiency / factor,
-        attention_efficiency=efficiency.attention_efficiency / factor,
-        memory_efficiency=efficiency.memory_efficiency / factor,
-        comm_efficiency=efficiency.comm_efficiency / factor,
-        comm_latency_us=efficiency.comm_latency_us * factor,
-        step_overhead_ms=efficiency.step_overhead_ms * factor,
-        seq_overhead_ms=efficiency.seq_overhead_ms * factor,
-        token_overhead_ms=efficiency.token_overhead_ms * factor,
-        moe_floor_us=efficiency.moe_floor_us * factor,
-        moe_memory_efficiency=efficiency.moe_memory_efficiency / factor,
-        moe_gemm_efficiency=efficiency.moe_gemm_efficiency / factor,
-        how=f"{efficiency.how}; every engine step costed {factor:g}x (plan --slower)",
+    """`efficiency` with every engine step `factor` times as costly (`Efficiency.scaled`: the
+    shares of peak its operators reach divided by `factor`, its fixed costs per step, sequence and
+    token multiplied by it). What happens before the engine (the HTTP front end, tokenizing) is
+    left as calibrated, and so are the all-reduce and MoE costs: these plans are of one GPU's
+    dense model."""
+    return efficiency.scaled(
+        compute=factor, step=factor, why=f"every engine step costed {factor:g}x (plan --slower)"
     )
 
 
