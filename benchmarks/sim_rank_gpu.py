@@ -499,34 +499,35 @@ def plan(args: argparse.Namespace) -> int:
         sample_caps = _caps(
             args.trace, model_dir, args.max_model_len, positions=int(config["max_position_embeddings"])
         )
-        points, knee = [], None
-        for i, rate in enumerate(ladder):
-            duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
-            requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
-            p = predict_case(model, requests, {}, sample_caps, 100 + i, hardware=args.hardware)
-            met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
-            points.append(
-                {"rate_rps": rate, "duration_s": duration, "requests": len(requests), **p, "slo_met": met}
-            )
-            log(
-                f"predicted probe {rate:g} req/s: p50 {p['ttft_p50_ms']:,.0f} ms, p95 {p['ttft_p95_ms']:,.0f} ms"
-            )
-            if not met:
-                break
-            knee = rate
+
+        def probe_ladder(efficiency: Any) -> tuple[list[dict[str, Any]], float | None]:
+            """The ladder's predicted points up to the first miss, and the knee (the calibration's
+            own efficiency where `efficiency` is None)."""
+            points: list[dict[str, Any]] = []
+            knee = None
+            for i, rate in enumerate(ladder):
+                duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
+                requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
+                p = predict_case(model, requests, {}, sample_caps, 100 + i, args.hardware, efficiency)
+                met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
+                points.append(
+                    {"rate_rps": rate, "duration_s": duration, "requests": len(requests), **p, "slo_met": met}
+                )
+                log(
+                    f"predicted probe {rate:g} req/s{' (steps slower)' if efficiency is not None else ''}: "
+                    f"p50 {p['ttft_p50_ms']:,.0f} ms, p95 {p['ttft_p95_ms']:,.0f} ms"
+                )
+                if not met:
+                    break
+                knee = rate
+            return points, knee
+
+        points, knee = probe_ladder(None)
         stored, _ = nearest_measured(get_hardware(args.hardware))
         slow = slower_steps(stored, args.slower)
-        slow_points, slow_knee = [], None
-        for i, rate in enumerate(ladder if args.slower > 1.0 else []):
-            duration = min(MAX_CASE_S, max(args.probe_s, args.min_requests / rate))
-            requests = read_trace(_workload(args.trace, rate, duration, 100 + i, work))
-            p = predict_case(model, requests, {}, sample_caps, 100 + i, args.hardware, slow)
-            p.pop("basis")
-            met = p["ttft_p50_ms"] <= args.slo_p50_ms and p["ttft_p95_ms"] <= args.slo_p95_ms
-            slow_points.append({"rate_rps": rate, **p, "slo_met": met})
-            if not met:
-                break
-            slow_knee = rate
+        slow_points, slow_knee = probe_ladder(slow) if args.slower > 1.0 else ([], None)
+        for point in slow_points:
+            point.pop("basis")
         groups: dict[str, Any] = {}
         for gi, load in enumerate(loads if knee is not None else []):
             rate = round(knee * LOADS[load], 4)
