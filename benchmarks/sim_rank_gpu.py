@@ -489,6 +489,8 @@ def plan(args: argparse.Namespace) -> int:
     configs = _parse_configs(args.configs)
     if not 5.0 <= args.case_s <= MAX_CASE_S:
         raise SystemExit(f"--case-s must be in [5, {MAX_CASE_S:g}], got {args.case_s:g}")
+    if args.rate is not None and not 0 < args.rate <= 1000:
+        raise SystemExit(f"--rate must be in (0, 1000] req/s, got {args.rate:g}")
     config = _model_config(args.model_config)
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
@@ -529,8 +531,11 @@ def plan(args: argparse.Namespace) -> int:
         for point in slow_points:
             point.pop("basis")
         groups: dict[str, Any] = {}
-        for gi, load in enumerate(loads if knee is not None else []):
-            rate = round(knee * LOADS[load], 4)
+        # The groups sit where measure will put them: at the given rate (measure --rate), else at
+        # the knee predicted here.
+        group_knee = args.rate if args.rate is not None else knee
+        for gi, load in enumerate(loads if group_knee is not None else []):
+            rate = round(group_knee * LOADS[load], 4)
             requests = read_trace(_workload(args.trace, rate, args.case_s, SEED + gi, work))
             predicted = {
                 n: predict_case(model, requests, CONFIGS[n], sample_caps, SEED + gi, hardware=args.hardware)
@@ -571,6 +576,7 @@ def plan(args: argparse.Namespace) -> int:
         "caps": sample_caps,
         "slo_ms": {"p50": args.slo_p50_ms, "p95": args.slo_p95_ms},
         "knee_rps": knee,
+        "rate_rps": args.rate,
         "ladder": points,
         "if_slower": {
             "step_cost_factor": args.slower,
@@ -1054,6 +1060,12 @@ def main() -> int:
     pl.add_argument("--slo-p50-ms", type=float, default=600.0)
     pl.add_argument("--slo-p95-ms", type=float, default=2000.0)
     pl.add_argument("--max-model-len", type=int, default=32768)
+    pl.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="the groups' knee rate, as given to measure --rate (default: the predicted knee)",
+    )
     pl.add_argument(
         "--slower",
         type=float,

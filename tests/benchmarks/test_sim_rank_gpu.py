@@ -213,6 +213,7 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
         max_model_len=8192,
         hardware="h200",
         slower=1.25,
+        rate=None,
         out=out,
     )
     assert sim_rank_gpu.plan(args) == 0
@@ -239,6 +240,15 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
     on_h100 = json.loads(h100.read_text())
     assert on_h100["hardware"] == "h100" and on_h100["calibration"][0] == "serving/perf/data/h100.json"
     assert on_h100["ladder"][0]["ttft_p50_ms"] != result["ladder"][0]["ttft_p50_ms"]
+    # A rate given to measure (--rate) is where the plan's groups go, the predicted knee beside.
+    given = tmp_path / "plan_given.json"
+    assert sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "rate": 4.0, "out": given})) == 0
+    at_given = json.loads(given.read_text())
+    assert at_given["knee_rps"] == 8.0 and at_given["rate_rps"] == 4.0
+    assert at_given["groups"]["loaded"]["rate_rps"] == 4.0
+    assert at_given["groups"]["loaded"]["past_knee_if_slower"] is (
+        at_given["if_slower"]["knee_rps"] is None or at_given["if_slower"]["knee_rps"] < 4.0
+    )
     config.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(SystemExit, match="no hidden_size"):
         sim_rank_gpu.plan(args)
@@ -246,6 +256,8 @@ def test_plan_predicts_the_knee_on_the_ladder_and_each_loads_spread(tmp_path: Pa
         sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "case_s": 1e9}))
     with pytest.raises(SystemExit, match="--slower must be in"):
         sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "slower": 0.5}))
+    with pytest.raises(SystemExit, match="--rate must be in"):
+        sim_rank_gpu.plan(argparse.Namespace(**{**vars(args), "rate": -1.0}))
 
 
 def test_slower_steps_cost_the_engines_steps_more_and_leave_the_front_end() -> None:
