@@ -4,7 +4,9 @@ One step runs every scheduled token through the model once. Its time is the sum 
 - GEMM: the layers' matmuls (and the LM head for sampled tokens), roofline of FLOPs against
   peak x `gemm_efficiency` and weight bytes read against bandwidth x `memory_efficiency`;
 - attention: score/value FLOPs over each token's context, or its KV-cache reads, whichever is
-  slower (same roofline, `attention_efficiency`);
+  slower (same roofline, `attention_efficiency`); where a live fit says so
+  (`attention_split`), a step that mixes prompt chunks with decodes costs each side at its own
+  roofline, summed (the chunks compute-bound, the decodes bandwidth-bound);
 - communication: tensor-parallel all-reduces (two per layer, ring algorithm) over the
   scale-up link at `comm_efficiency`, plus a latency each;
 - overhead: fixed per step, per sequence and per token (scheduling, input preparation,
@@ -79,6 +81,13 @@ class Efficiency:
     moe_floor_us: float = 0.0
     moe_memory_efficiency: float = 0.0
     moe_gemm_efficiency: float = 0.0
+    # How a step that mixes prompt chunks with decodes costs its attention, in [0, 1]. 0: one
+    # roofline over the whole step (all its FLOPs against all its KV reads, the slower side), as
+    # if the chunks' compute hid the decodes' reads. 1: each side at its own roofline, summed
+    # (the chunks' compute-bound tiles and the decodes' bandwidth-bound ones do not hide each
+    # other); between, the weighted mean. A step of one kind only is the same either way. Set by
+    # a live fit (a form the fit is given, not a fitted value); 0 where none says otherwise.
+    attention_split: float = 0.0
 
     @property
     def moe_measured(self) -> bool:
@@ -86,7 +95,13 @@ class Efficiency:
 
     @classmethod
     def from_mapping(cls, data: dict[str, object]) -> Efficiency:
-        scalars = {"stream_overhead_ms", "prompt_token_overhead_ms", "token_compute_share", *MOE_FIT_FIELDS}
+        scalars = {
+            "stream_overhead_ms",
+            "prompt_token_overhead_ms",
+            "token_compute_share",
+            "attention_split",
+            *MOE_FIT_FIELDS,
+        }
         optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k not in optional}
         fields.update({k: data[k] for k in scalars if k in data})
@@ -150,6 +165,7 @@ LIVE_FIT_FIELDS = (
     "stream_overhead_ms",
     "prompt_token_overhead_ms",
     "token_compute_share",
+    "attention_split",
 )
 PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
 # What a fit of vLLM's fused-MoE op timings may set (`data/<name>_moe.json`, key `fitted`).
@@ -171,6 +187,8 @@ def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficienc
     values: dict[str, object] = {k: float(v) for k, v in fitted.items()}
     if any(not float(v) >= 0 for v in fitted.values()):
         raise ValueError("fitted overheads must be non-negative")
+    if not float(values.get("attention_split", 0.0)) <= 1.0:  # type: ignore[arg-type]
+        raise ValueError("attention_split must be in [0, 1]")
     note = str(live.get("how") or "engine overheads fitted on live runs")
     how = (
         efficiency.how.replace(PRIORS_CLAUSE, note)
@@ -376,6 +394,9 @@ class StepTimeModel:
             )
             self._s_per_moe_flop = factor / (peak * eff.moe_gemm_efficiency)
             self._moe_fixed = model.num_moe_layers * eff.moe_floor_us / 1e6
+        if not 0.0 <= eff.attention_split <= 1.0:
+            raise ValueError(f"attention_split must be in [0, 1], not {eff.attention_split}")
+        self._attention_split = eff.attention_split
         self._overhead_fixed = eff.step_overhead_ms / 1000.0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
         self._overhead_token = (
@@ -452,9 +473,9 @@ class StepTimeModel:
         if num_tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0
         gemm = self._gemm_seconds(num_tokens, num_sampled)
-        attn_flops = prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
-        kv_read = (decode_ctx_tokens + prefill_cached_tokens + num_tokens) * self._kv_bytes
-        attention = max(attn_flops * self._s_per_attn_flop, kv_read * self._s_per_byte)
+        attention = self._attention_seconds(
+            prefill_attn_pairs, prefill_cached_tokens, decode_ctx_tokens, num_tokens
+        )
         comm = self._comm_fixed + num_tokens * self._comm_per_token if self.tp > 1 else 0.0
         overhead = self._overhead_fixed + num_seqs * self._overhead_seq + num_tokens * self._overhead_token
         return gemm, attention, comm, overhead
@@ -478,12 +499,9 @@ class StepTimeModel:
             wb = self._weight_bytes(num_tokens) * self._s_per_byte
             if wb > gemm:
                 gemm = wb
-        attn = (
-            prefill_attn_pairs * self._pair_prefill + decode_ctx_tokens * self._pair_decode
-        ) * self._s_per_attn_flop
-        kv = (decode_ctx_tokens + prefill_cached_tokens + num_tokens) * self._kv_bytes * self._s_per_byte
-        if kv > attn:
-            attn = kv
+        attn = self._attention_seconds(
+            prefill_attn_pairs, prefill_cached_tokens, decode_ctx_tokens, num_tokens
+        )
         total = (
             gemm
             + attn
@@ -494,6 +512,26 @@ class StepTimeModel:
         if self.tp > 1:
             total += self._comm_fixed + num_tokens * self._comm_per_token
         return total
+
+    def _attention_seconds(
+        self, prefill_attn_pairs: float, prefill_cached_tokens: int, decode_ctx_tokens: int, num_tokens: int
+    ) -> float:
+        """A step's attention: one roofline over all of it, or (`attention_split`) its prompt
+        chunks' and its decodes' each at their own, summed; the same where the step has one kind."""
+        s_flop = self._s_per_attn_flop
+        s_byte = self._kv_bytes * self._s_per_byte
+        prefill_flops = prefill_attn_pairs * self._pair_prefill
+        decode_flops = decode_ctx_tokens * self._pair_decode
+        kv_tokens = decode_ctx_tokens + prefill_cached_tokens + num_tokens
+        whole = max((prefill_flops + decode_flops) * s_flop, kv_tokens * s_byte)
+        split = self._attention_split
+        if not split or prefill_attn_pairs <= 0 or decode_ctx_tokens <= 0:
+            return whole
+        # The decodes read their contexts; the chunks read their cached context and write (with
+        # the decodes' new tokens, a small term) the step's new KV.
+        decode = max(decode_flops * s_flop, decode_ctx_tokens * s_byte)
+        chunks = max(prefill_flops * s_flop, (kv_tokens - decode_ctx_tokens) * s_byte)
+        return whole + split * (decode + chunks - whole)
 
     # Work terms the calibration regresses on (same definitions as `step_time`).
     def work_terms(self, shape: StepShape) -> tuple[float, float, float, float]:

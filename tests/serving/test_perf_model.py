@@ -465,3 +465,56 @@ def test_the_token_compute_share_grows_with_the_model_where_the_constant_cost_do
     small, large = per_token_ms("llama-3.1-8b", share), per_token_ms("llama-3.1-70b", share)
     assert 0 < small < large / 5  # the 70B has about 9x the 8B's linear-layer FLOPs per token
     assert per_token_ms("llama-3.1-8b", constant) == pytest.approx(per_token_ms("llama-3.1-70b", constant))
+
+
+def test_a_split_attention_costs_a_mixed_steps_chunks_and_decodes_each_at_its_own_roofline() -> None:
+    """With `attention_split` 1 a step holding a prompt chunk beside decodes pays the chunk's
+    compute and the decodes' KV reads, summed; 0 keeps the one roofline (the slower side). A step
+    of one kind costs the same either way, and a live fit may not set the form outside [0, 1]."""
+    from serving.perf.model import apply_live_fit
+
+    hardware = get_hardware("h200")
+    model = get_model("llama-3.1-8b")
+    whole = StepTimeModel(model, hardware, efficiency=GPU_EFF)
+    split = StepTimeModel(model, hardware, efficiency=dataclasses.replace(GPU_EFF, attention_split=1.0))
+    half = StepTimeModel(model, hardware, efficiency=dataclasses.replace(GPU_EFF, attention_split=0.5))
+    # A 1,024-token chunk 8,192 tokens into its prompt, beside 64 decodes of 8,192 tokens' context.
+    chunk, cached, decodes, ctx = 1024, 8192, 64, 8192
+    mixed = StepShape(
+        num_prefill_tokens=chunk,
+        num_decode_tokens=decodes,
+        num_seqs=decodes + 1,
+        num_sampled=decodes,
+        prefill_attn_pairs=chunk * (cached + (chunk + 1) / 2.0),
+        prefill_cached_tokens=cached,
+        decode_ctx_tokens=decodes * ctx,
+    )
+    a0, a1, ah = (m.step_time(mixed).attention_s for m in (whole, split, half))
+    s_flop = 1.0 / (hardware.peak_flops("bf16") * GPU_EFF.attention_efficiency)
+    s_byte = model.kv_bytes_per_token("bf16") / (
+        hardware.memory_bandwidth_bytes_per_s * GPU_EFF.memory_efficiency
+    )
+    prefill_flops = mixed.prefill_attn_pairs * model.attention_flops_per_pair(decode=False)
+    decode_flops = mixed.decode_ctx_tokens * model.attention_flops_per_pair(decode=True)
+    chunks_s = max(prefill_flops * s_flop, (cached + chunk + decodes) * s_byte)
+    decodes_s = max(decode_flops * s_flop, mixed.decode_ctx_tokens * s_byte)
+    assert a1 == pytest.approx(chunks_s + decodes_s, rel=1e-9)
+    kv_all = mixed.decode_ctx_tokens + cached + mixed.num_tokens
+    assert a0 == pytest.approx(max((prefill_flops + decode_flops) * s_flop, kv_all * s_byte), rel=1e-9)
+    assert a0 < a1 and ah == pytest.approx((a0 + a1) / 2, rel=1e-9)
+    # The hot path agrees with step_time.
+    parts = (
+        mixed.num_tokens,
+        mixed.num_seqs,
+        mixed.num_sampled,
+        mixed.prefill_attn_pairs,
+        cached,
+        mixed.decode_ctx_tokens,
+    )
+    assert split.step_seconds(*parts) == pytest.approx(split.step_time(mixed).total_s, rel=1e-12)
+    for one_kind in (decode_shape(decodes, ctx), prefill_shape(1, 4096)):
+        assert split.step_time(one_kind).attention_s == pytest.approx(whole.step_time(one_kind).attention_s)
+    with pytest.raises(ValueError, match="attention_split must be in"):
+        apply_live_fit(GPU_EFF, {"fitted": {"attention_split": 2.0}})
+    with pytest.raises(ValueError, match="attention_split must be in"):
+        StepTimeModel(model, hardware, efficiency=dataclasses.replace(GPU_EFF, attention_split=-1.0))
