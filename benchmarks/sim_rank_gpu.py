@@ -782,12 +782,19 @@ def score(args: argparse.Namespace) -> int:
             if stored.token_overhead_ms > 0 or stored.token_compute_share > 0
             else None
         )
+        # And the leave-one-out of the attention's form: the same calibration with a mixed step's
+        # attention at one roofline over the whole step (attention_split 0).
+        whole_attention = (
+            dataclasses.replace(stored, attention_split=0.0) if stored.attention_split > 0 else None
+        )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
         what_if_groups: dict[str, Any] = {}
         what_if_rows: list[dict[str, Any]] = []
         ablation_groups: dict[str, Any] = {}
         ablation_rows: list[dict[str, Any]] = []
+        attention_groups: dict[str, Any] = {}
+        attention_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -821,6 +828,7 @@ def score(args: argparse.Namespace) -> int:
             for other, other_groups, other_rows in (
                 (what_if, what_if_groups, what_if_rows),
                 (no_token, ablation_groups, ablation_rows),
+                (whole_attention, attention_groups, attention_rows),
             ):
                 if other is None:
                     continue
@@ -943,6 +951,15 @@ def score(args: argparse.Namespace) -> int:
             "summary": _summary(ablation_groups, ablation_rows),
             "groups": ablation_groups,
             "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in ablation_rows],
+        }
+    if attention_groups:
+        result["attention_ablation_beside"] = {
+            "prediction": f"the same calibration with attention_split 0 instead of {stored.attention_split:g}: a "
+            "step mixing prompt chunks and decodes costs its attention at one roofline over the whole step "
+            "(leave-one-out of the form; the fixed costs stay the ones fitted with it)",
+            "summary": _summary(attention_groups, attention_rows),
+            "groups": attention_groups,
+            "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in attention_rows],
         }
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))

@@ -160,6 +160,11 @@ def test_an_h100_run_is_scored_on_its_profile_beside_the_what_if_and_an_uncalibr
     beside = result["what_if_beside"]
     assert "datasheet" in beside["prediction"] and beside["summary"]["groups"] == 1
     assert beside["summary"]["p50_ttft_mape"] is not None
+    # The stored calibration sums a mixed step's attention per side; its leave-one-out (one
+    # roofline over the step) is scored beside on the same cases.
+    whole = result["attention_ablation_beside"]
+    assert "attention_split 0 instead of 1" in whole["prediction"] and whole["summary"]["groups"] == 1
+    assert [r["config"] for r in whole["rows"]] == [r["config"] for r in result["rows"]]
     data = json.loads(live.read_text())
     data["machine"]["gpu"] = "NVIDIA A10G, 23028 MiB"
     live.write_text(json.dumps(data))
