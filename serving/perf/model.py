@@ -187,7 +187,7 @@ def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficienc
     values: dict[str, object] = {k: float(v) for k, v in fitted.items()}
     if any(not float(v) >= 0 for v in fitted.values()):
         raise ValueError("fitted overheads must be non-negative")
-    if not float(values.get("attention_split", 0.0)) <= 1.0:  # type: ignore[arg-type]
+    if not float(fitted.get("attention_split", 0.0)) <= 1.0:
         raise ValueError("attention_split must be in [0, 1]")
     note = str(live.get("how") or "engine overheads fitted on live runs")
     how = (
