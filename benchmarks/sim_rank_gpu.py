@@ -43,7 +43,10 @@ Three steps, one script:
    config-blind baseline (the best constant per group), the TPOT MAPE, the repeated case's
    noise floor, and where TTFT went (queue vs. prefill, predicted and from the engine's own
    histograms). Intervals: 95% bootstrap, resampling each case's requests (the measurement's
-   own noise) for the ranking figures and the cases for the MAPEs.
+   own noise) for the ranking figures and the cases for the MAPEs. Each case is also predicted
+   with every engine step 1.25x and 1.5x as costly (`sim_if_slower`), and a measured TTFT beyond
+   that band is named in the summary (`p50_ttft_beyond_slower_band`): a miss no uniform error in
+   the step model explains.
 
     # on the GPU host, with vLLM set up there as for gpu_tuning.py (about 3 commands of 10 minutes):
     python3 benchmarks/sim_rank_gpu.py measure --model-dir /tmp/tgpu/models/llama-3.2-3b \\
@@ -645,6 +648,31 @@ def scored_header(benchmark: str, live_path: Path, raw: bytes, live: dict[str, A
     }
 
 
+# The step costs `score` also predicts each case at (x the calibration's): the plan's default
+# `--slower` and half again.
+SLOWER_BAND = (1.25, 1.5)
+
+
+def slower_band_row(
+    predicted: dict[str, Any], band: Sequence[dict[str, Any]], case: dict[str, Any]
+) -> dict[str, Any]:
+    """One case's predictions with slower steps beside, and where the measured p50 and p95 TTFT
+    fall: `below` the calibration's own prediction, `inside` the band up to its slowest, or
+    `beyond` it (a miss no uniform step-cost error up to SLOWER_BAND[-1] explains)."""
+    out: dict[str, Any] = {
+        f"{f:g}": {"ttft_p50_ms": round(b["ttft_p50_ms"], 3), "ttft_p95_ms": round(b["ttft_p95_ms"], 3)}
+        for f, b in zip(SLOWER_BAND, band, strict=True)
+    }
+    for metric in ("p50", "p95"):
+        field = f"ttft_{metric}_ms"
+        top = max([predicted[field], *(b[field] for b in band)])
+        measured = case[field]
+        out[f"measured_{metric}"] = (
+            "below" if measured < predicted[field] else "beyond" if measured > top else "inside"
+        )
+    return out
+
+
 def calibration_files(hardware: str) -> tuple[str, ...]:
     """The stored calibration a prediction for `hardware` rests on: its own operator profile
     with its own live fit, or the one it borrows (`serving.perf.model.nearest_measured`), where
@@ -787,6 +815,7 @@ def score(args: argparse.Namespace) -> int:
         whole_attention = (
             dataclasses.replace(stored, attention_split=0.0) if stored.attention_split > 0 else None
         )
+        slower = [slower_steps(stored, f) for f in SLOWER_BAND]
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
         what_if_groups: dict[str, Any] = {}
@@ -867,12 +896,23 @@ def score(args: argparse.Namespace) -> int:
             g["basis"] = sorted(basis)
             g["requests_per_case"] = [c["requests"] for c in measured]
             groups_out[load] = g
-            for n, p, c in zip(names, predicted, measured, strict=True):
+            # How far a uniform error in the step model could carry each prediction: the same
+            # case with every engine step SLOWER_BAND times as costly. A measured TTFT beyond the
+            # band's top is a miss no such error explains (a cost the model lacks for that config).
+            band = [
+                [
+                    predict_case(model, requests, configs[n], caps, group["seed"], hardware, slow)
+                    for slow in slower
+                ]
+                for n in names
+            ]
+            for n, p, c, b in zip(names, predicted, measured, band, strict=True):
                 rows.append(
                     {
                         "load": load,
                         "config": n,
                         "sim": {k: round(v, 3) for k, v in p.items()},
+                        "sim_if_slower": slower_band_row(p, b, c),
                         "live": {
                             "ttft_p50_ms": c["ttft_p50_ms"],
                             "ttft_p95_ms": c["ttft_p95_ms"],
@@ -889,6 +929,11 @@ def score(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.live}: no group has {MIN_RANKED} or more configurations measured")
     summary = _summary(groups_out, rows)
     summary["configs_per_group"] = len(live["method"]["configs"])
+    summary["slower_band"] = list(SLOWER_BAND)
+    for metric in ("p50", "p95"):
+        summary[f"{metric}_ttft_beyond_slower_band"] = [
+            f"{r['load']}/{r['config']}" for r in rows if r["sim_if_slower"][f"measured_{metric}"] == "beyond"
+        ]
     summary["partial_groups"] = sum(1 for g in groups_out.values() if g["partial"])
     held_out = {
         "model": live["model"],

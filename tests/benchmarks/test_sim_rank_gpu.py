@@ -143,6 +143,25 @@ def test_a_live_ranking_the_simulator_inverts_scores_a_negative_tau(tmp_path: Pa
     summary = json.loads(out.read_text())["summary"]
     assert summary["rank_tau"] == pytest.approx(-1.0)
     assert summary["top1_agreement_rate"] == 0.0
+    # A thousand times the prediction is beyond what steps 1.5x as costly give; a thousandth is
+    # below the calibration's own prediction.
+    assert summary["slower_band"] == [1.25, 1.5]
+    assert summary["p50_ttft_beyond_slower_band"] == ["loaded/vllm_defaults"]
+
+
+def test_each_case_is_predicted_with_slower_steps_and_placed_against_that_band(tmp_path: Path) -> None:
+    """The live cases are the simulation: each lies at the band's bottom (inside it), and the
+    slower predictions grow with the step cost; a case measured 10x its prediction lies beyond."""
+    live = _live_file(tmp_path, scale={"vllm_defaults": 1.0, "budget_1024": 10.0, "max_seqs_64": 1.0})
+    out = tmp_path / "scored.json"
+    sim_rank_gpu.score(argparse.Namespace(live=live, out=out))
+    result = json.loads(out.read_text())
+    for row in result["rows"]:
+        band = row["sim_if_slower"]
+        assert row["sim"]["ttft_p50_ms"] < band["1.25"]["ttft_p50_ms"] < band["1.5"]["ttft_p50_ms"]
+        expected = "beyond" if row["config"] == "budget_1024" else "inside"
+        assert band["measured_p50"] == expected, row["config"]
+    assert result["summary"]["p50_ttft_beyond_slower_band"] == ["loaded/budget_1024"]
 
 
 def test_an_h100_run_is_scored_on_its_profile_beside_the_what_if_and_an_uncalibrated_gpu_is_refused(
