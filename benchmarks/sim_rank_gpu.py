@@ -46,7 +46,9 @@ Three steps, one script:
    own noise) for the ranking figures and the cases for the MAPEs. Each case is also predicted
    with every engine step 1.25x and 1.5x as costly (`sim_if_slower`), and a measured TTFT beyond
    that band is named in the summary (`p50_ttft_beyond_slower_band`): a miss no uniform error in
-   the step model explains.
+   the step model explains. Each case's engine steps (from vLLM's tokens-per-step histogram,
+   `vllm:iteration_tokens_total`: how many, their mean tokens, how many ran outside its CUDA
+   graphs) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`).
 
     # on the GPU host, with vLLM set up there as for gpu_tuning.py (about 3 commands of 10 minutes):
     python3 benchmarks/sim_rank_gpu.py measure --model-dir /tmp/tgpu/models/llama-3.2-3b \\
@@ -319,10 +321,57 @@ def live_case(
             "prefill_mean_ms": finite(delta.prefill_mean_ms),
             "prefix_cache_hit_rate": finite(delta.prefix_cache_hit_rate),
             "preemptions": finite(delta.preemptions),
+            **step_counts(delta.step_tokens, delta.interval_s),
         },
         "foreign_load": load.to_dict(),
         "gpu_load": gpu.to_dict() if gpu is not None else None,
         "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+# vLLM's largest CUDA graph by default (`max_cudagraph_capture_size`, min(2 x max_num_seqs, 512)):
+# a step of more tokens runs outside the graphs.
+GRAPH_TOKENS = 512
+
+
+def step_counts(step_tokens: Any, window_s: float) -> dict[str, float | None]:
+    """The engine's steps over a case from its tokens-per-step histogram
+    (`vllm:iteration_tokens_total`): how many, their mean tokens, how many held more than
+    GRAPH_TOKENS, and the scrape window's seconds per step (an upper bound on the mean step time:
+    the engine may idle within the window). All None where the engine does not export it."""
+    if not step_tokens.bounds or step_tokens.count <= 0:
+        return {
+            "steps": None,
+            "step_tokens_mean": None,
+            "steps_over_512_tokens": None,
+            "window_ms_per_step": None,
+        }
+    at_most = dict(zip(step_tokens.bounds, step_tokens.cumulative_counts, strict=True)).get(
+        float(GRAPH_TOKENS)
+    )
+    return {
+        "steps": step_tokens.count,
+        "step_tokens_mean": round(step_tokens.mean, 3),
+        "steps_over_512_tokens": None if at_most is None else step_tokens.count - at_most,
+        "window_ms_per_step": round(1000.0 * window_s / step_tokens.count, 3),
+    }
+
+
+def steps_ratio(predicted: dict[str, Any], engine: dict[str, Any]) -> dict[str, float | None] | None:
+    """The live engine's steps over the simulated ones (all, and those over GRAPH_TOKENS tokens),
+    and their mean tokens; None for a live file recorded before the engine's steps were kept."""
+    if not engine.get("steps") or not predicted.get("steps"):
+        return None
+
+    def ratio(live: float | None, sim: float) -> float | None:
+        return None if live is None or sim <= 0 else round(live / sim, 4)
+
+    return {
+        "steps": ratio(engine["steps"], predicted["steps"]),
+        "steps_over_512_tokens": ratio(
+            engine.get("steps_over_512_tokens"), predicted["steps_over_512_tokens"]
+        ),
+        "step_tokens_mean": ratio(engine.get("step_tokens_mean"), predicted["step_tokens_mean"]),
     }
 
 
@@ -707,6 +756,8 @@ def predict_case(
         efficiency=efficiency,
     )
     s, mean = sim.summary, sim.attribution.mean
+    steps = sim.num_steps
+    tokens = sum(n * c for n, (c, _) in sim.step_tokens.items())
     return {
         "ttft_p50_ms": float(s.ttft_ms.p50),
         "ttft_p95_ms": float(s.ttft_ms.p95),
@@ -717,6 +768,11 @@ def predict_case(
         "prefill_mean_ms": float(mean.prefill_compute_ms + mean.chunking_delay_ms + mean.preemption_ms),
         "overhead_mean_ms": float(mean.overhead_ms),
         "prefix_cache_hit_rate": float(sim.prefix_cache_hit_rate),
+        # The engine's steps as simulated, to set beside the live engine's (`step_counts`).
+        "steps": float(steps),
+        "step_tokens_mean": tokens / steps if steps else 0.0,
+        "steps_over_512_tokens": float(sum(c for n, (c, _) in sim.step_tokens.items() if n > GRAPH_TOKENS)),
+        "step_mean_ms": 1000.0 * sim.busy_s / steps if steps else 0.0,
         "basis": sim.basis,
     }
 
@@ -923,6 +979,7 @@ def score(args: argparse.Namespace) -> int:
                             "foreign_cores": (c.get("foreign_load") or {}).get("foreign_cores"),
                             "gpu_util_mean_pct": (c.get("gpu_load") or {}).get("util_mean_pct"),
                         },
+                        "steps_live_over_sim": steps_ratio(p, c["engine"]),
                     }
                 )
     if not groups_out:

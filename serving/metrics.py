@@ -172,6 +172,9 @@ class VllmSnapshot:
     # Request shapes (tokens), what the continual loop's drift detection compares.
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
+    # Tokens computed in each engine step (prompt tokens not cached, plus decoded ones): its count
+    # is the engine's steps, what a step-level simulator can be checked against.
+    step_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -212,6 +215,7 @@ def snapshot_from_text(text: str, *, taken_at_s: float | None = None) -> VllmSna
         prefill_s=_histogram(samples, "vllm:request_prefill_time_seconds"),
         prompt_tokens=_histogram(samples, "vllm:request_prompt_tokens"),
         output_tokens=_histogram(samples, "vllm:request_generation_tokens"),
+        step_tokens=_histogram(samples, "vllm:iteration_tokens_total"),
     )
 
 
@@ -255,6 +259,7 @@ class MetricsDelta:
     prefill_mean_ms: float = math.nan
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # of this interval
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
+    step_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # engine steps
 
 
 def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
@@ -301,4 +306,5 @@ def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:
         prefill_mean_ms=prefill.mean * 1000,
         prompt_tokens=window(later.prompt_tokens, earlier.prompt_tokens),
         output_tokens=window(later.output_tokens, earlier.output_tokens),
+        step_tokens=window(later.step_tokens, earlier.step_tokens),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,10 @@ def test_each_case_is_predicted_with_slower_steps_and_placed_against_that_band(t
         assert row["sim"]["ttft_p50_ms"] < band["1.25"]["ttft_p50_ms"] < band["1.5"]["ttft_p50_ms"]
         expected = "beyond" if row["config"] == "budget_1024" else "inside"
         assert band["measured_p50"] == expected, row["config"]
+        # the simulated engine's steps, to set beside the live engine's
+        sim = row["sim"]
+        assert sim["steps"] > 0 and 1 <= sim["step_tokens_mean"] <= 8192 and sim["step_mean_ms"] > 0
+        assert 0 <= sim["steps_over_512_tokens"] <= sim["steps"]
     assert result["summary"]["p50_ttft_beyond_slower_band"] == ["loaded/budget_1024"]
 
 
@@ -301,3 +306,30 @@ def test_slower_steps_cost_the_engines_steps_more_and_leave_the_front_end() -> N
     assert slow.prompt_token_overhead_ms == stored.prompt_token_overhead_ms
     assert slow.token_compute_share == stored.token_compute_share
     assert "2x" in slow.how
+
+
+def test_the_engines_steps_are_counted_from_its_tokens_per_step_histogram() -> None:
+    from serving.metrics import Histogram
+
+    h = Histogram(
+        bounds=(1.0, 512.0, 1024.0, math.inf), cumulative_counts=(40, 50, 58, 60), sum=9000.0, count=60
+    )
+    assert sim_rank_gpu.step_counts(h, 3.0) == {
+        "steps": 60,
+        "step_tokens_mean": 150.0,
+        "steps_over_512_tokens": 10,
+        "window_ms_per_step": 50.0,
+    }
+    assert sim_rank_gpu.step_counts(Histogram.empty(), 3.0)["steps"] is None
+
+
+def test_the_live_engines_steps_are_set_beside_the_simulated_ones() -> None:
+    predicted = {"steps": 100.0, "steps_over_512_tokens": 20.0, "step_tokens_mean": 50.0}
+    engine = {"steps": 150.0, "steps_over_512_tokens": 10.0, "step_tokens_mean": 40.0}
+    assert sim_rank_gpu.steps_ratio(predicted, engine) == {
+        "steps": 1.5,
+        "steps_over_512_tokens": 0.5,
+        "step_tokens_mean": 0.8,
+    }
+    # a live file from before the steps were kept: nothing to set beside
+    assert sim_rank_gpu.steps_ratio(predicted, {"queue_mean_ms": 5.0}) is None

@@ -26,6 +26,27 @@ def test_snapshot_fields() -> None:
     assert snap.ttft_s.count == 10 and snap.ttft_s.mean == pytest.approx(0.2)
 
 
+def test_the_engines_tokens_per_step_are_read_as_its_steps() -> None:
+    text = (
+        metrics_text(queries=0, hits=0, prompt=0, ttft_buckets=[0, 0, 0, 0], ttft_sum=0.0)
+        + "".join(
+            f'vllm:iteration_tokens_total_bucket{{le="{le}"}} {n}\n'
+            for le, n in (("1.0", 40), ("512.0", 50), ("1024.0", 58), ("+Inf", 60))
+        )
+        + "vllm:iteration_tokens_total_count 60\nvllm:iteration_tokens_total_sum 9000\n"
+    )
+    snap = snapshot_from_text(text)
+    assert snap.step_tokens.count == 60 and snap.step_tokens.mean == 150.0
+    assert snap.step_tokens.bounds == (1.0, 512.0, 1024.0, math.inf)
+    # an engine that does not export it: no steps, not zero of them
+    assert (
+        snapshot_from_text(
+            metrics_text(queries=0, hits=0, prompt=0, ttft_buckets=[0, 0, 0, 0], ttft_sum=0.0)
+        ).step_tokens.count
+        == 0
+    )
+
+
 def test_histogram_quantiles_interpolate_within_buckets() -> None:
     h = Histogram(bounds=(0.01, 0.1, 1.0, math.inf), cumulative_counts=(0, 4, 10, 10), sum=2.0, count=10)
     # rank 5 is the first of 6 observations in (0.1, 1.0]: 0.1 + 0.9 * 1/6
