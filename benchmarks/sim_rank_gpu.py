@@ -48,7 +48,8 @@ Three steps, one script:
    that band is named in the summary (`p50_ttft_beyond_slower_band`): a miss no uniform error in
    the step model explains. Each case's engine steps (from vLLM's tokens-per-step histogram,
    `vllm:iteration_tokens_total`: how many, their mean tokens, how many ran outside its CUDA
-   graphs) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`).
+   graphs) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`), and
+   the GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`).
 
     # on the GPU host, with vLLM set up there as for gpu_tuning.py (about 3 commands of 10 minutes):
     python3 benchmarks/sim_rank_gpu.py measure --model-dir /tmp/tgpu/models/llama-3.2-3b \\
@@ -354,6 +355,21 @@ def step_counts(step_tokens: Any, window_s: float) -> dict[str, float | None]:
         "step_tokens_mean": round(step_tokens.mean, 3),
         "steps_over_512_tokens": None if at_most is None else step_tokens.count - at_most,
         "window_ms_per_step": round(1000.0 * window_s / step_tokens.count, 3),
+    }
+
+
+def gpu_busy(predicted: dict[str, Any], gpu_load: dict[str, Any] | None) -> dict[str, float] | None:
+    """The GPU's busy seconds over a case, live (its mean utilisation, sampled once a second by
+    nvidia-smi, times the sampling window: an estimate of the time a kernel ran) beside the
+    simulated engine's step time end to end. Where these agree and TTFT does not, the time the
+    model misses is not the GPU's work but the gaps between it. None without GPU samples."""
+    if not gpu_load or gpu_load.get("util_mean_pct") is None or not predicted.get("busy_s"):
+        return None
+    live = gpu_load["util_mean_pct"] / 100.0 * gpu_load["window_s"]
+    return {
+        "live": round(live, 3),
+        "sim": round(predicted["busy_s"], 3),
+        "live_over_sim": round(live / predicted["busy_s"], 4),
     }
 
 
@@ -773,6 +789,7 @@ def predict_case(
         "step_tokens_mean": tokens / steps if steps else 0.0,
         "steps_over_512_tokens": float(sum(c for n, (c, _) in sim.step_tokens.items() if n > GRAPH_TOKENS)),
         "step_mean_ms": 1000.0 * sim.busy_s / steps if steps else 0.0,
+        "busy_s": float(sim.busy_s),  # the engine's steps end to end: the GPU's work, as modelled
         "basis": sim.basis,
     }
 
@@ -980,6 +997,7 @@ def score(args: argparse.Namespace) -> int:
                             "gpu_util_mean_pct": (c.get("gpu_load") or {}).get("util_mean_pct"),
                         },
                         "steps_live_over_sim": steps_ratio(p, c["engine"]),
+                        "gpu_busy_s": gpu_busy(p, c.get("gpu_load")),
                     }
                 )
     if not groups_out:
@@ -987,6 +1005,12 @@ def score(args: argparse.Namespace) -> int:
     summary = _summary(groups_out, rows)
     summary["configs_per_group"] = len(live["method"]["configs"])
     summary["slower_band"] = list(SLOWER_BAND)
+    busy = [r["gpu_busy_s"]["live_over_sim"] for r in rows if r["gpu_busy_s"]]
+    summary["gpu_busy_live_over_sim"] = (
+        {"min": min(busy), "median": float(np.median(busy)), "max": max(busy), "cases": len(busy)}
+        if busy
+        else None
+    )
     for metric in ("p50", "p95"):
         summary[f"{metric}_ttft_beyond_slower_band"] = [
             f"{r['load']}/{r['config']}" for r in rows if r["sim_if_slower"][f"measured_{metric}"] == "beyond"

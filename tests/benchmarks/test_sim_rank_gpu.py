@@ -333,3 +333,11 @@ def test_the_live_engines_steps_are_set_beside_the_simulated_ones() -> None:
     }
     # a live file from before the steps were kept: nothing to set beside
     assert sim_rank_gpu.steps_ratio(predicted, {"queue_mean_ms": 5.0}) is None
+
+
+def test_the_gpus_busy_seconds_are_set_beside_the_simulated_steps() -> None:
+    gpu = {"window_s": 40.0, "util_mean_pct": 50.0}
+    assert sim_rank_gpu.gpu_busy({"busy_s": 25.0}, gpu) == {"live": 20.0, "sim": 25.0, "live_over_sim": 0.8}
+    # no GPU sampled (a CPU host, an old live file): nothing to set beside
+    assert sim_rank_gpu.gpu_busy({"busy_s": 25.0}, None) is None
+    assert sim_rank_gpu.gpu_busy({"busy_s": 25.0}, {"window_s": 40.0, "util_mean_pct": None}) is None
