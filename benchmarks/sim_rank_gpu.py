@@ -49,7 +49,9 @@ Three steps, one script:
    the step model explains. Each case's engine steps (from vLLM's tokens-per-step histogram,
    `vllm:iteration_tokens_total`: how many, their mean tokens, how many ran outside its CUDA
    graphs) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`), and
-   the GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`).
+   the GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`),
+   and the first request's TTFT (it meets an idle engine: the unloaded prefill) beside the
+   simulated one (`first_request_ttft_ms`).
 
     # on the GPU host, with vLLM set up there as for gpu_tuning.py (about 3 commands of 10 minutes):
     python3 benchmarks/sim_rank_gpu.py measure --model-dir /tmp/tgpu/models/llama-3.2-3b \\
@@ -371,6 +373,21 @@ def gpu_busy(predicted: dict[str, Any], gpu_load: dict[str, Any] | None) -> dict
         "sim": round(predicted["busy_s"], 3),
         "live_over_sim": round(live / predicted["busy_s"], 4),
     }
+
+
+def _rounded(predicted: dict[str, Any]) -> dict[str, float | None]:
+    return {k: None if v is None else round(v, 3) for k, v in predicted.items()}
+
+
+def first_request(predicted: dict[str, Any], case: dict[str, Any]) -> dict[str, float] | None:
+    """The first request's TTFT, simulated and live: on an engine that has nothing else to do, the
+    configuration's own prefill. None where a case had errors (its TTFT list then skips requests)
+    or the simulated first request failed."""
+    sim = predicted.get("first_request_ttft_ms")
+    if case.get("errors") or not case.get("ttft_ms") or not sim:
+        return None
+    live = float(case["ttft_ms"][0])
+    return {"live": round(live, 2), "sim": round(sim, 2), "live_over_sim": round(live / sim, 4)}
 
 
 def steps_ratio(predicted: dict[str, Any], engine: dict[str, Any]) -> dict[str, float | None] | None:
@@ -774,6 +791,7 @@ def predict_case(
     s, mean = sim.summary, sim.attribution.mean
     steps = sim.num_steps
     tokens = sum(n * c for n, (c, _) in sim.step_tokens.items())
+    first = sim.requests[0]
     return {
         "ttft_p50_ms": float(s.ttft_ms.p50),
         "ttft_p95_ms": float(s.ttft_ms.p95),
@@ -790,6 +808,9 @@ def predict_case(
         "steps_over_512_tokens": float(sum(c for n, (c, _) in sim.step_tokens.items() if n > GRAPH_TOKENS)),
         "step_mean_ms": 1000.0 * sim.busy_s / steps if steps else 0.0,
         "busy_s": float(sim.busy_s),  # the engine's steps end to end: the GPU's work, as modelled
+        # The first request sent meets an idle engine: its TTFT is the configuration's unloaded
+        # prefill, without the queueing that amplifies a step-cost error under load.
+        "first_request_ttft_ms": float(first.ttft_ms) if first.ok and first.ttft_ms is not None else None,
         "basis": sim.basis,
     }
 
@@ -984,7 +1005,7 @@ def score(args: argparse.Namespace) -> int:
                     {
                         "load": load,
                         "config": n,
-                        "sim": {k: round(v, 3) for k, v in p.items()},
+                        "sim": _rounded(p),
                         "sim_if_slower": slower_band_row(p, b, c),
                         "live": {
                             "ttft_p50_ms": c["ttft_p50_ms"],
@@ -998,6 +1019,7 @@ def score(args: argparse.Namespace) -> int:
                         },
                         "steps_live_over_sim": steps_ratio(p, c["engine"]),
                         "gpu_busy_s": gpu_busy(p, c.get("gpu_load")),
+                        "first_request_ttft_ms": first_request(p, c),
                     }
                 )
     if not groups_out:
@@ -1076,7 +1098,7 @@ def score(args: argparse.Namespace) -> int:
             "linear-layer compute time) set to 0: leave-one-out of that term",
             "summary": _summary(ablation_groups, ablation_rows),
             "groups": ablation_groups,
-            "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in ablation_rows],
+            "rows": [{**r, "sim": _rounded(r["sim"])} for r in ablation_rows],
         }
     if attention_groups:
         result["attention_ablation_beside"] = {
@@ -1085,7 +1107,7 @@ def score(args: argparse.Namespace) -> int:
             "(leave-one-out of the form; the fixed costs stay the ones fitted with it)",
             "summary": _summary(attention_groups, attention_rows),
             "groups": attention_groups,
-            "rows": [{**r, "sim": {k: round(v, 3) for k, v in r["sim"].items()}} for r in attention_rows],
+            "rows": [{**r, "sim": _rounded(r["sim"])} for r in attention_rows],
         }
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))

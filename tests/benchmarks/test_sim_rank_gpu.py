@@ -166,6 +166,10 @@ def test_each_case_is_predicted_with_slower_steps_and_placed_against_that_band(t
         sim = row["sim"]
         assert sim["steps"] > 0 and 1 <= sim["step_tokens_mean"] <= 8192 and sim["step_mean_ms"] > 0
         assert 0 <= sim["steps_over_512_tokens"] <= sim["steps"]
+        # the first request, on an idle engine, is the simulation's own here
+        first = row["first_request_ttft_ms"]
+        expected_ratio = 10.0 if row["config"] == "budget_1024" else 1.0
+        assert first["live_over_sim"] == pytest.approx(expected_ratio, rel=1e-3), row["config"]
     assert result["summary"]["p50_ttft_beyond_slower_band"] == ["loaded/budget_1024"]
 
 
