@@ -47,8 +47,8 @@ Three steps, one script:
    with every engine step 1.25x and 1.5x as costly (`sim_if_slower`), and a measured TTFT beyond
    that band is named in the summary (`p50_ttft_beyond_slower_band`): a miss no uniform error in
    the step model explains. Each case's engine steps (from vLLM's tokens-per-step histogram,
-   `vllm:iteration_tokens_total`: how many, their mean tokens, how many ran outside its CUDA
-   graphs) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`), and
+   `vllm:iteration_tokens_total`: how many, their mean tokens, how many held more than 512, past
+   vLLM's largest CUDA graph at its default capture size) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`), and
    the GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`),
    and the first request's TTFT (it meets an idle engine: the unloaded prefill) beside the
    simulated one (`first_request_ttft_ms`).
@@ -333,7 +333,8 @@ def live_case(
 
 
 # vLLM's largest CUDA graph by default (`max_cudagraph_capture_size`, min(2 x max_num_seqs, 512)):
-# a step of more tokens runs outside the graphs.
+# a step of more tokens runs outside the graphs. A configuration with fewer than 256 sequences
+# captures smaller graphs, so for it this count is a lower bound on the steps run outside them.
 GRAPH_TOKENS = 512
 
 
