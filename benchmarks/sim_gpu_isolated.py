@@ -52,7 +52,13 @@ import numpy as np  # noqa: E402
 
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
 from benchmarks._resumable import log, save_state  # noqa: E402
-from benchmarks.sim_rank_gpu import _engine_config, calibration_files, hardware_of, scored_header  # noqa: E402
+from benchmarks.sim_rank_gpu import (  # noqa: E402
+    _engine_config,
+    calibration_files,
+    hardware_of,
+    scored_header,
+    step_counts,
+)
 
 RESULT = REPO / "benchmarks" / "results" / "sim_gpu_isolated.json"
 LENGTHS = (256, 1024, 4096, 8192, 16384, 30000)  # prompt tokens
@@ -200,6 +206,14 @@ def measure(args: argparse.Namespace) -> int:
                         "queue_mean_ms": delta.queue_mean_ms,
                         "prefill_mean_ms": delta.prefill_mean_ms,
                         "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+                        # the engine's steps over this length's requests (its tokens-per-step
+                        # histogram): a prompt past the token budget is prefilled one chunk a step,
+                        # so its prefill time over its steps is what one chunk step cost
+                        **{
+                            k: v
+                            for k, v in step_counts(delta.step_tokens, delta.interval_s).items()
+                            if k != "window_ms_per_step"  # the window is mostly the spacing's idle time
+                        },
                     },
                 }
                 out["lengths"].append(entry)
