@@ -206,14 +206,9 @@ def measure(args: argparse.Namespace) -> int:
                         "queue_mean_ms": delta.queue_mean_ms,
                         "prefill_mean_ms": delta.prefill_mean_ms,
                         "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
-                        # the engine's steps over this length's requests (its tokens-per-step
-                        # histogram): a prompt past the token budget is prefilled one chunk a step,
-                        # so its prefill time over its steps is what one chunk step cost
-                        **{
-                            k: v
-                            for k, v in step_counts(delta.step_tokens, delta.interval_s).items()
-                            if k != "window_ms_per_step"  # the window is mostly the spacing's idle time
-                        },
+                        # the steps vLLM's histogram records over this length's requests (those
+                        # that sample a token: the prompt chunks before the first are in no count)
+                        **step_counts(delta.step_tokens),
                     },
                 }
                 out["lengths"].append(entry)

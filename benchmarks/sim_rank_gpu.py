@@ -46,10 +46,14 @@ Three steps, one script:
    own noise) for the ranking figures and the cases for the MAPEs. Each case is also predicted
    with every engine step 1.25x and 1.5x as costly (`sim_if_slower`), and a measured TTFT beyond
    that band is named in the summary (`p50_ttft_beyond_slower_band`): a miss no uniform error in
-   the step model explains. Each case's engine steps (from vLLM's tokens-per-step histogram,
-   `vllm:iteration_tokens_total`: how many, their mean tokens, how many held more than 512, past
-   vLLM's largest CUDA graph at its default capture size) are kept by `measure` and set beside the simulated ones (`steps_live_over_sim`), and
-   the GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`),
+   the step model explains. Each case's sampling steps as vLLM's tokens-per-iteration histogram
+   (`vllm:iteration_tokens_total`) records them are kept by `measure` and set beside the
+   simulated ones counted the same way (`sampled_steps_live_over_sim`): vLLM records a step only
+   where it samples a token and counts each prompt whole in the step of its first token, so the
+   prompt-chunk steps before it appear in no count (the files of 2026-12-07 named this count
+   `steps`; it is not every engine step, nor are its steps over 512 tokens those run outside
+   the CUDA graphs, as that day's code said). Beside them, the GPU's busy seconds (mean
+   utilisation x window) beside the simulated steps' (`gpu_busy_s`),
    and the first request's TTFT (it meets an idle engine: the unloaded prefill) beside the
    simulated one (`first_request_ttft_ms`).
 
@@ -324,7 +328,7 @@ def live_case(
             "prefill_mean_ms": finite(delta.prefill_mean_ms),
             "prefix_cache_hit_rate": finite(delta.prefix_cache_hit_rate),
             "preemptions": finite(delta.preemptions),
-            **step_counts(delta.step_tokens, delta.interval_s),
+            **step_counts(delta.step_tokens),
         },
         "foreign_load": load.to_dict(),
         "gpu_load": gpu.to_dict() if gpu is not None else None,
@@ -332,33 +336,15 @@ def live_case(
     }
 
 
-# vLLM's largest CUDA graph by default (`max_cudagraph_capture_size`, min(2 x max_num_seqs, 512)):
-# a step of more tokens runs outside the graphs. A configuration with fewer than 256 sequences
-# captures smaller graphs, so for it this count is a lower bound on the steps run outside them.
-GRAPH_TOKENS = 512
-
-
-def step_counts(step_tokens: Any, window_s: float) -> dict[str, float | None]:
-    """The engine's steps over a case from its tokens-per-step histogram
-    (`vllm:iteration_tokens_total`): how many, their mean tokens, how many held more than
-    GRAPH_TOKENS, and the scrape window's seconds per step (an upper bound on the mean step time:
-    the engine may idle within the window). All None where the engine does not export it."""
+def step_counts(step_tokens: Any) -> dict[str, float | None]:
+    """The steps vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) recorded
+    over a case: how many, and their mean tokens. vLLM records a step only where it samples a
+    token, counting the tokens sampled and each prompt whole in the step that samples its first
+    token (`IterationStats`); a step that only advances prompt chunks is in no count. Both None
+    where the engine does not export the histogram."""
     if not step_tokens.bounds or step_tokens.count <= 0:
-        return {
-            "steps": None,
-            "step_tokens_mean": None,
-            "steps_over_512_tokens": None,
-            "window_ms_per_step": None,
-        }
-    at_most = dict(zip(step_tokens.bounds, step_tokens.cumulative_counts, strict=True)).get(
-        float(GRAPH_TOKENS)
-    )
-    return {
-        "steps": step_tokens.count,
-        "step_tokens_mean": round(step_tokens.mean, 3),
-        "steps_over_512_tokens": None if at_most is None else step_tokens.count - at_most,
-        "window_ms_per_step": round(1000.0 * window_s / step_tokens.count, 3),
-    }
+        return {"sampled_steps": None, "sampled_step_tokens_mean": None}
+    return {"sampled_steps": step_tokens.count, "sampled_step_tokens_mean": round(step_tokens.mean, 3)}
 
 
 def gpu_busy(predicted: dict[str, Any], gpu_load: dict[str, Any] | None) -> dict[str, float] | None:
@@ -392,20 +378,20 @@ def first_request(predicted: dict[str, Any], case: dict[str, Any]) -> dict[str, 
 
 
 def steps_ratio(predicted: dict[str, Any], engine: dict[str, Any]) -> dict[str, float | None] | None:
-    """The live engine's steps over the simulated ones (all, and those over GRAPH_TOKENS tokens),
-    and their mean tokens; None for a live file recorded before the engine's steps were kept."""
-    if not engine.get("steps") or not predicted.get("steps"):
+    """The live engine's sampling steps over the simulated ones, and their mean tokens (both as
+    vLLM's histogram counts them, `step_counts`); None for a live file recorded before they were
+    kept. A file of 2026-12-07 names the same two figures `steps` and `step_tokens_mean`."""
+    live_steps = engine.get("sampled_steps", engine.get("steps"))
+    live_mean = engine.get("sampled_step_tokens_mean", engine.get("step_tokens_mean"))
+    if not live_steps or not predicted.get("sampled_steps"):
         return None
 
     def ratio(live: float | None, sim: float) -> float | None:
         return None if live is None or sim <= 0 else round(live / sim, 4)
 
     return {
-        "steps": ratio(engine["steps"], predicted["steps"]),
-        "steps_over_512_tokens": ratio(
-            engine.get("steps_over_512_tokens"), predicted["steps_over_512_tokens"]
-        ),
-        "step_tokens_mean": ratio(engine.get("step_tokens_mean"), predicted["step_tokens_mean"]),
+        "sampled_steps": ratio(live_steps, predicted["sampled_steps"]),
+        "sampled_step_tokens_mean": ratio(live_mean, predicted["sampled_step_tokens_mean"]),
     }
 
 
@@ -792,6 +778,8 @@ def predict_case(
     s, mean = sim.summary, sim.attribution.mean
     steps = sim.num_steps
     tokens = sum(n * c for n, (c, _) in sim.step_tokens.items())
+    sampled = sum(sim.sampled_step_tokens.values())
+    sampled_tokens = sum(n * c for n, c in sim.sampled_step_tokens.items())
     first = sim.requests[0]
     return {
         "ttft_p50_ms": float(s.ttft_ms.p50),
@@ -803,10 +791,12 @@ def predict_case(
         "prefill_mean_ms": float(mean.prefill_compute_ms + mean.chunking_delay_ms + mean.preemption_ms),
         "overhead_mean_ms": float(mean.overhead_ms),
         "prefix_cache_hit_rate": float(sim.prefix_cache_hit_rate),
-        # The engine's steps as simulated, to set beside the live engine's (`step_counts`).
+        # The engine's steps as simulated, and those vLLM's histogram records (`step_counts`),
+        # counted its way, to set beside the live engine's.
         "steps": float(steps),
         "step_tokens_mean": tokens / steps if steps else 0.0,
-        "steps_over_512_tokens": float(sum(c for n, (c, _) in sim.step_tokens.items() if n > GRAPH_TOKENS)),
+        "sampled_steps": float(sampled),
+        "sampled_step_tokens_mean": sampled_tokens / sampled if sampled else 0.0,
         "step_mean_ms": 1000.0 * sim.busy_s / steps if steps else 0.0,
         "busy_s": float(sim.busy_s),  # the engine's steps end to end: the GPU's work, as modelled
         # The first request sent meets an idle engine: its TTFT is the configuration's unloaded
@@ -870,6 +860,42 @@ def score_group(
             "blind_errors": [abs(constant - m) / m for m in meas],
         }
     return out
+
+
+# How far a case's prediction may sit from the plan's before they are not the same prediction
+# (the rows keep 3 decimals of a millisecond).
+PLAN_TOLERANCE = 1e-5
+
+
+def plan_agreement(plan_path: Path, rows: Sequence[dict[str, Any]], first_case: str | None) -> dict[str, Any]:
+    """The score's predictions set beside those a `plan` file committed before the run: a held-out
+    run's predictions must be the ones registered before it was measured. Each case's p50 and p95
+    TTFT against the plan's for the same group and configuration."""
+    raw = plan_path.read_bytes()
+    plan = json.loads(raw)
+    if plan.get("benchmark") != "sim_rank_gpu_plan":
+        raise SystemExit(f"{plan_path} is not a sim_rank_gpu plan file")
+    diffs: list[float] = []
+    missing: list[str] = []
+    for r in rows:
+        planned = ((plan.get("groups") or {}).get(r["load"]) or {}).get("predicted", {}).get(r["config"])
+        if not planned:
+            missing.append(f"{r['load']}/{r['config']}")
+            continue
+        diffs += [abs(r["sim"][k] / planned[k] - 1.0) for k in ("ttft_p50_ms", "ttft_p95_ms")]
+    largest = max(diffs) if diffs else None
+    return {
+        "path": str(plan_path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "plan_written_at": plan.get("when"),
+        "plan_commit": plan.get("commit"),
+        "plan_dirty": plan.get("dirty"),
+        "written_before_first_case": bool(first_case and plan.get("when") and plan["when"] < first_case),
+        "cases_compared": len(diffs) // 2,
+        "cases_missing_from_plan": missing,
+        "largest_relative_difference": largest,
+        "same_predictions": largest is not None and not missing and largest <= PLAN_TOLERANCE,
+    }
 
 
 def score(args: argparse.Namespace) -> int:
@@ -1018,7 +1044,7 @@ def score(args: argparse.Namespace) -> int:
                             "foreign_cores": (c.get("foreign_load") or {}).get("foreign_cores"),
                             "gpu_util_mean_pct": (c.get("gpu_load") or {}).get("util_mean_pct"),
                         },
-                        "steps_live_over_sim": steps_ratio(p, c["engine"]),
+                        "sampled_steps_live_over_sim": steps_ratio(p, c["engine"]),
                         "gpu_busy_s": gpu_busy(p, c.get("gpu_load")),
                         "first_request_ttft_ms": first_request(p, c),
                     }
@@ -1054,6 +1080,9 @@ def score(args: argparse.Namespace) -> int:
         ),
         "first_case_started_at": min(all_started) if all_started else None,
     }
+    plan_path = getattr(args, "plan", None)
+    if plan_path is not None:
+        held_out["plan"] = plan_agreement(plan_path, rows, held_out["first_case_started_at"])
     header = scored_header("sim_rank_gpu", args.live, raw, live)
     header["live"].update(
         {
@@ -1248,6 +1277,12 @@ def main() -> int:
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
     s.add_argument("--out", type=Path, default=RESULT)
+    s.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        help="the plan file committed before the run: its predictions are checked to be the score's",
+    )
     args = parser.parse_args()
     steps = {"measure": measure, "plan": plan, "score": score}
     return steps[args.step](args)

@@ -172,8 +172,10 @@ class VllmSnapshot:
     # Request shapes (tokens), what the continual loop's drift detection compares.
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
-    # Tokens computed in each engine step (prompt tokens not cached, plus decoded ones): its count
-    # is the engine's steps, what a step-level simulator can be checked against.
+    # vLLM's tokens per iteration: recorded for each engine step that samples a token, counting
+    # the tokens sampled and each prompt whole (cached or not) in the step of its first token. A
+    # step that only advances prompt chunks is in no count, so its count is the sampling steps,
+    # not every step (`serving.sim` counts its own steps the same way to set beside it).
     step_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
 
     @property
@@ -259,7 +261,9 @@ class MetricsDelta:
     prefill_mean_ms: float = math.nan
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # of this interval
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
-    step_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)  # engine steps
+    step_tokens: Histogram = field(
+        default_factory=Histogram.empty, repr=False
+    )  # sampling steps (see VllmSnapshot)
 
 
 def snapshot_delta(earlier: VllmSnapshot, later: VllmSnapshot) -> MetricsDelta:

@@ -180,6 +180,11 @@ class Scheduler:
         # When streams opened (first tokens) and closed (finishes), in time order: the frontend's
         # per-stream cost reads how many were open when a request was sent.
         self.first_token_times: list[float] = []
+        # What vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) adds up: the
+        # tokens sampled, and each prompt whole in the step that samples its first token (a step
+        # that only advances prompt chunks samples nothing, and vLLM records nothing for it).
+        self.sampled_tokens_total = 0
+        self.first_token_prompt_tokens_total = 0
         self.finish_times: list[float] = []
 
     # -- contract ------------------------------------------------------------------------------
@@ -371,6 +376,7 @@ class Scheduler:
         # Scheduled requests are running ones, each once: when all ran, none waited for a chunk.
         everyone = len(out.scheduled) == len(self.running)
         finish_times = self.finish_times
+        sampled = 0
         for req, num_new, drafts in out.scheduled:
             if not drafts and req.first_token_s is not None:
                 # Past its first token, no drafts (a decode, or a recompute after preemption):
@@ -381,7 +387,9 @@ class Scheduler:
                 if computed < req.num_prompt_tokens + out_tokens:
                     continue
                 left = req.max_output_tokens - out_tokens
-                out_tokens += 1 if left > 1 else left  # min(1, left)
+                produced = 1 if left > 1 else left  # min(1, left)
+                sampled += produced
+                out_tokens += produced
                 req.num_output_tokens = out_tokens
                 if req.itl_s is not None and req.last_token_s is not None:
                     req.itl_s.append(end_s - req.last_token_s)
@@ -405,7 +413,9 @@ class Scheduler:
             req.num_computed_tokens -= drafts - accepted
             produced = min(1 + accepted, req.max_output_tokens - req.num_output_tokens)
             req.num_output_tokens += produced
+            sampled += produced
             if req.first_token_s is None:
+                self.first_token_prompt_tokens_total += req.num_prompt_tokens
                 req.first_token_s = end_s
                 self.first_token_times.append(end_s)
             elif req.itl_s is not None and req.last_token_s is not None:
@@ -415,6 +425,7 @@ class Scheduler:
                 req.finish_s = end_s
                 self.finish_times.append(end_s)
                 finished.append(req)
+        self.sampled_tokens_total += sampled
         if finished:
             for req in finished:  # a few per step: removed in place (a C-level scan each)
                 self.running.remove(req)

@@ -260,6 +260,11 @@ class SimResult:
     # tokens in one engine step -> (number of such steps, simulated seconds they took): what the
     # kernels see (a fused-MoE or norm launch runs over every token of the step)
     step_tokens: Mapping[int, tuple[int, float]] = field(default_factory=dict, repr=False)
+    # The steps vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) records, by
+    # the tokens it counts -> how many: a step is recorded only where it samples a token, and
+    # counts each prompt whole in the step that samples its first token, so its prompt chunks
+    # before that are in no step's count (what the live engine's histogram is set beside).
+    sampled_step_tokens: Mapping[int, int] = field(default_factory=dict, repr=False)
 
 
 def _request_overhead_ms(step_model: StepTimeModel) -> float:
@@ -407,6 +412,7 @@ def simulate(
         busy_s=loop.busy_s,
         wall_s=time.perf_counter() - started,
         step_tokens={n: (int(c), s) for n, (c, s) in sorted(loop.step_tokens.items())},
+        sampled_step_tokens=dict(sorted(loop.sampled_step_tokens.items())),
     )
 
 
@@ -460,6 +466,7 @@ class _Loop:
         self.op_s = {"gemm": 0.0, "attention": 0.0, "communication": 0.0, "overhead": 0.0}
         self.blocked_steps: dict[str, float] = {}
         self.step_tokens: dict[int, list[float]] = {}  # tokens -> [steps, seconds]
+        self.sampled_step_tokens: dict[int, int] = {}  # tokens as vLLM counts them -> steps
 
     def run(
         self,
@@ -491,6 +498,7 @@ class _Loop:
         op_s = self.op_s
         pool = s.pool
         step_tokens = self.step_tokens
+        sampled_step_tokens = self.sampled_step_tokens
         frontend_free = 0.0  # when the frontend has read the prompts sent so far
         while nxt < n_send or arrivals or s.waiting or s.running:
             while nxt < n_send and sends[nxt][0] <= now:  # every event up to `now` is known
@@ -542,7 +550,11 @@ class _Loop:
             used = pool.fresh - len(pool.free)  # pool.num_used, inlined (hot path)
             if used > self.max_blocks_used:
                 self.max_blocks_used = used
+            sampled_before = s.sampled_tokens_total + s.first_token_prompt_tokens_total
             s.update_from_output(out, now, now + dt)
+            counted = s.sampled_tokens_total + s.first_token_prompt_tokens_total - sampled_before
+            if counted:
+                sampled_step_tokens[counted] = sampled_step_tokens.get(counted, 0) + 1
             now += dt
             self.busy_s += dt
             self.num_steps += 1
@@ -658,6 +670,8 @@ class _Loop:
             self.blocked_steps[blocked] = self.blocked_steps.get(blocked, 0.0) + total
         self.num_steps += k
         self.busy_s += total
+        s.sampled_tokens_total += k * n  # each of the k steps samples one token for each of the n
+        self.sampled_step_tokens[n] = self.sampled_step_tokens.get(n, 0) + k
         entry = self.step_tokens.get(n)
         if entry is None:
             self.step_tokens[n] = [float(k), total]

@@ -165,7 +165,12 @@ def test_each_case_is_predicted_with_slower_steps_and_placed_against_that_band(t
         # the simulated engine's steps, to set beside the live engine's
         sim = row["sim"]
         assert sim["steps"] > 0 and 1 <= sim["step_tokens_mean"] <= 8192 and sim["step_mean_ms"] > 0
-        assert 0 <= sim["steps_over_512_tokens"] <= sim["steps"]
+        # those vLLM's histogram records: only steps that sample, each prompt counted whole
+        assert 0 < sim["sampled_steps"] <= sim["steps"]
+        assert (
+            sim["sampled_step_tokens_mean"] * sim["sampled_steps"]
+            >= sim["step_tokens_mean"] * sim["steps"] - 1e-6
+        )
         # the first request, on an idle engine, is the simulation's own here
         first = row["first_request_ttft_ms"]
         expected_ratio = 10.0 if row["config"] == "budget_1024" else 1.0
@@ -312,29 +317,23 @@ def test_slower_steps_cost_the_engines_steps_more_and_leave_the_front_end() -> N
     assert "2x" in slow.how
 
 
-def test_the_engines_steps_are_counted_from_its_tokens_per_step_histogram() -> None:
+def test_the_engines_sampling_steps_are_counted_from_its_tokens_per_iteration_histogram() -> None:
     from serving.metrics import Histogram
 
     h = Histogram(
         bounds=(1.0, 512.0, 1024.0, math.inf), cumulative_counts=(40, 50, 58, 60), sum=9000.0, count=60
     )
-    assert sim_rank_gpu.step_counts(h, 3.0) == {
-        "steps": 60,
-        "step_tokens_mean": 150.0,
-        "steps_over_512_tokens": 10,
-        "window_ms_per_step": 50.0,
-    }
-    assert sim_rank_gpu.step_counts(Histogram.empty(), 3.0)["steps"] is None
+    assert sim_rank_gpu.step_counts(h) == {"sampled_steps": 60, "sampled_step_tokens_mean": 150.0}
+    assert sim_rank_gpu.step_counts(Histogram.empty())["sampled_steps"] is None
 
 
-def test_the_live_engines_steps_are_set_beside_the_simulated_ones() -> None:
-    predicted = {"steps": 100.0, "steps_over_512_tokens": 20.0, "step_tokens_mean": 50.0}
-    engine = {"steps": 150.0, "steps_over_512_tokens": 10.0, "step_tokens_mean": 40.0}
-    assert sim_rank_gpu.steps_ratio(predicted, engine) == {
-        "steps": 1.5,
-        "steps_over_512_tokens": 0.5,
-        "step_tokens_mean": 0.8,
-    }
+def test_the_live_engines_sampling_steps_are_set_beside_the_simulated_ones() -> None:
+    predicted = {"steps": 300.0, "sampled_steps": 100.0, "sampled_step_tokens_mean": 50.0}
+    engine = {"sampled_steps": 150.0, "sampled_step_tokens_mean": 40.0}
+    expected = {"sampled_steps": 1.5, "sampled_step_tokens_mean": 0.8}
+    assert sim_rank_gpu.steps_ratio(predicted, engine) == expected
+    # a live file of 2026-12-07 names the same count `steps`
+    assert sim_rank_gpu.steps_ratio(predicted, {"steps": 150.0, "step_tokens_mean": 40.0}) == expected
     # a live file from before the steps were kept: nothing to set beside
     assert sim_rank_gpu.steps_ratio(predicted, {"queue_mean_ms": 5.0}) is None
 
@@ -345,3 +344,36 @@ def test_the_gpus_busy_seconds_are_set_beside_the_simulated_steps() -> None:
     # no GPU sampled (a CPU host, an old live file): nothing to set beside
     assert sim_rank_gpu.gpu_busy({"busy_s": 25.0}, None) is None
     assert sim_rank_gpu.gpu_busy({"busy_s": 25.0}, {"window_s": 40.0, "util_mean_pct": None}) is None
+
+
+def test_the_score_checks_its_predictions_are_the_plans(tmp_path: Path) -> None:
+    rows = [
+        {"load": "loaded", "config": "vllm_defaults", "sim": {"ttft_p50_ms": 395.739, "ttft_p95_ms": 1492.1}},
+        {"load": "loaded", "config": "budget_1024", "sim": {"ttft_p50_ms": 515.356, "ttft_p95_ms": 1864.5}},
+    ]
+    predicted = {
+        "vllm_defaults": {"ttft_p50_ms": 395.7393282, "ttft_p95_ms": 1492.1},
+        "budget_1024": {"ttft_p50_ms": 515.3555138, "ttft_p95_ms": 1864.5},
+    }
+    plan = {
+        "benchmark": "sim_rank_gpu_plan",
+        "when": "2026-12-07T03:45:52+00:00",
+        "commit": "7192658",
+        "dirty": False,
+        "groups": {"loaded": {"predicted": predicted}},
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    same = sim_rank_gpu.plan_agreement(path, rows, "2026-12-07T08:28:41+00:00")
+    assert same["same_predictions"] and same["written_before_first_case"] and same["cases_compared"] == 2
+    # a prediction that moved after the plan (1%), a plan written after the run, a case it lacks
+    moved = [rows[0], {**rows[1], "sim": {"ttft_p50_ms": 520.5, "ttft_p95_ms": 1864.5}}]
+    late = sim_rank_gpu.plan_agreement(path, moved, "2026-12-07T03:00:00+00:00")
+    assert not late["same_predictions"] and not late["written_before_first_case"]
+    assert late["largest_relative_difference"] == pytest.approx(0.01, abs=1e-4)
+    extra = [*rows, {"load": "loaded", "config": "budget_2048", "sim": rows[0]["sim"]}]
+    lacking = sim_rank_gpu.plan_agreement(path, extra, "2026-12-07T08:28:41+00:00")
+    assert lacking["cases_missing_from_plan"] == ["loaded/budget_2048"] and not lacking["same_predictions"]
+    path.write_text(json.dumps({"benchmark": "sim_rank_gpu_live"}))
+    with pytest.raises(SystemExit, match="not a sim_rank_gpu plan"):
+        sim_rank_gpu.plan_agreement(path, rows, None)

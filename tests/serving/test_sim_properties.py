@@ -148,6 +148,14 @@ def test_simulate_results_are_consistent(
         assert res.ttft_ms is not None and res.e2e_ms is not None
         assert res.ttft_ms > 0 and res.e2e_ms >= res.ttft_ms
         assert res.num_output_tokens == req.num_output_tokens
+    # vLLM's tokens-per-iteration count: every prompt once, whole, and every sampled token, over
+    # the steps that sampled (one for each token of the longest output at least); chunk-only
+    # steps are in no count.
+    counted = result.sampled_step_tokens
+    assert sum(n * c for n, c in counted.items()) == sum(
+        r.num_prompt_tokens + r.num_output_tokens for r in trace
+    )
+    assert max(r.num_output_tokens for r in trace) <= sum(counted.values()) <= result.num_steps
     for row in result.attribution.requests:
         parts = (
             row.overhead_ms
@@ -206,6 +214,7 @@ def test_decode_jumps_give_exactly_the_steps_result(
     with mock.patch.object(simulator._Loop, "_try_jump", lambda self, now, next_arrival: False):
         stepped = simulate(trace, **kwargs)  # type: ignore[arg-type]
     assert jumped.num_steps == stepped.num_steps
+    assert jumped.sampled_step_tokens == stepped.sampled_step_tokens
     for a, b in zip(jumped.requests, stepped.requests, strict=True):
         assert (a.error, a.num_output_tokens) == (b.error, b.num_output_tokens)
         if a.ttft_ms is not None:
@@ -215,3 +224,15 @@ def test_decode_jumps_give_exactly_the_steps_result(
     assert blocked_a.keys() == blocked_b.keys()
     for key, share in blocked_a.items():
         assert share == pytest.approx(blocked_b[key], rel=1e-9, abs=1e-12)
+
+
+def test_sampled_steps_count_as_vllms_iteration_histogram() -> None:
+    # One prompt of 4 chunks and 8 output tokens: 11 engine steps, of which vLLM's histogram
+    # records the 8 that sample, the first carrying the whole prompt with its first token.
+    trace = [TraceRequest(arrival_s=0.0, num_prompt_tokens=1024, num_output_tokens=8)]
+    config = EngineConfig.cpu_default(max_model_len=2048, max_num_batched_tokens=256)
+    result = simulate(
+        trace, model=get_model("tiny-llama-s"), hardware=get_hardware("local-cpu"), config=config
+    )
+    assert result.num_steps == 4 + 7
+    assert result.sampled_step_tokens == {1: 7, 1025: 1}
