@@ -290,7 +290,29 @@ def _summary(rows: Sequence[dict[str, Any]], variants: Sequence[str]) -> dict[st
                 if key in r[f"sim_over_live_{name}"]
             ]
             summary[f"{key.replace('_ms', '')}_mape_{name}"] = float(np.mean(errors)) if errors else None
+        # the engine's own prefill time (scheduled to first token) against the simulated one
+        errors = [
+            abs(r[f"sim_over_live_{name}"]["prefill_mean_ms"]["value"] - 1)
+            for r in rows
+            if "prefill_mean_ms" in r[f"sim_over_live_{name}"]
+        ]
+        summary[f"engine_prefill_mape_{name}"] = float(np.mean(errors)) if errors else None
     return summary
+
+
+def simulated_budget(live: dict[str, Any], hardware: str) -> int:
+    """The token budget the live engine ran with: the one set, or vLLM's default for the hardware
+    as the simulator resolves it."""
+    from serving.catalog.hardware import get_hardware
+    from serving.catalog.models import model_spec_from_dir
+    from serving.sim.simulator import resolve_config
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = Path(scratch)
+        (model_dir / "config.json").write_text(json.dumps(live["model_config"]))
+        model = model_spec_from_dir(model_dir)
+    sched, _, _ = resolve_config(simulated_config(live["method"]), model, get_hardware(hardware))
+    return int(sched.max_num_batched_tokens)
 
 
 def predict_length(
@@ -363,6 +385,7 @@ def score(args: argparse.Namespace) -> int:
     }
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
+    budget = simulated_budget(live, hardware)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "model"
         model_dir.mkdir()
@@ -381,8 +404,19 @@ def score(args: argparse.Namespace) -> int:
             predicted = {
                 name: predict_length(model, hardware, eff, entry, live) for name, eff in variants.items()
             }
+            # A prompt longer than the token budget is prefilled one chunk a step: its prefill
+            # time over those steps is what one chunk step cost, live and simulated.
+            chunks = math.ceil(entry["prompt_tokens"] / budget)
+            per_chunk = {
+                "live": measured["engine_prefill_mean_ms"] / chunks
+                if measured["engine_prefill_mean_ms"]
+                else None,
+                **{name: p["prefill_mean_ms"] / chunks for name, p in predicted.items()},
+            }
             row: dict[str, Any] = {
                 "prompt_tokens": entry["prompt_tokens"],
+                "prefill_steps": chunks,
+                "engine_prefill_ms_per_step": per_chunk,
                 "live": measured,
                 "sim": predicted,
             }

@@ -75,6 +75,10 @@ def resolve_config(
     else:
         max_tokens = tokens_default if chunked else max(max_model_len, tokens_default)
         max_tokens = min(max_tokens, max_num_seqs * max_model_len)
+    if config.max_num_seqs is None:
+        # vLLM's own defaulting (EngineArgs): a max_num_seqs left unset is capped at the token
+        # budget, so a budget below the default's sequences starts rather than being refused.
+        max_num_seqs = min(max_num_seqs, max_tokens)
     if cpu:
         space_gib = config.cpu_kv_cache_space_gib or CPU_KV_DEFAULT_GIB
         fit = check_fit(

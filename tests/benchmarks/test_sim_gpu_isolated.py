@@ -90,9 +90,17 @@ def test_requests_that_took_the_simulated_times_score_ratios_of_one(tmp_path: Pa
     assert summary["outside_engine_ms_per_1k_tokens"] == pytest.approx(
         summary["sim_ttft_ms_per_1k_tokens_as_stored"] - summary["sim_prefill_ms_per_1k_tokens_as_stored"]
     )
+    assert summary["engine_prefill_mape_as_stored"] == pytest.approx(0.0, abs=1e-9)
     row = result["rows"][-1]
     assert row["sim_over_live_as_stored"]["ttft_p50_ms"]["value"] == pytest.approx(1.0)
     assert result["hardware"] == "h200" and result["prediction"].startswith("measured on h200")
+    # each length's prefill over the steps its chunks took at the budget (vLLM's default here)
+    budget = sim_gpu_isolated.simulated_budget(json.loads(live.read_text()), "h200")
+    for r in result["rows"]:
+        assert r["prefill_steps"] == -(-r["prompt_tokens"] // budget)
+        per_step = r["engine_prefill_ms_per_step"]
+        assert per_step["live"] == pytest.approx(r["live"]["engine_prefill_mean_ms"] / r["prefill_steps"])
+        assert per_step["as_stored"] == pytest.approx(per_step["live"])
 
 
 def test_a_slower_engine_shows_as_a_ratio_below_one(tmp_path: Path) -> None:

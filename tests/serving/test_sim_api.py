@@ -123,6 +123,20 @@ def test_engine_defaults_are_resolved_per_hardware() -> None:
         get_hardware("h200"),
     )
     assert off.max_num_batched_tokens == 32768
+    # as vLLM defaults it: an unset max_num_seqs is capped at a smaller token budget, a set one is
+    # kept (and then a budget below it is refused, as vLLM refuses it)
+    small, _, _ = resolve_config(
+        EngineConfig(max_num_batched_tokens=512), get_model("llama-3.1-8b"), get_hardware("h100")
+    )
+    assert (small.max_num_batched_tokens, small.max_num_seqs) == (512, 512)
+    from serving.engine import InvalidEngineConfig
+
+    with pytest.raises(InvalidEngineConfig):
+        resolve_config(
+            EngineConfig(max_num_batched_tokens=512, max_num_seqs=1024),
+            get_model("llama-3.1-8b"),
+            get_hardware("h100"),
+        )
 
 
 def test_requests_beyond_max_model_len_fail_like_the_engine_refuses_them() -> None:
