@@ -862,6 +862,46 @@ def score_group(
     return out
 
 
+def eager_floor_from(path: Path) -> dict[str, Any]:
+    """A floor under the steps run outside the CUDA graphs, from a `sim_gpu_isolated.py` live
+    file: the engine's own prefill time (scheduled to first token) of the shortest prompt it
+    measured that is one step and more tokens than vLLM's largest graph (over 512 tokens, within
+    the file's token budget), on an otherwise idle engine."""
+    from serving.sim.simulator import GRAPH_CAPTURE_TOKENS
+
+    raw = path.read_bytes()
+    live = json.loads(raw)
+    if live.get("benchmark") != "sim_gpu_isolated_live":
+        raise SystemExit(f"{path} is not a sim_gpu_isolated live file")
+    budget = live["method"].get("max_num_batched_tokens")
+    if budget is None:
+        from benchmarks.sim_gpu_isolated import simulated_budget
+
+        budget = simulated_budget(live, hardware_of(live["machine"]))
+    one_step = [
+        entry
+        for entry in live["lengths"]
+        if GRAPH_CAPTURE_TOKENS < entry["prompt_tokens"] <= budget
+        and not entry["errors"]
+        and entry["engine"].get("prefill_mean_ms")
+    ]
+    if not one_step:
+        raise SystemExit(
+            f"{path}: no prompt of one step over {GRAPH_CAPTURE_TOKENS} tokens (budget {budget}) was measured"
+        )
+    entry = min(one_step, key=lambda e: e["prompt_tokens"])
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "gpu": live["machine"].get("gpu"),
+        "model": live["model"],
+        "token_budget": int(budget),
+        "prompt_tokens": entry["prompt_tokens"],
+        "requests": entry["requests"],
+        "eager_step_floor_ms": float(entry["engine"]["prefill_mean_ms"]),
+    }
+
+
 # How far a case's prediction may sit from the plan's before they are not the same prediction
 # (the rows keep 3 decimals of a millisecond).
 PLAN_TOLERANCE = 1e-5
@@ -937,6 +977,13 @@ def score(args: argparse.Namespace) -> int:
             dataclasses.replace(stored, attention_split=0.0) if stored.attention_split > 0 else None
         )
         slower = [slower_steps(stored, f) for f in SLOWER_BAND]
+        # A what-if beside: the same calibration with a floor under the steps run outside the CUDA
+        # graphs, measured on single requests (`eager_floor_from`), not fitted.
+        floor_source = getattr(args, "eager_floor_from", None)
+        floor = eager_floor_from(floor_source) if floor_source is not None else None
+        floored = (
+            dataclasses.replace(stored, eager_step_floor_ms=floor["eager_step_floor_ms"]) if floor else None
+        )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
         what_if_groups: dict[str, Any] = {}
@@ -945,6 +992,8 @@ def score(args: argparse.Namespace) -> int:
         ablation_rows: list[dict[str, Any]] = []
         attention_groups: dict[str, Any] = {}
         attention_rows: list[dict[str, Any]] = []
+        floor_groups: dict[str, Any] = {}
+        floor_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -979,6 +1028,7 @@ def score(args: argparse.Namespace) -> int:
                 (what_if, what_if_groups, what_if_rows),
                 (no_token, ablation_groups, ablation_rows),
                 (whole_attention, attention_groups, attention_rows),
+                (floored, floor_groups, floor_rows),
             ):
                 if other is None:
                     continue
@@ -1139,6 +1189,20 @@ def score(args: argparse.Namespace) -> int:
             "groups": attention_groups,
             "rows": [{**r, "sim": _rounded(r["sim"])} for r in attention_rows],
         }
+    if floor is not None:
+        result["eager_floor_beside"] = {
+            "prediction": f"the same calibration with every step of more tokens than vLLM's largest CUDA "
+            f"graph costing at least {floor['eager_step_floor_ms']:.2f} ms (a what-if measured on single "
+            "requests, not fitted on these runs; these runs were seen before it was measured)",
+            "source": {
+                **floor,
+                "same_gpu_and_model": floor["gpu"] == live["machine"].get("gpu")
+                and floor["model"] == live["model"],
+            },
+            "summary": _summary(floor_groups, floor_rows),
+            "groups": floor_groups,
+            "rows": [{**r, "sim": _rounded(r["sim"])} for r in floor_rows],
+        }
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
     return 0
@@ -1277,6 +1341,13 @@ def main() -> int:
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
     s.add_argument("--out", type=Path, default=RESULT)
+    s.add_argument(
+        "--eager-floor-from",
+        type=Path,
+        default=None,
+        help="a sim_gpu_isolated live file: a what-if beside, with a floor under the steps outside the "
+        "CUDA graphs measured there",
+    )
     s.add_argument(
         "--plan",
         type=Path,

@@ -88,6 +88,11 @@ class Efficiency:
     # other); between, the weighted mean. A step of one kind only is the same either way. Set by
     # a live fit (a form the fit is given, not a fitted value); 0 where none says otherwise.
     attention_split: float = 0.0
+    # The least wall time of an engine step run outside the CUDA graphs (more tokens than the
+    # largest graph captured, `StepTimeModel.graph_max_tokens`): the host launching the layers'
+    # kernels one by one, which a small step's GPU work does not hide. A what-if measured on
+    # single requests (`benchmarks/sim_gpu_isolated.py`), not fitted; 0 where none is given.
+    eager_step_floor_ms: float = 0.0
 
     @property
     def moe_measured(self) -> bool:
@@ -100,6 +105,7 @@ class Efficiency:
             "prompt_token_overhead_ms",
             "token_compute_share",
             "attention_split",
+            "eager_step_floor_ms",
             *MOE_FIT_FIELDS,
         }
         optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
@@ -325,10 +331,14 @@ class StepTimeModel:
         efficiency: Efficiency | None = None,
         basis: str | None = None,
         compute_parallelism: float = 1.0,
+        graph_max_tokens: int | None = None,
     ) -> None:
         """`compute_parallelism`: how many times the cores the calibration's engine computed on
         (a CPU engine given every core where vLLM keeps one for its frontend: 2.0 on 2 cores);
-        the compute and memory times are divided by it, the fixed costs are not."""
+        the compute and memory times are divided by it, the fixed costs are not.
+        `graph_max_tokens`: the most tokens a step the engine runs inside its CUDA graphs holds (0:
+        none, an eager engine); a step of more costs at least the efficiency's
+        `eager_step_floor_ms`. None: graphs unknown, no floor."""
         self.model = model
         self.hardware = hardware
         self.tp = tensor_parallel_size
@@ -398,6 +408,10 @@ class StepTimeModel:
             raise ValueError(f"attention_split must be in [0, 1], not {eff.attention_split}")
         self._attention_split = eff.attention_split
         self._overhead_fixed = eff.step_overhead_ms / 1000.0
+        if eff.eager_step_floor_ms < 0:
+            raise ValueError(f"eager_step_floor_ms must be >= 0, not {eff.eager_step_floor_ms}")
+        self._eager_floor = eff.eager_step_floor_ms / 1000.0 if graph_max_tokens is not None else 0.0
+        self.graph_max_tokens = graph_max_tokens if graph_max_tokens is not None else 0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
         self._overhead_token = (
             eff.token_overhead_ms / 1000.0
@@ -478,7 +492,15 @@ class StepTimeModel:
         )
         comm = self._comm_fixed + num_tokens * self._comm_per_token if self.tp > 1 else 0.0
         overhead = self._overhead_fixed + num_seqs * self._overhead_seq + num_tokens * self._overhead_token
+        if self._eager_floor and num_tokens > self.graph_max_tokens:
+            short = self._eager_floor - (gemm + attention + comm + overhead)
+            if short > 0:  # the host's launches, not the GPU's work, set this step's time
+                overhead += short
         return gemm, attention, comm, overhead
+
+    def eager_floored(self, num_tokens: int) -> bool:
+        """Whether a step of `num_tokens` runs outside the CUDA graphs under a floor."""
+        return bool(self._eager_floor) and num_tokens > self.graph_max_tokens
 
     def step_seconds(
         self,
@@ -511,6 +533,8 @@ class StepTimeModel:
         )
         if self.tp > 1:
             total += self._comm_fixed + num_tokens * self._comm_per_token
+        if self._eager_floor and num_tokens > self.graph_max_tokens and total < self._eager_floor:
+            return self._eager_floor
         return total
 
     def _attention_seconds(

@@ -117,6 +117,21 @@ def resolve_config(
     return sched, weight_format, kv_format
 
 
+# vLLM's largest CUDA graph by default: min(2 x max_num_seqs, 512) tokens
+# (`max_cudagraph_capture_size`); a step of more runs outside the graphs.
+GRAPH_CAPTURE_TOKENS = 512
+
+
+def graph_max_tokens(config: EngineConfig, sched: SchedulerConfig, hardware: Hardware) -> int | None:
+    """The most tokens a step the engine runs inside its CUDA graphs holds: 0 for an eager
+    engine, None off the GPU (no graphs to leave)."""
+    if hardware.kind != "gpu":
+        return None
+    if config.enforce_eager:
+        return 0
+    return min(2 * sched.max_num_seqs, GRAPH_CAPTURE_TOKENS)
+
+
 def _scheduler_config(**fields: Any) -> SchedulerConfig:
     try:
         return SchedulerConfig(**fields)
@@ -331,6 +346,7 @@ def simulate(
             tensor_parallel_size=config.tensor_parallel_size,
             efficiency=efficiency,
             compute_parallelism=cpu_compute_parallelism(config) if hardware.kind == "cpu" else 1.0,
+            graph_max_tokens=graph_max_tokens(config, sched_cfg, hardware),
         )
     if sched_cfg.num_speculative_tokens and rng is None:
         rng = np.random.default_rng(0)
@@ -604,7 +620,7 @@ class _Loop:
                 k = left
             ctx0 += tokens
             rooms.append(len(req.blocks) * bs - computed)
-        if k < 2:
+        if k < 2 or self.m.eager_floored(n):  # a floored step's time is not linear in the context
             return False
         # A decode step's parts grow linearly with the context (n more tokens per step): the
         # first step's and their growth give every step of the stretch, and its sums.

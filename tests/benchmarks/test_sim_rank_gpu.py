@@ -377,3 +377,48 @@ def test_the_score_checks_its_predictions_are_the_plans(tmp_path: Path) -> None:
     path.write_text(json.dumps({"benchmark": "sim_rank_gpu_live"}))
     with pytest.raises(SystemExit, match="not a sim_rank_gpu plan"):
         sim_rank_gpu.plan_agreement(path, rows, None)
+
+
+def _isolated_live(tmp_path: Path, lengths: dict[int, float], budget: int | None) -> Path:
+    path = tmp_path / "isolated_live.json"
+    entries = [
+        {"prompt_tokens": n, "requests": 5, "errors": 0, "engine": {"prefill_mean_ms": ms}}
+        for n, ms in lengths.items()
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": "sim_gpu_isolated_live",
+                "machine": {"gpu": "NVIDIA H200, 143771 MiB"},
+                "model": "llama-3.2-3b",
+                "model_config": LLAMA_3B,
+                "method": {"max_num_batched_tokens": budget, "max_model_len": 32768},
+                "lengths": entries,
+            }
+        )
+    )
+    return path
+
+
+def test_a_measured_floor_under_the_steps_outside_the_graphs_is_scored_beside(tmp_path: Path) -> None:
+    # the shortest one-step prompt over 512 tokens within the budget sets the floor
+    iso = _isolated_live(tmp_path, {512: 9.0, 1024: 60.0, 4096: 200.0}, budget=1024)
+    floor = sim_rank_gpu.eager_floor_from(iso)
+    assert (floor["prompt_tokens"], floor["eager_step_floor_ms"], floor["token_budget"]) == (1024, 60.0, 1024)
+    live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0))
+    out = tmp_path / "scored.json"
+    sim_rank_gpu.score(argparse.Namespace(live=live, out=out, eager_floor_from=iso))
+    result = json.loads(out.read_text())
+    beside = result["eager_floor_beside"]
+    assert beside["source"]["same_gpu_and_model"] is True
+    floored = {r["config"]: r["sim"] for r in beside["rows"]}
+    for row in result["rows"]:
+        # a floor only lengthens steps: every prediction is at least the calibration's own
+        assert floored[row["config"]]["ttft_p50_ms"] >= row["sim"]["ttft_p50_ms"] - 1e-6
+        assert floored[row["config"]]["busy_s"] >= row["sim"]["busy_s"] - 1e-6
+    # a budget of 1,024 takes its prompts over 512 tokens in steps under the 60 ms floor
+    budget = next(r for r in result["rows"] if r["config"] == "budget_1024")
+    assert floored["budget_1024"]["busy_s"] > budget["sim"]["busy_s"]
+    # nothing to measure a floor from: refused, saying why
+    with pytest.raises(SystemExit, match="no prompt of one step over 512"):
+        sim_rank_gpu.eager_floor_from(_isolated_live(tmp_path, {256: 5.0, 2048: 30.0}, budget=1024))

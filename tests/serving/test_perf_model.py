@@ -518,3 +518,40 @@ def test_a_split_attention_costs_a_mixed_steps_chunks_and_decodes_each_at_its_ow
         apply_live_fit(GPU_EFF, {"fitted": {"attention_split": 2.0}})
     with pytest.raises(ValueError, match="attention_split must be in"):
         StepTimeModel(model, hardware, efficiency=dataclasses.replace(GPU_EFF, attention_split=-1.0))
+
+
+def test_a_step_outside_the_cuda_graphs_costs_at_least_the_eager_floor() -> None:
+    from serving.engine import EngineConfig
+    from serving.loadgen.traces import TraceRequest
+    from serving.perf.model import nearest_measured
+    from serving.sim import simulate
+
+    model, hw = get_model("llama-3.1-8b"), get_hardware("h100")
+    stored, _ = nearest_measured(hw)
+    floored = dataclasses.replace(stored, eager_step_floor_ms=200.0)
+    plain = StepTimeModel(model, hw, efficiency=floored)  # graphs unknown: no floor
+    inside = StepTimeModel(model, hw, efficiency=floored, graph_max_tokens=512)
+    args = (1024, 1, 1, 1024 * 512.5, 0, 0)
+    assert plain.step_seconds(*args) < 0.200
+    assert inside.step_seconds(*args) == pytest.approx(0.200)
+    assert sum(inside.step_parts(*args)) == pytest.approx(0.200)  # the gap is the host's overhead
+    small = (512, 1, 1, 512 * 256.5, 0, 0)  # inside the graphs: as before
+    assert inside.step_seconds(*small) == pytest.approx(plain.step_seconds(*small))
+    eager = StepTimeModel(model, hw, efficiency=floored, graph_max_tokens=0)  # enforce_eager
+    assert eager.step_seconds(1, 1, 1, 0.0, 0, 1000) == pytest.approx(0.200)
+    with pytest.raises(ValueError, match="eager_step_floor_ms"):
+        StepTimeModel(model, hw, efficiency=dataclasses.replace(stored, eager_step_floor_ms=-1.0))
+    # In the simulator: a 2,048-token prompt at a budget of 1,024 takes two floored steps, its
+    # decodes (one sequence, inside the graphs) none; the graphs go with enforce_eager.
+    trace = [TraceRequest(arrival_s=0.0, num_prompt_tokens=2048, num_output_tokens=4)]
+    config = EngineConfig(max_num_batched_tokens=1024, max_model_len=4096)
+    base = simulate(trace, model=model, hardware=hw, config=config, efficiency=stored)
+    with_floor = simulate(trace, model=model, hardware=hw, config=config, efficiency=floored)
+    assert with_floor.requests[0].ttft_ms > base.requests[0].ttft_ms
+    assert with_floor.busy_s == pytest.approx(
+        base.busy_s - sum(s for n, (_, s) in base.step_tokens.items() if n > 512) + 2 * 0.200
+    )
+    assert with_floor.requests[0].tpot_ms == pytest.approx(base.requests[0].tpot_ms)
+    eager_config = EngineConfig(max_num_batched_tokens=1024, max_model_len=4096, enforce_eager=True)
+    all_eager = simulate(trace, model=model, hardware=hw, config=eager_config, efficiency=floored)
+    assert all_eager.requests[0].tpot_ms == pytest.approx(200.0, rel=0.05)
