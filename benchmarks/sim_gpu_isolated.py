@@ -188,29 +188,23 @@ def measure(args: argparse.Namespace) -> int:
                 # engine meets for the first time can pay a one-off cost (on the H100 the first of
                 # five requests at 768 tokens took 39.4 ms on the 1B and 44.7 on the 3B, the four
                 # after 22.9-31.2 and 25.3-27.1), which would bias the engine's mean over the few.
-                warm = work / f"warm{length}.jsonl"
-                block = write_requests(warm, length, 1, args.output_tokens, block)
-                replay_trace(
-                    endpoint=url,
-                    trace=warm,
-                    max_prompt_tokens=length,
-                    max_output_tokens=args.output_tokens,
-                    seed=length,
-                    progress=False,
-                    request_timeout_s=120.0,
-                )
-                path = work / f"len{length}.jsonl"
-                block = write_requests(path, length, args.repeats, args.output_tokens, block)
+                def send(name: str, count: int, length: int = length) -> Any:
+                    nonlocal block
+                    path = work / f"{name}{length}.jsonl"
+                    block = write_requests(path, length, count, args.output_tokens, block)
+                    return replay_trace(
+                        endpoint=url,
+                        trace=path,
+                        max_prompt_tokens=length,
+                        max_output_tokens=args.output_tokens,
+                        seed=length,
+                        progress=False,
+                        request_timeout_s=120.0,
+                    )
+
+                send("warm", 1)
                 before = scrape(url)
-                result = replay_trace(
-                    endpoint=url,
-                    trace=path,
-                    max_prompt_tokens=length,
-                    max_output_tokens=args.output_tokens,
-                    seed=length,
-                    progress=False,
-                    request_timeout_s=120.0,
-                )
+                result = send("len", args.repeats)
                 delta = snapshot_delta(before, scrape(url))
                 ok = [r for r in result.requests if r.ok]
                 entry = {
