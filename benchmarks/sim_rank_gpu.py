@@ -49,11 +49,11 @@ Three steps, one script:
    the step model explains. Each case's sampling steps as vLLM's tokens-per-iteration histogram
    (`vllm:iteration_tokens_total`) records them are kept by `measure` and set beside the
    simulated ones counted the same way (`sampled_steps_live_over_sim`): vLLM records a step only
-   where it samples a token and counts each prompt whole in the step of its first token, so the
-   prompt-chunk steps before it appear in no count (the files of 2026-12-07 named this count
-   `steps`; it is not every engine step, nor are its steps over 512 tokens those run outside
-   the CUDA graphs, as that day's code said). Beside them, the GPU's busy seconds (mean
-   utilisation x window) beside the simulated steps' (`gpu_busy_s`),
+   where it samples a token and counts each prompt's computed tokens (less its prefix-cache hit)
+   in the step of its first token, so the prompt-chunk steps before it appear in no count (the
+   files of 2026-12-07 named this count `steps`; it is not every engine step, nor are its steps
+   over 512 tokens those run outside the CUDA graphs, as that day's code said). Beside them, the
+   GPU's busy seconds (mean utilisation x window) beside the simulated steps' (`gpu_busy_s`),
    and the first request's TTFT (it meets an idle engine: the unloaded prefill) beside the
    simulated one (`first_request_ttft_ms`).
 
@@ -339,9 +339,9 @@ def live_case(
 def step_counts(step_tokens: Any) -> dict[str, float | None]:
     """The steps vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) recorded
     over a case: how many, and their mean tokens. vLLM records a step only where it samples a
-    token, counting the tokens sampled and each prompt whole in the step that samples its first
-    token (`IterationStats`); a step that only advances prompt chunks is in no count. Both None
-    where the engine does not export the histogram."""
+    token, counting the tokens sampled and each prompt's computed tokens (less its prefix-cache
+    hit) in the step that samples its first token (`IterationStats`); a step that only advances
+    prompt chunks is in no count. Both None where the engine does not export the histogram."""
     if not step_tokens.bounds or step_tokens.count <= 0:
         return {"sampled_steps": None, "sampled_step_tokens_mean": None}
     return {"sampled_steps": step_tokens.count, "sampled_step_tokens_mean": round(step_tokens.mean, 3)}

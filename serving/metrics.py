@@ -173,7 +173,8 @@ class VllmSnapshot:
     prompt_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
     output_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)
     # vLLM's tokens per iteration: recorded for each engine step that samples a token, counting
-    # the tokens sampled and each prompt whole (cached or not) in the step of its first token. A
+    # the tokens sampled and each prompt's computed tokens (less its prefix-cache hit) in the step
+    # of its first token. A
     # step that only advances prompt chunks is in no count, so its count is the sampling steps,
     # not every step (`serving.sim` counts its own steps the same way to set beside it).
     step_tokens: Histogram = field(default_factory=Histogram.empty, repr=False)

@@ -181,8 +181,9 @@ class Scheduler:
         # per-stream cost reads how many were open when a request was sent.
         self.first_token_times: list[float] = []
         # What vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) adds up: the
-        # tokens sampled, and each prompt whole in the step that samples its first token (a step
-        # that only advances prompt chunks samples nothing, and vLLM records nothing for it).
+        # tokens sampled, and each prompt's computed tokens (less its prefix-cache hit) in the step
+        # that samples its first token (a step that only advances prompt chunks samples nothing,
+        # and vLLM records nothing for it).
         self.sampled_tokens_total = 0
         self.first_token_prompt_tokens_total = 0
         self.finish_times: list[float] = []
@@ -415,7 +416,8 @@ class Scheduler:
             req.num_output_tokens += produced
             sampled += produced
             if req.first_token_s is None:
-                self.first_token_prompt_tokens_total += req.num_prompt_tokens
+                # the prompt tokens it computed: those its prefix-cache hit skipped are not counted
+                self.first_token_prompt_tokens_total += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
                 req.first_token_s = end_s
                 self.first_token_times.append(end_s)
             elif req.itl_s is not None and req.last_token_s is not None:

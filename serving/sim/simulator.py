@@ -273,6 +273,7 @@ class SimResult:
     num_steps: int
     num_preemptions: int
     prefix_cache_hit_rate: float  # cached prompt tokens / admitted prompt tokens
+    num_prompt_tokens_cached: int  # prompt tokens a prefix-cache hit skipped, at first admission
     max_kv_blocks_used: int
     busy_s: float  # simulated time the engine spent in steps
     wall_s: float  # real time the simulation took
@@ -281,8 +282,9 @@ class SimResult:
     step_tokens: Mapping[int, tuple[int, float]] = field(default_factory=dict, repr=False)
     # The steps vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) records, by
     # the tokens it counts -> how many: a step is recorded only where it samples a token, and
-    # counts each prompt whole in the step that samples its first token, so its prompt chunks
-    # before that are in no step's count (what the live engine's histogram is set beside).
+    # counts each prompt's computed tokens (less its prefix-cache hit) in the step that samples
+    # its first token, so its prompt chunks before that are in no step's count (what the live
+    # engine's histogram is set beside).
     sampled_step_tokens: Mapping[int, int] = field(default_factory=dict, repr=False)
 
 
@@ -428,6 +430,7 @@ def simulate(
         num_steps=loop.num_steps,
         num_preemptions=scheduler.num_preemptions,
         prefix_cache_hit_rate=scheduler.num_prompt_tokens_cached / admitted if admitted else 0.0,
+        num_prompt_tokens_cached=scheduler.num_prompt_tokens_cached,
         max_kv_blocks_used=loop.max_blocks_used,
         busy_s=loop.busy_s,
         wall_s=time.perf_counter() - started,

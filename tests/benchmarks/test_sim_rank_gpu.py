@@ -165,7 +165,7 @@ def test_each_case_is_predicted_with_slower_steps_and_placed_against_that_band(t
         # the simulated engine's steps, to set beside the live engine's
         sim = row["sim"]
         assert sim["steps"] > 0 and 1 <= sim["step_tokens_mean"] <= 8192 and sim["step_mean_ms"] > 0
-        # those vLLM's histogram records: only steps that sample, each prompt counted whole
+        # those vLLM's histogram records: only steps that sample, each prompt's computed tokens
         assert 0 < sim["sampled_steps"] <= sim["steps"]
         assert (
             sim["sampled_step_tokens_mean"] * sim["sampled_steps"]

@@ -148,13 +148,12 @@ def test_simulate_results_are_consistent(
         assert res.ttft_ms is not None and res.e2e_ms is not None
         assert res.ttft_ms > 0 and res.e2e_ms >= res.ttft_ms
         assert res.num_output_tokens == req.num_output_tokens
-    # vLLM's tokens-per-iteration count: every prompt once, whole, and every sampled token, over
-    # the steps that sampled (one for each token of the longest output at least); chunk-only
-    # steps are in no count.
+    # vLLM's tokens-per-iteration count: every prompt once, less its prefix-cache hit, and every
+    # sampled token, over the steps that sampled (one for each token of the longest output at
+    # least); chunk-only steps are in no count.
     counted = result.sampled_step_tokens
-    assert sum(n * c for n, c in counted.items()) == sum(
-        r.num_prompt_tokens + r.num_output_tokens for r in trace
-    )
+    everything = sum(r.num_prompt_tokens + r.num_output_tokens for r in trace)
+    assert sum(n * c for n, c in counted.items()) == everything - result.num_prompt_tokens_cached
     assert max(r.num_output_tokens for r in trace) <= sum(counted.values()) <= result.num_steps
     for row in result.attribution.requests:
         parts = (
