@@ -312,17 +312,17 @@ def _summary(rows: Sequence[dict[str, Any]], variants: Sequence[str]) -> dict[st
     return summary
 
 
-def simulated_budget(live: dict[str, Any], hardware: str) -> int:
+def simulated_budget(live: dict[str, Any], hardware: str, model: Any = None) -> int:
     """The token budget the live engine ran with: the one set, or vLLM's default for the hardware
-    as the simulator resolves it."""
+    as the simulator resolves it (for `model`, or the live file's own)."""
     from serving.catalog.hardware import get_hardware
     from serving.catalog.models import model_spec_from_dir
     from serving.sim.simulator import resolve_config
 
-    with tempfile.TemporaryDirectory() as scratch:
-        model_dir = Path(scratch)
-        (model_dir / "config.json").write_text(json.dumps(live["model_config"]))
-        model = model_spec_from_dir(model_dir)
+    if model is None:
+        with tempfile.TemporaryDirectory() as scratch:
+            (Path(scratch) / "config.json").write_text(json.dumps(live["model_config"]))
+            model = model_spec_from_dir(scratch)
     sched, _, _ = resolve_config(simulated_config(live["method"]), model, get_hardware(hardware))
     return int(sched.max_num_batched_tokens)
 
@@ -397,12 +397,12 @@ def score(args: argparse.Namespace) -> int:
     }
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
-    budget = simulated_budget(live, hardware)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "model"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(live["model_config"]))
         model = model_spec_from_dir(model_dir)
+        budget = simulated_budget(live, hardware, model)
         for entry in live["lengths"]:
             measured = {
                 "ttft_p50_ms": _median_ci(entry["ttft_ms"], rng),

@@ -180,12 +180,11 @@ class Scheduler:
         # When streams opened (first tokens) and closed (finishes), in time order: the frontend's
         # per-stream cost reads how many were open when a request was sent.
         self.first_token_times: list[float] = []
-        # What vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) adds up: the
-        # tokens sampled, and each prompt's computed tokens (less its prefix-cache hit) in the step
-        # that samples its first token (a step that only advances prompt chunks samples nothing,
-        # and vLLM records nothing for it).
-        self.sampled_tokens_total = 0
-        self.first_token_prompt_tokens_total = 0
+        # What vLLM's tokens-per-iteration histogram (`vllm:iteration_tokens_total`) counts for the
+        # last step: the tokens sampled, and each prompt's computed tokens (less its prefix-cache
+        # hit) in the step that samples its first token; 0 for a step that only advances prompt
+        # chunks (it samples nothing, and vLLM records nothing for it).
+        self.step_counted_tokens = 0
         self.finish_times: list[float] = []
 
     # -- contract ------------------------------------------------------------------------------
@@ -377,7 +376,7 @@ class Scheduler:
         # Scheduled requests are running ones, each once: when all ran, none waited for a chunk.
         everyone = len(out.scheduled) == len(self.running)
         finish_times = self.finish_times
-        sampled = 0
+        counted = 0  # what vLLM's iteration histogram counts for this step
         for req, num_new, drafts in out.scheduled:
             if not drafts and req.first_token_s is not None:
                 # Past its first token, no drafts (a decode, or a recompute after preemption):
@@ -389,7 +388,7 @@ class Scheduler:
                     continue
                 left = req.max_output_tokens - out_tokens
                 produced = 1 if left > 1 else left  # min(1, left)
-                sampled += produced
+                counted += produced
                 out_tokens += produced
                 req.num_output_tokens = out_tokens
                 if req.itl_s is not None and req.last_token_s is not None:
@@ -414,10 +413,10 @@ class Scheduler:
             req.num_computed_tokens -= drafts - accepted
             produced = min(1 + accepted, req.max_output_tokens - req.num_output_tokens)
             req.num_output_tokens += produced
-            sampled += produced
+            counted += produced
             if req.first_token_s is None:
                 # the prompt tokens it computed: those its prefix-cache hit skipped are not counted
-                self.first_token_prompt_tokens_total += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
+                counted += req.num_prompt_tokens - max(req.num_cached_tokens, 0)
                 req.first_token_s = end_s
                 self.first_token_times.append(end_s)
             elif req.itl_s is not None and req.last_token_s is not None:
@@ -427,7 +426,7 @@ class Scheduler:
                 req.finish_s = end_s
                 self.finish_times.append(end_s)
                 finished.append(req)
-        self.sampled_tokens_total += sampled
+        self.step_counted_tokens = counted
         if finished:
             for req in finished:  # a few per step: removed in place (a C-level scan each)
                 self.running.remove(req)

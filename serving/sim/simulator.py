@@ -573,9 +573,8 @@ class _Loop:
             used = pool.fresh - len(pool.free)  # pool.num_used, inlined (hot path)
             if used > self.max_blocks_used:
                 self.max_blocks_used = used
-            sampled_before = s.sampled_tokens_total + s.first_token_prompt_tokens_total
             s.update_from_output(out, now, now + dt)
-            counted = s.sampled_tokens_total + s.first_token_prompt_tokens_total - sampled_before
+            counted = s.step_counted_tokens
             if counted:
                 sampled_step_tokens[counted] = sampled_step_tokens.get(counted, 0) + 1
             now += dt
@@ -693,7 +692,7 @@ class _Loop:
             self.blocked_steps[blocked] = self.blocked_steps.get(blocked, 0.0) + total
         self.num_steps += k
         self.busy_s += total
-        s.sampled_tokens_total += k * n  # each of the k steps samples one token for each of the n
+        # each of the k steps samples one token for each of the n (vLLM's histogram counts n)
         self.sampled_step_tokens[n] = self.sampled_step_tokens.get(n, 0) + k
         entry = self.step_tokens.get(n)
         if entry is None:
