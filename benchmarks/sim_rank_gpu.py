@@ -982,7 +982,11 @@ def score(args: argparse.Namespace) -> int:
         floor_source = getattr(args, "eager_floor_from", None)
         floor = eager_floor_from(floor_source) if floor_source is not None else None
         floored = (
-            dataclasses.replace(stored, eager_step_floor_ms=floor["eager_step_floor_ms"]) if floor else None
+            dataclasses.replace(
+                stored, eager_step_floor_ms=floor["eager_step_floor_ms"], eager_layer_floor_us=0.0
+            )
+            if floor
+            else None
         )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}

@@ -90,9 +90,12 @@ class Efficiency:
     attention_split: float = 0.0
     # The least wall time of an engine step run outside the CUDA graphs (more tokens than the
     # largest graph captured, `StepTimeModel.graph_max_tokens`): the host launching the layers'
-    # kernels one by one, which a small step's GPU work does not hide. A what-if measured on
-    # single requests (`benchmarks/sim_gpu_isolated.py`), not fitted; 0 where none is given.
+    # kernels one by one, which a small step's GPU work does not hide. A fixed part and a part per
+    # layer (each layer's kernels are launched in turn), fitted on single requests of several
+    # model depths (`benchmarks/sim_gpu_eager_floor.py`, stored in `data/<name>_eager.json`) or
+    # given as a what-if; 0 where none is measured.
     eager_step_floor_ms: float = 0.0
+    eager_layer_floor_us: float = 0.0
 
     @property
     def moe_measured(self) -> bool:
@@ -105,7 +108,7 @@ class Efficiency:
             "prompt_token_overhead_ms",
             "token_compute_share",
             "attention_split",
-            "eager_step_floor_ms",
+            *EAGER_FIT_FIELDS,
             *MOE_FIT_FIELDS,
         }
         optional = {"format_factors", "format_memory_factors", "format_attention_factors", *scalars}
@@ -139,6 +142,8 @@ class Efficiency:
             step_overhead_ms=self.step_overhead_ms * step,
             seq_overhead_ms=self.seq_overhead_ms * step,
             token_overhead_ms=self.token_overhead_ms * step,
+            eager_step_floor_ms=self.eager_step_floor_ms * step,
+            eager_layer_floor_us=self.eager_layer_floor_us * step,
             how=f"{self.how}; {why}",
         )
 
@@ -176,6 +181,9 @@ LIVE_FIT_FIELDS = (
 PRIORS_CLAUSE = "step, request and communication costs are priors, not measured"
 # What a fit of vLLM's fused-MoE op timings may set (`data/<name>_moe.json`, key `fitted`).
 MOE_FIT_FIELDS = ("moe_floor_us", "moe_memory_efficiency", "moe_gemm_efficiency")
+# What a fit of the floor under steps run outside the CUDA graphs may set (`data/<name>_eager.json`,
+# key `fitted`): it is the host's (its CPU launching kernels), so it is measured per host.
+EAGER_FIT_FIELDS = ("eager_step_floor_ms", "eager_layer_floor_us")
 
 
 def apply_live_fit(efficiency: Efficiency, live: dict[str, object]) -> Efficiency:
@@ -216,14 +224,31 @@ def apply_moe_fit(efficiency: Efficiency, fit: dict[str, object]) -> Efficiency:
     return Efficiency.from_mapping({**efficiency.to_mapping(), **values, "how": how})
 
 
-def load_efficiency(hardware: str, *, live: bool = True, moe: bool = True) -> Efficiency | None:
+def apply_eager_fit(efficiency: Efficiency, fit: dict[str, object]) -> Efficiency:
+    """`efficiency` with the floor under steps outside the CUDA graphs fitted on single requests
+    (`fit["fitted"]`: a fixed part, a part per layer)."""
+    fitted = fit.get("fitted")
+    if not isinstance(fitted, dict) or not fitted or not set(fitted) <= set(EAGER_FIT_FIELDS):
+        raise ValueError(f"an eager-floor fit needs a 'fitted' mapping of {', '.join(EAGER_FIT_FIELDS)}")
+    values = {k: float(v) for k, v in fitted.items()}
+    if not all(v >= 0 and math.isfinite(v) for v in values.values()):
+        raise ValueError("an eager-floor fit needs finite, non-negative values")
+    how = f"{efficiency.how}; {fit.get('how') or 'floor under steps outside the CUDA graphs fitted'}"
+    return Efficiency.from_mapping({**efficiency.to_mapping(), **values, "how": how})
+
+
+def load_efficiency(
+    hardware: str, *, live: bool = True, moe: bool = True, eager: bool = True
+) -> Efficiency | None:
     """The calibrated factors stored for `hardware`, if any (`data/<name>.json`, key `efficiency`).
 
     With `live` (the default), engine overheads fitted on live engine runs of that hardware
     (`data/<name>_live.json`, written by `benchmarks/sim_gpu_fit.py`) replace the stored ones;
     `live=False` gives the operator calibration alone (its overheads are then priors). With
     `moe` (the default), the fused-MoE op's fit (`data/<name>_moe.json`, written by
-    `benchmarks/sim_moe_decode.py`) costs MoE layers; `moe=False` costs them like dense ones."""
+    `benchmarks/sim_moe_decode.py`) costs MoE layers; `moe=False` costs them like dense ones. With
+    `eager` (the default), the floor under steps outside the CUDA graphs fitted on this host's
+    single requests (`data/<name>_eager.json`, written by `benchmarks/sim_gpu_eager_floor.py`)."""
     name = hardware.replace("-", "_")
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
@@ -239,6 +264,9 @@ def load_efficiency(hardware: str, *, live: bool = True, moe: bool = True) -> Ef
     moe_path = DATA_DIR / f"{name}_moe.json"
     if moe and moe_path.exists():
         efficiency = apply_moe_fit(efficiency, json.loads(moe_path.read_text()))
+    eager_path = DATA_DIR / f"{name}_eager.json"
+    if eager and eager_path.exists():
+        efficiency = apply_eager_fit(efficiency, json.loads(eager_path.read_text()))
     return efficiency
 
 
@@ -338,7 +366,7 @@ class StepTimeModel:
         the compute and memory times are divided by it, the fixed costs are not.
         `graph_max_tokens`: the most tokens a step the engine runs inside its CUDA graphs holds (0:
         none, an eager engine); a step of more costs at least the efficiency's
-        `eager_step_floor_ms`. None: graphs unknown, no floor."""
+        `eager_step_floor_ms` plus `eager_layer_floor_us` per layer. None: graphs unknown, no floor."""
         self.model = model
         self.hardware = hardware
         self.tp = tensor_parallel_size
@@ -408,9 +436,15 @@ class StepTimeModel:
             raise ValueError(f"attention_split must be in [0, 1], not {eff.attention_split}")
         self._attention_split = eff.attention_split
         self._overhead_fixed = eff.step_overhead_ms / 1000.0
-        if eff.eager_step_floor_ms < 0:
-            raise ValueError(f"eager_step_floor_ms must be >= 0, not {eff.eager_step_floor_ms}")
-        self._eager_floor = eff.eager_step_floor_ms / 1000.0 if graph_max_tokens is not None else 0.0
+        for name in EAGER_FIT_FIELDS:
+            if not getattr(eff, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(eff, name)}")
+        self.eager_floor_s = (
+            eff.eager_step_floor_ms / 1e3 + model.num_layers * eff.eager_layer_floor_us / 1e6
+            if graph_max_tokens is not None
+            else 0.0
+        )
+        self._eager_floor = self.eager_floor_s
         self.graph_max_tokens = graph_max_tokens if graph_max_tokens is not None else 0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
         self._overhead_token = (

@@ -528,7 +528,7 @@ def test_a_step_outside_the_cuda_graphs_costs_at_least_the_eager_floor() -> None
 
     model, hw = get_model("llama-3.1-8b"), get_hardware("h100")
     stored, _ = nearest_measured(hw)
-    floored = dataclasses.replace(stored, eager_step_floor_ms=200.0)
+    floored = dataclasses.replace(stored, eager_step_floor_ms=200.0, eager_layer_floor_us=0.0)
     plain = StepTimeModel(model, hw, efficiency=floored)  # graphs unknown: no floor
     inside = StepTimeModel(model, hw, efficiency=floored, graph_max_tokens=512)
     args = (1024, 1, 1, 1024 * 512.5, 0, 0)
@@ -555,3 +555,30 @@ def test_a_step_outside_the_cuda_graphs_costs_at_least_the_eager_floor() -> None
     eager_config = EngineConfig(max_num_batched_tokens=1024, max_model_len=4096, enforce_eager=True)
     all_eager = simulate(trace, model=model, hardware=hw, config=eager_config, efficiency=floored)
     assert all_eager.requests[0].tpot_ms == pytest.approx(200.0, rel=0.05)
+
+
+def test_the_eager_floor_has_a_part_per_layer_and_scales_with_the_steps() -> None:
+    from serving.perf.model import apply_eager_fit, nearest_measured
+
+    hw = get_hardware("h100")
+    stored, _ = nearest_measured(hw)
+    fit = apply_eager_fit(stored, {"fitted": {"eager_step_floor_ms": 1.0, "eager_layer_floor_us": 500.0}})
+    assert (fit.eager_step_floor_ms, fit.eager_layer_floor_us) == (1.0, 500.0)
+    small, big = get_model("llama-3.1-8b"), get_model("qwen3-8b")  # 32 and 36 layers
+    for model, floor_s in ((small, 0.001 + 32 * 0.0005), (big, 0.001 + 36 * 0.0005)):
+        steps = StepTimeModel(model, hw, efficiency=fit, graph_max_tokens=512)
+        assert steps.eager_floor_s == pytest.approx(floor_s)
+        assert steps.step_seconds(600, 1, 1, 600 * 300.5, 0, 0) >= floor_s - 1e-12
+    # `scaled` (a slower engine) lengthens the floor with the other fixed costs
+    slow = fit.scaled(compute=2.0, step=2.0, why="test")
+    assert (slow.eager_step_floor_ms, slow.eager_layer_floor_us) == (2.0, 1000.0)
+    for bad in (
+        {},
+        {"eager_step_floor_ms": -1.0},
+        {"step_overhead_ms": 1.0},
+        {"eager_layer_floor_us": float("nan")},
+    ):
+        with pytest.raises(ValueError, match="eager-floor fit"):
+            apply_eager_fit(stored, {"fitted": bad})
+    with pytest.raises(ValueError, match="eager_layer_floor_us"):
+        StepTimeModel(small, hw, efficiency=dataclasses.replace(stored, eager_layer_floor_us=-1.0))
