@@ -93,6 +93,7 @@ class Point:
     sim_ms: float
     requests: int
     warmed_up: bool
+    median_of_each: bool  # live_ms from the per-request median (else the length's mean)
 
     @property
     def outside(self) -> bool:
@@ -188,7 +189,10 @@ def read_points(path: Path, scratch: Path) -> tuple[list[Point], dict[str, Any]]
     points: list[Point] = []
     for entry in live["lengths"]:
         n = int(entry["prompt_tokens"])
-        prefill = entry["engine"].get("prefill_mean_ms")
+        # The median of the engine's per-request prefill times where the file has them (one slow
+        # request cannot move it), else its mean over the length's requests.
+        each = [float(v) for v in entry["engine"].get("prefill_ms_each") or [] if v]
+        prefill = float(np.median(each)) if each else entry["engine"].get("prefill_mean_ms")
         steps = math.ceil(n / budget)
         # Only lengths whose steps all hold the same number of tokens: one step, or whole chunks.
         if entry["errors"] or not prefill or (steps > 1 and n % budget):
@@ -207,6 +211,7 @@ def read_points(path: Path, scratch: Path) -> tuple[list[Point], dict[str, Any]]
                 sim_ms=float(sim) / steps,
                 requests=int(entry["requests"]),
                 warmed_up=bool(live["method"].get("warm_up_requests_per_length")),
+                median_of_each=bool(each),
             )
         )
     provenance = {
@@ -334,8 +339,9 @@ def run(
         "calibration_files": list(calibration_files(sources["fit"][0]["hardware"])),
         "sources": sources,
         "method": {
-            "points": "per prompt length whose steps hold equal tokens: the engine's mean prefill per step, "
-            "live, and the simulator's with no floor",
+            "points": "per prompt length whose steps hold equal tokens: the engine's prefill per step, live "
+            "(the median of its per-request times where the file has them, else its mean), and the "
+            "simulator's with no floor",
             "forms": FORM_HOW,
             "loss": "mean squared log error over the FIT points outside the graphs, each alike",
             "choice": f"the one-parameter form of least FIT loss, unless the two-parameter form lowers it by "

@@ -168,7 +168,10 @@ def measure(args: argparse.Namespace) -> int:
             "lengths": lengths,
             "repeats": args.repeats,
             "output_tokens": args.output_tokens,
-            "spacing_s": SPACING_S,
+            # each measured request sent when the one before finished (files before 2026-12-07
+            # 12:30 spaced them `spacing_s` apart in one replay), /metrics scraped around each
+            "sequential_with_scrapes": True,
+            "spacing_s": SPACING_S,  # as `score` simulates them: apart, as sequential sends are
             # one unmeasured request of each length before its measured ones (files before
             # 2026-12-07 09:30 have no such key and sent none)
             "warm_up_requests_per_length": 1,
@@ -203,20 +206,29 @@ def measure(args: argparse.Namespace) -> int:
                     )
 
                 send("warm", 1)
+                # The measured requests one at a time, each sent when the one before has finished,
+                # with the engine's /metrics scraped around each: its own prefill time per request
+                # (a median then resists the one slow request a mean over a few would carry).
                 before = scrape(url)
-                result = send("len", args.repeats)
+                sent: list[Any] = []
+                prefill_each: list[float | None] = []
+                for _ in range(args.repeats):
+                    mark = scrape(url)
+                    sent.extend(send("len", 1).requests)
+                    prefill_each.append(snapshot_delta(mark, scrape(url)).prefill_mean_ms)
                 delta = snapshot_delta(before, scrape(url))
-                ok = [r for r in result.requests if r.ok]
+                ok = [r for r in sent if r.ok]
                 entry = {
                     "prompt_tokens": length,
-                    "requests": result.summary.num_requests,
-                    "errors": result.summary.num_errors,
+                    "requests": len(sent),
+                    "errors": len(sent) - len(ok),
                     "ttft_ms": [round(r.ttft_ms, 3) for r in ok if r.ttft_ms is not None],
                     "tpot_ms": [round(r.tpot_ms, 4) for r in ok if r.tpot_ms is not None],
                     "engine": {
                         "ttft_mean_ms": delta.ttft_mean_ms,
                         "queue_mean_ms": delta.queue_mean_ms,
                         "prefill_mean_ms": delta.prefill_mean_ms,
+                        "prefill_ms_each": prefill_each,
                         "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
                         # the steps vLLM's histogram records over this length's requests (those
                         # that sample a token: the prompt chunks before the first are in no count)
