@@ -16,6 +16,7 @@ Design notes:
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import socket
@@ -103,16 +104,33 @@ def resolve_target(
     return Target(base_url=base, model=model, api=api, api_key=api_key), models
 
 
+@functools.lru_cache(maxsize=8)
+def _loaded_tokenizer(path: str, stamp: tuple[int, ...]) -> PromptTokenizer:
+    return PromptTokenizer(Path(path))
+
+
+def load_tokenizer(source: Path) -> PromptTokenizer:
+    """The tokenizer at `source`, loaded once per process while its files are unchanged (a large
+    vocabulary takes seconds to load, and a process replaying many short runs, one trial or one
+    request after another, would pay it every time). A `PromptTokenizer` is read-only once built,
+    so the replays share it."""
+    if not source.exists():
+        return PromptTokenizer(source)  # says why
+    files = [source] + (sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [])
+    stamp = tuple(v for f in files for v in (f.stat().st_mtime_ns, f.stat().st_size))
+    return _loaded_tokenizer(str(source.resolve()), stamp)
+
+
 def resolve_tokenizer(
     tokenizer: str | Path | None, target: Target, models: Sequence[dict[str, object]]
 ) -> PromptTokenizer:
     """The local tokenizer: the one given, else the served model's path if it exists here (vLLM's `root`)."""
     if tokenizer is not None:
-        return PromptTokenizer(Path(tokenizer))
+        return load_tokenizer(Path(tokenizer))
     candidates = [str(m.get("root") or "") for m in models if m.get("id") == target.model] + [target.model]
     for candidate in candidates:
         if candidate and Path(candidate).exists():
-            return PromptTokenizer(Path(candidate))
+            return load_tokenizer(Path(candidate))
     raise TokenizerUnavailable(
         f"no local tokenizer for model {target.model!r}: pass --tokenizer DIR (the model's tokenizer files)"
     )

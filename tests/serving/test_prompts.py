@@ -95,3 +95,25 @@ def test_repr_never_shows_prompt_text(synthesizer: PromptSynthesizer) -> None:
     prompt = synthesizer.synthesize(TraceRequest(0.0, 50, 1), request_index=0)
     assert prompt.text.strip()[:10] not in repr(prompt)
     assert "text" not in repr(prompt)
+
+
+def test_a_tokenizer_is_loaded_once_per_process_while_its_files_are_unchanged(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from serving.loadgen.runner import load_tokenizer
+    from serving.loadgen.tokenizer import TokenizerUnavailable
+
+    copy = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, copy)
+    first = load_tokenizer(copy)
+    assert load_tokenizer(copy) is first  # one request after another: not reloaded
+    assert load_tokenizer(copy.parent / "." / "tok") is first  # the same files by another path
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text() + "\n")  # a file changed: loaded afresh
+    second = load_tokenizer(copy)
+    assert second is not first
+    assert second.encode("hello world") == first.encode("hello world")
+    with pytest.raises(TokenizerUnavailable, match="does not exist"):
+        load_tokenizer(tmp_path / "missing")
