@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from benchmarks._machine import git_state, machine_facts, versions  # noqa: E402
-from benchmarks.sim_gpu_isolated import predict_length, simulated_budget, simulated_config  # noqa: E402
+from benchmarks.sim_gpu_isolated import predict_length, simulated_config  # noqa: E402
 from benchmarks.sim_rank_gpu import calibration_files, hardware_of  # noqa: E402
 from serving.perf.model import DATA_DIR, EAGER_FIT_FIELDS  # noqa: E402
 
@@ -181,9 +181,10 @@ def read_points(path: Path, scratch: Path) -> tuple[list[Point], dict[str, Any]]
     model = model_spec_from_dir(folder)
     stored, _ = nearest_measured(get_hardware(hardware))
     no_floor = dataclasses.replace(stored, **{name: 0.0 for name in EAGER_FIT_FIELDS})
-    budget = simulated_budget(live, hardware, model)
-    sched, _, _ = resolve_config(simulated_config(live["method"]), model, get_hardware(hardware))
-    graphs = graph_max_tokens(simulated_config(live["method"]), sched, get_hardware(hardware))
+    config = simulated_config(live["method"])
+    sched, _, _ = resolve_config(config, model, get_hardware(hardware))
+    budget = int(sched.max_num_batched_tokens)  # the one set, or vLLM's default as simulated
+    graphs = graph_max_tokens(config, sched, get_hardware(hardware))
     if graphs is None:
         raise SystemExit(f"{path}: {hardware} runs no CUDA graphs; there is no floor to fit")
     points: list[Point] = []

@@ -117,7 +117,7 @@ def load_tokenizer(source: Path) -> PromptTokenizer:
     if not source.exists():
         return PromptTokenizer(source)  # says why
     files = [source] + (sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [])
-    stamp = tuple(v for f in files for v in (f.stat().st_mtime_ns, f.stat().st_size))
+    stamp = tuple(v for st in (f.stat() for f in files) for v in (st.st_mtime_ns, st.st_size))
     return _loaded_tokenizer(str(source.resolve()), stamp)
 
 

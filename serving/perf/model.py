@@ -444,7 +444,6 @@ class StepTimeModel:
             if graph_max_tokens is not None
             else 0.0
         )
-        self._eager_floor = self.eager_floor_s
         self.graph_max_tokens = graph_max_tokens if graph_max_tokens is not None else 0
         self._overhead_seq = eff.seq_overhead_ms / 1000.0
         self._overhead_token = (
@@ -526,15 +525,15 @@ class StepTimeModel:
         )
         comm = self._comm_fixed + num_tokens * self._comm_per_token if self.tp > 1 else 0.0
         overhead = self._overhead_fixed + num_seqs * self._overhead_seq + num_tokens * self._overhead_token
-        if self._eager_floor and num_tokens > self.graph_max_tokens:
-            short = self._eager_floor - (gemm + attention + comm + overhead)
+        if self.eager_floor_s and num_tokens > self.graph_max_tokens:
+            short = self.eager_floor_s - (gemm + attention + comm + overhead)
             if short > 0:  # the host's launches, not the GPU's work, set this step's time
                 overhead += short
         return gemm, attention, comm, overhead
 
     def eager_floored(self, num_tokens: int) -> bool:
         """Whether a step of `num_tokens` runs outside the CUDA graphs under a floor."""
-        return bool(self._eager_floor) and num_tokens > self.graph_max_tokens
+        return bool(self.eager_floor_s) and num_tokens > self.graph_max_tokens
 
     def step_seconds(
         self,
@@ -567,8 +566,8 @@ class StepTimeModel:
         )
         if self.tp > 1:
             total += self._comm_fixed + num_tokens * self._comm_per_token
-        if self._eager_floor and num_tokens > self.graph_max_tokens and total < self._eager_floor:
-            return self._eager_floor
+        if self.eager_floor_s and num_tokens > self.graph_max_tokens and total < self.eager_floor_s:
+            return self.eager_floor_s
         return total
 
     def _attention_seconds(
