@@ -747,10 +747,13 @@ def calibration_files(hardware: str) -> tuple[str, ...]:
     with its own live fit, or the one it borrows (`serving.perf.model.nearest_measured`), where
     it was profiled; else the H200's (a what-if)."""
     own = f"serving/perf/data/{hardware}.json"
+    # the floor under steps outside the CUDA graphs, where this host has one stored
+    eager = f"serving/perf/data/{hardware}_eager.json"
+    floor = (eager,) if (REPO / eager).exists() else ()
     if hardware == HARDWARE or not (REPO / own).exists():
-        return CALIBRATION_FILES
+        return CALIBRATION_FILES + floor
     live = f"serving/perf/data/{hardware}_live.json"
-    return (own, live if (REPO / live).exists() else f"serving/perf/data/{LIVE_FIT_DONOR}_live.json")
+    return (own, live if (REPO / live).exists() else f"serving/perf/data/{LIVE_FIT_DONOR}_live.json", *floor)
 
 
 def predict_case(
@@ -976,6 +979,13 @@ def score(args: argparse.Namespace) -> int:
         whole_attention = (
             dataclasses.replace(stored, attention_split=0.0) if stored.attention_split > 0 else None
         )
+        # And the leave-one-out of the stored floor under steps outside the CUDA graphs
+        # (`serving/perf/data/<hardware>_eager.json`), where one is stored.
+        no_floor = (
+            dataclasses.replace(stored, eager_step_floor_ms=0.0, eager_layer_floor_us=0.0)
+            if stored.eager_step_floor_ms > 0 or stored.eager_layer_floor_us > 0
+            else None
+        )
         slower = [slower_steps(stored, f) for f in SLOWER_BAND]
         # A what-if beside: the same calibration with a floor under the steps run outside the CUDA
         # graphs, measured on single requests (`eager_floor_from`), not fitted.
@@ -998,6 +1008,8 @@ def score(args: argparse.Namespace) -> int:
         attention_rows: list[dict[str, Any]] = []
         floor_groups: dict[str, Any] = {}
         floor_rows: list[dict[str, Any]] = []
+        no_floor_groups: dict[str, Any] = {}
+        no_floor_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -1033,6 +1045,7 @@ def score(args: argparse.Namespace) -> int:
                 (no_token, ablation_groups, ablation_rows),
                 (whole_attention, attention_groups, attention_rows),
                 (floored, floor_groups, floor_rows),
+                (no_floor, no_floor_groups, no_floor_rows),
             ):
                 if other is None:
                     continue
@@ -1192,6 +1205,15 @@ def score(args: argparse.Namespace) -> int:
             "summary": _summary(attention_groups, attention_rows),
             "groups": attention_groups,
             "rows": [{**r, "sim": _rounded(r["sim"])} for r in attention_rows],
+        }
+    if no_floor_groups:
+        result["stored_floor_ablation_beside"] = {
+            "prediction": f"the same calibration without its stored floor under steps outside the CUDA graphs "
+            f"({stored.eager_step_floor_ms:g} ms + {stored.eager_layer_floor_us:g} us per layer, "
+            f"serving/perf/data/{hardware}_eager.json): leave-one-out of that term",
+            "summary": _summary(no_floor_groups, no_floor_rows),
+            "groups": no_floor_groups,
+            "rows": [{**r, "sim": _rounded(r["sim"])} for r in no_floor_rows],
         }
     if floor is not None:
         result["eager_floor_beside"] = {

@@ -58,15 +58,41 @@ def _live(
     return path
 
 
-def _measured_as(tmp_path: Path, layers: int, floor_ms: float, name: str, **kw: object) -> Path:
-    """A live file whose every step costs max(the simulator's step, floor_ms): its prefill is
-    read back from the simulator through the script's own points, then floored."""
+def _measured_as(
+    tmp_path: Path, layers: int, floor_ms: float, name: str, *, per_request_ms: float = 0.0, **kw: object
+) -> Path:
+    """A live file whose every step costs max(the simulator's step, floor_ms), and each request
+    `per_request_ms` beside: its prefill is read back from the simulator through the script's own
+    points, then floored."""
     path = _live(tmp_path / name, layers, dict.fromkeys(LENGTHS, 1.0), **kw)  # type: ignore[arg-type]
     scratch = tmp_path / f"scratch-{name}"
     scratch.mkdir()
     points, _ = eager.read_points(path, scratch)
-    prefill = {p.prompt_tokens: max(p.sim_ms, floor_ms if p.outside else 0.0) * p.steps for p in points}
+    prefill = {
+        p.prompt_tokens: max(p.sim_ms, floor_ms if p.outside else 0.0) * p.steps + per_request_ms
+        for p in points
+    }
     return _live(path, layers, prefill, **kw)  # type: ignore[arg-type]
+
+
+def test_a_per_request_cost_is_taken_off_before_the_floor_is_fitted(tmp_path: Path) -> None:
+    # a 4 ms cost per request (scheduling to first token, beside the step) on a 300 us/layer floor
+    fit = [_measured_as(tmp_path, n, 0.3 * n, f"fit{n}.json", per_request_ms=4.0) for n in (16, 32)]
+    raw = eager.run(fit, [], rounds=5, progress=lambda _: None)
+    net = eager.run(fit, [], rounds=5, offset="inside-graphs", progress=lambda _: None)
+    assert all(s["offset_ms"] == pytest.approx(4.0, abs=1e-6) for s in net["sources"]["fit"])
+    assert all(s["offset_ms"] is None for s in raw["sources"]["fit"])
+    assert net["chosen_form"] == "per_layer"
+    assert net["chosen"]["parameters"]["b"] == pytest.approx(300.0, rel=1e-3)
+    assert net["forms"]["per_layer"]["fit_mape"] == pytest.approx(0.0, abs=1e-3)
+    # read as measured, the cost inflates every point and no form fits it exactly
+    assert raw["forms"]["per_layer"]["fit_mape"] > 0.01
+    assert net["inside_graphs_sim_over_live"]["fit"] == pytest.approx([1.0] * 4, rel=1e-6)
+    # a file without single-step lengths inside the graphs is used as measured
+    long_only = _live(tmp_path / "long.json", 16, {2048: 30.0, 4096: 40.0})
+    held = eager.run(fit, [long_only], rounds=5, offset="inside-graphs", progress=lambda _: None)
+    assert held["sources"]["held_out"][0]["offset_ms"] is None
+    assert all(r["offset_ms"] is None for r in held["rows"]["held_out"])
 
 
 def test_a_floor_per_layer_is_recovered_chosen_and_stored(
