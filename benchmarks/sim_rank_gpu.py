@@ -865,6 +865,28 @@ def score_group(
     return out
 
 
+def floor_fit_from(path: Path, form: str) -> dict[str, Any]:
+    """A floor under the steps outside the CUDA graphs from a `sim_gpu_eager_floor.py` result:
+    the fixed part and the part per layer of `form` as that result fitted it."""
+    raw = path.read_bytes()
+    fit = json.loads(raw)
+    if fit.get("benchmark") != "sim_gpu_eager_floor":
+        raise SystemExit(f"{path} is not a sim_gpu_eager_floor result")
+    if form not in fit["forms"] or form in ("none", "additive"):
+        raise SystemExit(f"{path}: no floor of form {form!r} (fixed, per_layer or fixed_and_per_layer)")
+    params = fit["forms"][form]["parameters"]
+    return {
+        "path": str(path.resolve().relative_to(REPO)) if path.resolve().is_relative_to(REPO) else str(path),
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "hardware": fit["hardware"],
+        "commit": fit.get("commit"),
+        "offset": str(fit["method"].get("offset", "none")).split(":")[0],
+        "form": form,
+        "eager_step_floor_ms": float(params.get("a", 0.0)),
+        "eager_layer_floor_us": float(params.get("b", 0.0)),
+    }
+
+
 def eager_floor_from(path: Path) -> dict[str, Any]:
     """A floor under the steps run outside the CUDA graphs, from a `sim_gpu_isolated.py` live
     file: the engine's own prefill time (scheduled to first token) of the shortest prompt it
@@ -998,6 +1020,18 @@ def score(args: argparse.Namespace) -> int:
             if floor
             else None
         )
+        # A what-if beside: the floor of another reading of the floor fit (`floor_fit_from`).
+        fit_source = getattr(args, "floor_fit_beside", None)
+        fitted_floor = floor_fit_from(fit_source, args.floor_fit_form) if fit_source is not None else None
+        refloored = (
+            dataclasses.replace(
+                stored,
+                eager_step_floor_ms=fitted_floor["eager_step_floor_ms"],
+                eager_layer_floor_us=fitted_floor["eager_layer_floor_us"],
+            )
+            if fitted_floor
+            else None
+        )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
         what_if_groups: dict[str, Any] = {}
@@ -1010,6 +1044,8 @@ def score(args: argparse.Namespace) -> int:
         floor_rows: list[dict[str, Any]] = []
         no_floor_groups: dict[str, Any] = {}
         no_floor_rows: list[dict[str, Any]] = []
+        refloor_groups: dict[str, Any] = {}
+        refloor_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -1046,6 +1082,7 @@ def score(args: argparse.Namespace) -> int:
                 (whole_attention, attention_groups, attention_rows),
                 (floored, floor_groups, floor_rows),
                 (no_floor, no_floor_groups, no_floor_rows),
+                (refloored, refloor_groups, refloor_rows),
             ):
                 if other is None:
                     continue
@@ -1215,6 +1252,16 @@ def score(args: argparse.Namespace) -> int:
             "groups": no_floor_groups,
             "rows": [{**r, "sim": _rounded(r["sim"])} for r in no_floor_rows],
         }
+    if fitted_floor is not None:
+        result["floor_fit_beside"] = {
+            "prediction": f"the same calibration with the floor of {fitted_floor['path']}'s {fitted_floor['form']} "
+            f"form ({fitted_floor['eager_step_floor_ms']:.3g} ms + {fitted_floor['eager_layer_floor_us']:.4g} us per "
+            f"layer, offset {fitted_floor['offset']}) in place of the stored one: a what-if beside",
+            "source": fitted_floor,
+            "summary": _summary(refloor_groups, refloor_rows),
+            "groups": refloor_groups,
+            "rows": [{**r, "sim": _rounded(r["sim"])} for r in refloor_rows],
+        }
     if floor is not None:
         result["eager_floor_beside"] = {
             "prediction": f"the same calibration with every step of more tokens than vLLM's largest CUDA "
@@ -1367,6 +1414,18 @@ def main() -> int:
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
     s.add_argument("--out", type=Path, default=RESULT)
+    s.add_argument(
+        "--floor-fit-beside",
+        type=Path,
+        default=None,
+        help="a sim_gpu_eager_floor result: a what-if beside, with its --floor-fit-form floor in place of the "
+        "stored one",
+    )
+    s.add_argument(
+        "--floor-fit-form",
+        default="fixed_and_per_layer",
+        choices=("fixed", "per_layer", "fixed_and_per_layer"),
+    )
     s.add_argument(
         "--eager-floor-from",
         type=Path,

@@ -422,3 +422,30 @@ def test_a_measured_floor_under_the_steps_outside_the_graphs_is_scored_beside(tm
     # nothing to measure a floor from: refused, saying why
     with pytest.raises(SystemExit, match="no prompt of one step over 512"):
         sim_rank_gpu.eager_floor_from(_isolated_live(tmp_path, {256: 5.0, 2048: 30.0}, budget=1024))
+
+
+def test_a_floor_fit_reading_is_taken_for_the_what_if_beside(tmp_path: Path) -> None:
+    fit = {
+        "benchmark": "sim_gpu_eager_floor",
+        "hardware": "h100",
+        "commit": "abc",
+        "method": {"offset": "inside-graphs: each file's live times net of ..."},
+        "forms": {
+            "none": {"parameters": {}},
+            "fixed": {"parameters": {"a": 10.0}},
+            "per_layer": {"parameters": {"b": 500.0}},
+            "fixed_and_per_layer": {"parameters": {"a": 4.5, "b": 290.0}},
+            "additive": {"parameters": {"c": 3.8}},
+        },
+    }
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    both = sim_rank_gpu.floor_fit_from(path, "fixed_and_per_layer")
+    assert (both["eager_step_floor_ms"], both["eager_layer_floor_us"]) == (4.5, 290.0)
+    assert both["offset"] == "inside-graphs" and both["hardware"] == "h100"
+    assert sim_rank_gpu.floor_fit_from(path, "per_layer")["eager_step_floor_ms"] == 0.0
+    with pytest.raises(SystemExit, match="no floor of form 'additive'"):
+        sim_rank_gpu.floor_fit_from(path, "additive")
+    path.write_text(json.dumps({"benchmark": "sim_gpu_isolated_live"}))
+    with pytest.raises(SystemExit, match="not a sim_gpu_eager_floor result"):
+        sim_rank_gpu.floor_fit_from(path, "fixed")
