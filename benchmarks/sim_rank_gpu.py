@@ -1226,59 +1226,67 @@ def score(args: argparse.Namespace) -> int:
             "groups": what_if_groups,
         }
     if ablation_groups:
-        result["ablation_beside"] = {
-            "prediction": f"the same calibration with its per-scheduled-token step costs "
+        result["ablation_beside"] = _beside(
+            f"the same calibration with its per-scheduled-token step costs "
             f"({stored.token_overhead_ms} ms, and {stored.token_compute_share} of the token's "
             "linear-layer compute time) set to 0: leave-one-out of that term",
-            "summary": _summary(ablation_groups, ablation_rows),
-            "groups": ablation_groups,
-            "rows": [{**r, "sim": _rounded(r["sim"])} for r in ablation_rows],
-        }
+            ablation_groups,
+            ablation_rows,
+        )
     if attention_groups:
-        result["attention_ablation_beside"] = {
-            "prediction": f"the same calibration with attention_split 0 instead of {stored.attention_split:g}: a "
+        result["attention_ablation_beside"] = _beside(
+            f"the same calibration with attention_split 0 instead of {stored.attention_split:g}: a "
             "step mixing prompt chunks and decodes costs its attention at one roofline over the whole step "
             "(leave-one-out of the form; the fixed costs stay the ones fitted with it)",
-            "summary": _summary(attention_groups, attention_rows),
-            "groups": attention_groups,
-            "rows": [{**r, "sim": _rounded(r["sim"])} for r in attention_rows],
-        }
+            attention_groups,
+            attention_rows,
+        )
     if no_floor_groups:
-        result["stored_floor_ablation_beside"] = {
-            "prediction": f"the same calibration without its stored floor under steps outside the CUDA graphs "
+        result["stored_floor_ablation_beside"] = _beside(
+            f"the same calibration without its stored floor under steps outside the CUDA graphs "
             f"({stored.eager_step_floor_ms:g} ms + {stored.eager_layer_floor_us:g} us per layer, "
             f"serving/perf/data/{hardware}_eager.json): leave-one-out of that term",
-            "summary": _summary(no_floor_groups, no_floor_rows),
-            "groups": no_floor_groups,
-            "rows": [{**r, "sim": _rounded(r["sim"])} for r in no_floor_rows],
-        }
+            no_floor_groups,
+            no_floor_rows,
+        )
     if fitted_floor is not None:
-        result["floor_fit_beside"] = {
-            "prediction": f"the same calibration with the floor of {fitted_floor['path']}'s {fitted_floor['form']} "
+        result["floor_fit_beside"] = _beside(
+            f"the same calibration with the floor of {fitted_floor['path']}'s {fitted_floor['form']} "
             f"form ({fitted_floor['eager_step_floor_ms']:.3g} ms + {fitted_floor['eager_layer_floor_us']:.4g} us per "
             f"layer, offset {fitted_floor['offset']}) in place of the stored one: a what-if beside",
-            "source": fitted_floor,
-            "summary": _summary(refloor_groups, refloor_rows),
-            "groups": refloor_groups,
-            "rows": [{**r, "sim": _rounded(r["sim"])} for r in refloor_rows],
-        }
+            refloor_groups,
+            refloor_rows,
+            source=fitted_floor,
+        )
     if floor is not None:
-        result["eager_floor_beside"] = {
-            "prediction": f"the same calibration with every step of more tokens than vLLM's largest CUDA "
+        result["eager_floor_beside"] = _beside(
+            f"the same calibration with every step of more tokens than vLLM's largest CUDA "
             f"graph costing at least {floor['eager_step_floor_ms']:.2f} ms (a what-if measured on single "
             "requests, not fitted on these runs; these runs were seen before it was measured)",
-            "source": {
+            floor_groups,
+            floor_rows,
+            source={
                 **floor,
                 "same_gpu_and_model": floor["gpu"] == live["machine"].get("gpu")
                 and floor["model"] == live["model"],
             },
-            "summary": _summary(floor_groups, floor_rows),
-            "groups": floor_groups,
-            "rows": [{**r, "sim": _rounded(r["sim"])} for r in floor_rows],
-        }
+        )
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def _beside(
+    prediction: str, groups: dict[str, Any], rows: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    """The same cases scored under another calibration, for beside the headline."""
+    return {
+        "prediction": prediction,
+        **extra,
+        "summary": _summary(groups, rows),
+        "groups": groups,
+        "rows": [{**r, "sim": _rounded(r["sim"])} for r in rows],
+    }
 
 
 def _summary(groups: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
