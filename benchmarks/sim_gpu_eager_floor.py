@@ -301,6 +301,55 @@ def bootstrap(
     }
 
 
+def probe_floor(live: dict[str, Any], scratch: Path) -> dict[str, Any] | None:
+    """The floor on the machine of a `sim_rank_gpu.py` run, from the single requests its
+    `--floor-probe-lengths` sent after each case of vLLM's defaults (`floor_probe`): the fixed
+    floor fitted on the probes' steps outside the CUDA graphs (one model, so one size). None where
+    the run has no probe."""
+    probes = [c for g in live.get("groups", {}).values() for c in g["cases"] if c.get("floor_probe")]
+    if not probes:
+        return None
+    points: list[Point] = []
+    for i, case in enumerate(probes):
+        probe = case["floor_probe"]
+        single = {
+            "benchmark": "sim_gpu_isolated_live",
+            "when": case["started_at"],
+            "machine": live["machine"],
+            "model": live["model"],
+            "model_config": live["model_config"],
+            "method": {
+                "max_model_len": int(live["caps"]["max_model_len"]),
+                "max_num_batched_tokens": None,
+                "repeats": int(probe["repeats"]),
+                "output_tokens": int(probe["output_tokens"]),
+                "warm_up_requests_per_length": int(probe["warm_up_requests_per_length"]),
+            },
+            "lengths": probe["lengths"],
+        }
+        path = scratch / f"floor-probe-{i}.json"
+        path.write_text(json.dumps(single))
+        folder = scratch / f"floor-probe-{i}"
+        folder.mkdir()
+        found, _ = read_points(path, folder)
+        points += found
+    outside = [p for p in points if p.outside]
+    if not outside:
+        raise SystemExit("the run's floor probes hold no step outside the CUDA graphs: no floor to fit")
+    sim, layers, measured = _arrays(outside)
+    fits: dict[str, dict[str, float]] = {"none": {}, "fixed": fit_form("fixed", sim, layers, measured)}
+    return {
+        "how": "the fixed floor of least squared log error over the probes' one-step lengths outside the "
+        "CUDA graphs (the engine's median prefill per request against the simulator's step with no floor)",
+        "eager_step_floor_ms": fits["fixed"]["a"],
+        "probes": [c["started_at"] for c in probes],
+        "points_outside_graphs": len(outside),
+        "fit_mape": _mape("fixed", fits["fixed"], outside),
+        "none_mape": _mape("none", {}, outside),
+        "rows": [_row(p, fits) for p in points],
+    }
+
+
 def stored_fields(form: str, params: dict[str, float]) -> dict[str, float]:
     """The chosen fit as the step model's fields (`Efficiency.eager_step_floor_ms`, `eager_layer_floor_us`)."""
     if form == "additive":

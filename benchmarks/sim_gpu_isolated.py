@@ -40,7 +40,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -133,11 +133,86 @@ def simulated_config(method: dict[str, Any]) -> Any:
     return _engine_config(budget_knobs(method.get("max_num_batched_tokens"), max_model_len), max_model_len)
 
 
+def measure_lengths(
+    url: str,
+    lengths: Sequence[int],
+    *,
+    repeats: int,
+    output_tokens: int,
+    work: Path,
+    after_each: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Single requests of each length on the engine at `url`, one at a time: per length one
+    unmeasured request, then `repeats` measured ones, each sent when the one before has finished,
+    with the engine's /metrics scraped around each. One entry per length (the live file's form)."""
+    from serving.loadgen.api import replay_trace
+    from serving.metrics import scrape, snapshot_delta
+
+    block = 1_000_000  # far from any block id the warm-up used
+    entries: list[dict[str, Any]] = []
+    for length in lengths:
+        # One request of this length first, outside the measured window: a shape the engine meets
+        # for the first time can pay a one-off cost (on the H100 the first of five requests at 768
+        # tokens took 39.4 ms on the 1B and 44.7 on the 3B, the four after 22.9-31.2 and
+        # 25.3-27.1), which would bias the engine's mean over the few.
+        def send(name: str, count: int, length: int = length) -> Any:
+            nonlocal block
+            path = work / f"{name}{length}.jsonl"
+            block = write_requests(path, length, count, output_tokens, block)
+            return replay_trace(
+                endpoint=url,
+                trace=path,
+                max_prompt_tokens=length,
+                max_output_tokens=output_tokens,
+                seed=length,
+                progress=False,
+                request_timeout_s=120.0,
+            )
+
+        send("warm", 1)
+        # The engine's own prefill time per request (a median then resists the one slow request
+        # a mean over a few would carry).
+        before = scrape(url)
+        sent: list[Any] = []
+        prefill_each: list[float | None] = []
+        for _ in range(repeats):
+            mark = scrape(url)
+            sent.extend(send("len", 1).requests)
+            prefill_each.append(snapshot_delta(mark, scrape(url)).prefill_mean_ms)
+        delta = snapshot_delta(before, scrape(url))
+        ok = [r for r in sent if r.ok]
+        entry = {
+            "prompt_tokens": length,
+            "requests": len(sent),
+            "errors": len(sent) - len(ok),
+            "ttft_ms": [round(r.ttft_ms, 3) for r in ok if r.ttft_ms is not None],
+            "tpot_ms": [round(r.tpot_ms, 4) for r in ok if r.tpot_ms is not None],
+            "engine": {
+                "ttft_mean_ms": delta.ttft_mean_ms,
+                "queue_mean_ms": delta.queue_mean_ms,
+                "prefill_mean_ms": delta.prefill_mean_ms,
+                "prefill_ms_each": prefill_each,
+                "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
+                # the steps vLLM's histogram records over this length's requests (those that
+                # sample a token: the prompt chunks before the first are in no count)
+                **step_counts(delta.step_tokens),
+            },
+        }
+        entries.append(entry)
+        ttft = float(np.median(entry["ttft_ms"])) if entry["ttft_ms"] else math.nan
+        tpot = float(np.median(entry["tpot_ms"])) if entry["tpot_ms"] else math.nan
+        log(
+            f"{length:>6} tokens: TTFT p50 {ttft:,.1f} ms, TPOT p50 {tpot:.2f} ms, engine prefill "
+            f"{delta.prefill_mean_ms or math.nan:,.1f} ms, {entry['errors']} errors"
+        )
+        if after_each is not None:
+            after_each(entry)
+    return entries
+
+
 def measure(args: argparse.Namespace) -> int:
     from serving.engine.host import ForeignLoadMeter, GpuMeter
     from serving.engine.launcher import start_engine
-    from serving.loadgen.api import replay_trace
-    from serving.metrics import scrape, snapshot_delta
     from tuning.search.trial import warm_up
 
     if not 1 <= args.repeats <= MAX_REPEATS:
@@ -184,65 +259,20 @@ def measure(args: argparse.Namespace) -> int:
         warm_up(url, seed=50_000)
         meter = ForeignLoadMeter().start()
         gpu_meter = GpuMeter().start()
-        block = 1_000_000  # far from any block id the warm-up used
         try:
-            for length in lengths:
-                # One request of this length first, outside the measured window: a shape the
-                # engine meets for the first time can pay a one-off cost (on the H100 the first of
-                # five requests at 768 tokens took 39.4 ms on the 1B and 44.7 on the 3B, the four
-                # after 22.9-31.2 and 25.3-27.1), which would bias the engine's mean over the few.
-                def send(name: str, count: int, length: int = length) -> Any:
-                    nonlocal block
-                    path = work / f"{name}{length}.jsonl"
-                    block = write_requests(path, length, count, args.output_tokens, block)
-                    return replay_trace(
-                        endpoint=url,
-                        trace=path,
-                        max_prompt_tokens=length,
-                        max_output_tokens=args.output_tokens,
-                        seed=length,
-                        progress=False,
-                        request_timeout_s=120.0,
-                    )
 
-                send("warm", 1)
-                # The measured requests one at a time, each sent when the one before has finished,
-                # with the engine's /metrics scraped around each: its own prefill time per request
-                # (a median then resists the one slow request a mean over a few would carry).
-                before = scrape(url)
-                sent: list[Any] = []
-                prefill_each: list[float | None] = []
-                for _ in range(args.repeats):
-                    mark = scrape(url)
-                    sent.extend(send("len", 1).requests)
-                    prefill_each.append(snapshot_delta(mark, scrape(url)).prefill_mean_ms)
-                delta = snapshot_delta(before, scrape(url))
-                ok = [r for r in sent if r.ok]
-                entry = {
-                    "prompt_tokens": length,
-                    "requests": len(sent),
-                    "errors": len(sent) - len(ok),
-                    "ttft_ms": [round(r.ttft_ms, 3) for r in ok if r.ttft_ms is not None],
-                    "tpot_ms": [round(r.tpot_ms, 4) for r in ok if r.tpot_ms is not None],
-                    "engine": {
-                        "ttft_mean_ms": delta.ttft_mean_ms,
-                        "queue_mean_ms": delta.queue_mean_ms,
-                        "prefill_mean_ms": delta.prefill_mean_ms,
-                        "prefill_ms_each": prefill_each,
-                        "prefix_cache_hit_rate": delta.prefix_cache_hit_rate,
-                        # the steps vLLM's histogram records over this length's requests (those
-                        # that sample a token: the prompt chunks before the first are in no count)
-                        **step_counts(delta.step_tokens),
-                    },
-                }
+            def saved(entry: dict[str, Any]) -> None:
                 out["lengths"].append(entry)
-                ttft = float(np.median(entry["ttft_ms"])) if entry["ttft_ms"] else math.nan
-                tpot = float(np.median(entry["tpot_ms"])) if entry["tpot_ms"] else math.nan
-                log(
-                    f"{length:>6} tokens: TTFT p50 {ttft:,.1f} ms, TPOT p50 {tpot:.2f} ms, engine prefill "
-                    f"{delta.prefill_mean_ms or math.nan:,.1f} ms, {entry['errors']} errors"
-                )
                 save_state(args.out, out)
+
+            measure_lengths(
+                url,
+                lengths,
+                repeats=args.repeats,
+                output_tokens=args.output_tokens,
+                work=work,
+                after_each=saved,
+            )
         finally:
             out["foreign_load"] = meter.stop().to_dict()
             gpu = gpu_meter.stop()

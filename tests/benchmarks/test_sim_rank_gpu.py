@@ -449,3 +449,62 @@ def test_a_floor_fit_reading_is_taken_for_the_what_if_beside(tmp_path: Path) -> 
     path.write_text(json.dumps({"benchmark": "sim_gpu_isolated_live"}))
     with pytest.raises(SystemExit, match="not a sim_gpu_eager_floor result"):
         sim_rank_gpu.floor_fit_from(path, "fixed")
+
+
+def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path: Path) -> None:
+    """A run whose floor probe measured every step outside the CUDA graphs at 14 ms (inside them,
+    the simulator's own time): the floor fitted on the probe is 14 ms, scored beside."""
+    from benchmarks import sim_gpu_eager_floor as eager
+
+    live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0), gpu="NVIDIA H100 80GB HBM3, 81559 MiB")
+    data = json.loads(live.read_text())
+    lengths = [256, 512, 768, 1024, 2048]
+
+    def probe(prefill: dict[int, float]) -> dict[str, object]:
+        return {
+            "repeats": 3,
+            "output_tokens": 16,
+            "warm_up_requests_per_length": 1,
+            "lengths": [
+                {
+                    "prompt_tokens": n,
+                    "requests": 3,
+                    "errors": 0,
+                    "engine": {"prefill_mean_ms": prefill[n], "prefill_ms_each": [prefill[n]] * 3},
+                }
+                for n in lengths
+            ],
+            "seconds": 1.0,
+        }
+
+    first = data["groups"]["loaded"]["cases"][0]
+    assert first["config"] == "vllm_defaults"
+    first["floor_probe"] = probe(dict.fromkeys(lengths, 1.0))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    placeholder = eager.probe_floor(data, scratch)
+    assert placeholder is not None
+    sim = {r["prompt_tokens"]: r["sim_ms"] for r in placeholder["rows"]}
+    first["floor_probe"] = probe({n: max(sim[n], 14.0 if n > 512 else 0.0) for n in lengths})
+    live.write_text(json.dumps(data))
+    out = tmp_path / "scored.json"
+    args = argparse.Namespace(live=live, out=out, floor_from_probe=True)
+    assert sim_rank_gpu.score(args) == 0
+    beside = json.loads(out.read_text())["probe_floor_beside"]
+    assert beside["source"]["eager_step_floor_ms"] == pytest.approx(14.0, rel=1e-3)
+    assert beside["source"]["points_outside_graphs"] == 3
+    assert beside["source"]["fit_mape"] == pytest.approx(0.0, abs=1e-3)
+    assert beside["source"]["none_mape"] > 0.05
+    assert beside["summary"]["groups"] == 1
+    del first["floor_probe"]
+    live.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="holds no floor probe"):
+        sim_rank_gpu.score(args)
+
+
+def test_floor_probe_lengths_are_bounded() -> None:
+    assert sim_rank_gpu._parse_probe_lengths("", 32768) == []
+    assert sim_rank_gpu._parse_probe_lengths("1024, 512,640", 32768) == [512, 640, 1024]
+    for bad in ("100", "512,x", "512,9000", ",".join(str(600 + i) for i in range(9))):
+        with pytest.raises(SystemExit, match="floor-probe-lengths"):
+            sim_rank_gpu._parse_probe_lengths(bad, 32768)

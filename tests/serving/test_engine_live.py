@@ -296,6 +296,35 @@ def test_the_engine_probe_times_the_calibrated_shapes_on_the_running_engine(
     assert delta.prefix_cache_hit_rate == 0.0
 
 
+def test_single_requests_of_each_length_are_timed_one_at_a_time(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """The single-request measurement the eager-floor fit and a ranking run's floor probe share
+    (`benchmarks.sim_gpu_isolated.measure_lengths`): per length one unmeasured request, then each
+    measured one alone, with the engine's own prefill time of each."""
+    from benchmarks.sim_gpu_isolated import measure_lengths
+
+    before = scrape(engine.base_url)
+    seen: list[int] = []
+    entries = measure_lengths(
+        engine.base_url,
+        [64, 96],
+        repeats=2,
+        output_tokens=4,
+        work=tmp_path,
+        after_each=lambda entry: seen.append(entry["prompt_tokens"]),
+    )
+    delta = snapshot_delta(before, scrape(engine.base_url))
+    assert seen == [64, 96] and [e["prompt_tokens"] for e in entries] == [64, 96]
+    for entry in entries:
+        assert entry["requests"] == 2 and entry["errors"] == 0 and len(entry["ttft_ms"]) == 2
+        each = entry["engine"]["prefill_ms_each"]
+        assert len(each) == 2 and all(v is not None and v > 0 for v in each)
+    # three requests a length (the unmeasured one first), each in words no other request used
+    assert delta.prompt_tokens.count == 6 and delta.prompt_tokens.sum == 3 * 64 + 3 * 96
+    assert delta.prefix_cache_hit_rate == 0.0
+
+
 def test_replay_command_writes_json(engine: EngineProcess, shared_traces: Path, tmp_path: Path) -> None:
     from tailguard.cli import main
 
