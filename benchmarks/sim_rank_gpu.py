@@ -1114,20 +1114,18 @@ def score(args: argparse.Namespace) -> int:
         )
         rng = np.random.default_rng(0)
         groups_out: dict[str, Any] = {}
-        what_if_groups: dict[str, Any] = {}
-        what_if_rows: list[dict[str, Any]] = []
-        ablation_groups: dict[str, Any] = {}
-        ablation_rows: list[dict[str, Any]] = []
-        attention_groups: dict[str, Any] = {}
-        attention_rows: list[dict[str, Any]] = []
-        floor_groups: dict[str, Any] = {}
-        floor_rows: list[dict[str, Any]] = []
-        no_floor_groups: dict[str, Any] = {}
-        no_floor_rows: list[dict[str, Any]] = []
-        refloor_groups: dict[str, Any] = {}
-        refloor_rows: list[dict[str, Any]] = []
-        probed_groups: dict[str, Any] = {}
-        probed_rows: list[dict[str, Any]] = []
+        # The same cases under other calibrations, scored beside the headline (None: not scored).
+        others = {
+            "what_if": what_if,
+            "ablation": no_token,
+            "attention": whole_attention,
+            "floor": floored,
+            "no_floor": no_floor,
+            "refloor": refloored,
+            "probed": probed,
+        }
+        beside_groups: dict[str, dict[str, Any]] = {k: {} for k in others}
+        beside_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in others}
         rows: list[dict[str, Any]] = []
         all_started: list[str] = []
         configs: dict[str, dict[str, Any]] = live["method"]["configs"]
@@ -1158,17 +1156,10 @@ def score(args: argparse.Namespace) -> int:
             g = score_group(names, predicted, measured, rng)
             # The same cases under another calibration, scored beside: the datasheet what-if a
             # profile replaced, and the ablation.
-            for other, other_groups, other_rows in (
-                (what_if, what_if_groups, what_if_rows),
-                (no_token, ablation_groups, ablation_rows),
-                (whole_attention, attention_groups, attention_rows),
-                (floored, floor_groups, floor_rows),
-                (no_floor, no_floor_groups, no_floor_rows),
-                (refloored, refloor_groups, refloor_rows),
-                (probed, probed_groups, probed_rows),
-            ):
+            for key, other in others.items():
                 if other is None:
                     continue
+                other_groups, other_rows = beside_groups[key], beside_rows[key]
                 beside = [
                     predict_case(model, requests, configs[n], caps, group["seed"], hardware, other)
                     for n in names
@@ -1301,44 +1292,44 @@ def score(args: argparse.Namespace) -> int:
         "groups": groups_out,
         "rows": rows,
     }
-    if what_if_groups:
+    if beside_groups["what_if"]:
         result["what_if_beside"] = {
             "prediction": f"the {hardware} datasheet with the H200 calibration's efficiencies "
             "(serving/perf/data/h200.json, h200_live.json), as this GPU was predicted before it was profiled",
-            "summary": _summary(what_if_groups, what_if_rows),
-            "groups": what_if_groups,
+            "summary": _summary(beside_groups["what_if"], beside_rows["what_if"]),
+            "groups": beside_groups["what_if"],
         }
-    if ablation_groups:
+    if beside_groups["ablation"]:
         result["ablation_beside"] = _beside(
             f"the same calibration with its per-scheduled-token step costs "
             f"({stored.token_overhead_ms} ms, and {stored.token_compute_share} of the token's "
             "linear-layer compute time) set to 0: leave-one-out of that term",
-            ablation_groups,
-            ablation_rows,
+            beside_groups["ablation"],
+            beside_rows["ablation"],
         )
-    if attention_groups:
+    if beside_groups["attention"]:
         result["attention_ablation_beside"] = _beside(
             f"the same calibration with attention_split 0 instead of {stored.attention_split:g}: a "
             "step mixing prompt chunks and decodes costs its attention at one roofline over the whole step "
             "(leave-one-out of the form; the fixed costs stay the ones fitted with it)",
-            attention_groups,
-            attention_rows,
+            beside_groups["attention"],
+            beside_rows["attention"],
         )
-    if no_floor_groups:
+    if beside_groups["no_floor"]:
         result["stored_floor_ablation_beside"] = _beside(
             f"the same calibration without its stored floor under steps outside the CUDA graphs "
             f"({stored.eager_step_floor_ms:g} ms + {stored.eager_layer_floor_us:g} us per layer, "
             f"serving/perf/data/{hardware}_eager.json): leave-one-out of that term",
-            no_floor_groups,
-            no_floor_rows,
+            beside_groups["no_floor"],
+            beside_rows["no_floor"],
         )
     if fitted_floor is not None:
         result["floor_fit_beside"] = _beside(
             f"the same calibration with the floor of {fitted_floor['path']}'s {fitted_floor['form']} "
             f"form ({fitted_floor['eager_step_floor_ms']:.3g} ms + {fitted_floor['eager_layer_floor_us']:.4g} us per "
             f"layer, offset {fitted_floor['offset']}) in place of the stored one: a what-if beside",
-            refloor_groups,
-            refloor_rows,
+            beside_groups["refloor"],
+            beside_rows["refloor"],
             source=fitted_floor,
         )
     if host_floor is not None:
@@ -1346,8 +1337,8 @@ def score(args: argparse.Namespace) -> int:
             f"the same calibration with the floor fitted on this run's own machine, "
             f"{host_floor['eager_step_floor_ms']:.3g} ms under every step outside the CUDA graphs, in place of the "
             "stored one (single requests sent after its vLLM's-defaults cases: a what-if, its cases seen)",
-            probed_groups,
-            probed_rows,
+            beside_groups["probed"],
+            beside_rows["probed"],
             source=host_floor,
         )
     if floor is not None:
@@ -1355,8 +1346,8 @@ def score(args: argparse.Namespace) -> int:
             f"the same calibration with every step of more tokens than vLLM's largest CUDA "
             f"graph costing at least {floor['eager_step_floor_ms']:.2f} ms (a what-if measured on single "
             "requests, not fitted on these runs; these runs were seen before it was measured)",
-            floor_groups,
-            floor_rows,
+            beside_groups["floor"],
+            beside_rows["floor"],
             source={
                 **floor,
                 "same_gpu_and_model": floor["gpu"] == live["machine"].get("gpu")
