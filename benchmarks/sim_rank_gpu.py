@@ -1069,7 +1069,7 @@ def score(args: argparse.Namespace) -> int:
         # And the leave-one-out of the stored floor under steps outside the CUDA graphs
         # (`serving/perf/data/<hardware>_eager.json`), where one is stored.
         no_floor = (
-            dataclasses.replace(stored, eager_step_floor_ms=0.0, eager_layer_floor_us=0.0)
+            _with_floor(stored, 0.0, 0.0)
             if stored.eager_step_floor_ms > 0 or stored.eager_layer_floor_us > 0
             else None
         )
@@ -1078,13 +1078,7 @@ def score(args: argparse.Namespace) -> int:
         # graphs, measured on single requests (`eager_floor_from`), not fitted.
         floor_source = getattr(args, "eager_floor_from", None)
         floor = eager_floor_from(floor_source) if floor_source is not None else None
-        floored = (
-            dataclasses.replace(
-                stored, eager_step_floor_ms=floor["eager_step_floor_ms"], eager_layer_floor_us=0.0
-            )
-            if floor
-            else None
-        )
+        floored = _with_floor(stored, floor["eager_step_floor_ms"], 0.0) if floor else None
         # A what-if beside: the floor measured on this run's own machine (its floor probes).
         host_floor = None
         if getattr(args, "floor_from_probe", False):
@@ -1093,22 +1087,12 @@ def score(args: argparse.Namespace) -> int:
             host_floor = probe_floor(live, Path(scratch))
             if host_floor is None:
                 raise SystemExit(f"{args.live} holds no floor probe (measure --floor-probe-lengths)")
-        probed = (
-            dataclasses.replace(
-                stored, eager_step_floor_ms=host_floor["eager_step_floor_ms"], eager_layer_floor_us=0.0
-            )
-            if host_floor
-            else None
-        )
+        probed = _with_floor(stored, host_floor["eager_step_floor_ms"], 0.0) if host_floor else None
         # A what-if beside: the floor of another reading of the floor fit (`floor_fit_from`).
         fit_source = getattr(args, "floor_fit_beside", None)
         fitted_floor = floor_fit_from(fit_source, args.floor_fit_form) if fit_source is not None else None
         refloored = (
-            dataclasses.replace(
-                stored,
-                eager_step_floor_ms=fitted_floor["eager_step_floor_ms"],
-                eager_layer_floor_us=fitted_floor["eager_layer_floor_us"],
-            )
+            _with_floor(stored, fitted_floor["eager_step_floor_ms"], fitted_floor["eager_layer_floor_us"])
             if fitted_floor
             else None
         )
@@ -1154,8 +1138,7 @@ def score(args: argparse.Namespace) -> int:
             measured = [first[n] for n in names]
             all_started += [c["started_at"] for c in cases]
             g = score_group(names, predicted, measured, rng)
-            # The same cases under another calibration, scored beside: the datasheet what-if a
-            # profile replaced, and the ablation.
+            # The same cases under each other calibration of `others`, scored beside.
             for key, other in others.items():
                 if other is None:
                     continue
@@ -1357,6 +1340,11 @@ def score(args: argparse.Namespace) -> int:
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def _with_floor(efficiency: Any, floor_ms: float, layer_floor_us: float) -> Any:
+    """`efficiency` with its floor under steps outside the CUDA graphs set (fixed ms, us per layer)."""
+    return dataclasses.replace(efficiency, eager_step_floor_ms=floor_ms, eager_layer_floor_us=layer_floor_us)
 
 
 def _beside(
