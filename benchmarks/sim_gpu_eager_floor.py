@@ -301,14 +301,16 @@ def bootstrap(
     }
 
 
-def probe_floor(live: dict[str, Any], scratch: Path) -> dict[str, Any] | None:
+def probe_floor(live: dict[str, Any], scratch: Path, offset: str = "none") -> dict[str, Any] | None:
     """The floor on the machine of a `sim_rank_gpu.py` run, from the single requests its
     `--floor-probe-lengths` sent after each case of vLLM's defaults (`floor_probe`): the fixed
-    floor fitted on the probes' steps outside the CUDA graphs (one model, so one size). None where
-    the run has no probe."""
+    floor fitted on the probes' steps outside the CUDA graphs (one model, so one size). With
+    `offset` "inside-graphs", each probe's per-request cost (`with_offset`, from its lengths inside
+    the graphs) is first taken off. None where the run has no probe."""
     probes = [c for g in live.get("groups", {}).values() for c in g["cases"] if c.get("floor_probe")]
     if not probes:
         return None
+    scratch.mkdir(parents=True, exist_ok=True)
     points: list[Point] = []
     for i, case in enumerate(probes):
         probe = case["floor_probe"]
@@ -332,7 +334,11 @@ def probe_floor(live: dict[str, Any], scratch: Path) -> dict[str, Any] | None:
         folder = scratch / f"floor-probe-{i}"
         folder.mkdir()
         found, _ = read_points(path, folder)
-        points += found
+        points += with_offset(found, offset)
+    if offset != "none" and any(p.offset_ms is None for p in points):
+        raise SystemExit(
+            "a floor probe holds no one-step length inside the CUDA graphs: no per-request offset to take off"
+        )
     outside = [p for p in points if p.outside]
     if not outside:
         raise SystemExit("the run's floor probes hold no step outside the CUDA graphs: no floor to fit")
@@ -340,7 +346,10 @@ def probe_floor(live: dict[str, Any], scratch: Path) -> dict[str, Any] | None:
     fits: dict[str, dict[str, float]] = {"none": {}, "fixed": fit_form("fixed", sim, layers, measured)}
     return {
         "how": "the fixed floor of least squared log error over the probes' one-step lengths outside the "
-        "CUDA graphs (the engine's median prefill per request against the simulator's step with no floor)",
+        "CUDA graphs (the engine's median prefill per request against the simulator's step with no floor)"
+        + ("" if offset == "none" else ", each probe's per-request cost inside the graphs taken off first"),
+        "offset": offset,
+        "offsets_ms": sorted({p.offset_ms for p in points if p.offset_ms is not None}),
         "eager_step_floor_ms": fits["fixed"]["a"],
         "probes": [c["started_at"] for c in probes],
         "points_outside_graphs": len(outside),

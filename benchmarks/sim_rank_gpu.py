@@ -1080,14 +1080,19 @@ def score(args: argparse.Namespace) -> int:
         floor = eager_floor_from(floor_source) if floor_source is not None else None
         floored = _with_floor(stored, floor["eager_step_floor_ms"], 0.0) if floor else None
         # A what-if beside: the floor measured on this run's own machine (its floor probes).
-        host_floor = None
+        # Read raw, as the stored floor was, and net of each probe's per-request cost.
+        host_floor = host_floor_net = None
         if getattr(args, "floor_from_probe", False):
             from benchmarks.sim_gpu_eager_floor import probe_floor
 
-            host_floor = probe_floor(live, Path(scratch))
+            host_floor = probe_floor(live, Path(scratch) / "raw")
             if host_floor is None:
                 raise SystemExit(f"{args.live} holds no floor probe (measure --floor-probe-lengths)")
+            host_floor_net = probe_floor(live, Path(scratch) / "net", offset="inside-graphs")
         probed = _with_floor(stored, host_floor["eager_step_floor_ms"], 0.0) if host_floor else None
+        probed_net = (
+            _with_floor(stored, host_floor_net["eager_step_floor_ms"], 0.0) if host_floor_net else None
+        )
         # A what-if beside: the floor of another reading of the floor fit (`floor_fit_from`).
         fit_source = getattr(args, "floor_fit_beside", None)
         fitted_floor = floor_fit_from(fit_source, args.floor_fit_form) if fit_source is not None else None
@@ -1107,6 +1112,7 @@ def score(args: argparse.Namespace) -> int:
             "no_floor": no_floor,
             "refloor": refloored,
             "probed": probed,
+            "probed_net": probed_net,
         }
         beside_groups: dict[str, dict[str, Any]] = {k: {} for k in others}
         beside_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in others}
@@ -1323,6 +1329,16 @@ def score(args: argparse.Namespace) -> int:
             beside_groups["probed"],
             beside_rows["probed"],
             source=host_floor,
+        )
+    if host_floor_net is not None:
+        result["probe_floor_net_beside"] = _beside(
+            f"as probe_floor_beside, with each probe's per-request cost inside the CUDA graphs "
+            f"({', '.join(f'{v:.3g}' for v in host_floor_net['offsets_ms'])} ms) taken off before the fit: "
+            f"{host_floor_net['eager_step_floor_ms']:.3g} ms under every step outside the graphs (a what-if, its "
+            "cases seen)",
+            beside_groups["probed_net"],
+            beside_rows["probed_net"],
+            source=host_floor_net,
         )
     if floor is not None:
         result["eager_floor_beside"] = _beside(

@@ -453,7 +453,8 @@ def test_a_floor_fit_reading_is_taken_for_the_what_if_beside(tmp_path: Path) -> 
 
 def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path: Path) -> None:
     """A run whose floor probe measured every step outside the CUDA graphs at 14 ms (inside them,
-    the simulator's own time): the floor fitted on the probe is 14 ms, scored beside."""
+    the simulator's own time), each request 4 ms more besides: read raw, the floor fitted on the
+    probe is 18 ms; net of the 4 ms its lengths inside the graphs show, 14 ms. Both scored beside."""
     from benchmarks import sim_gpu_eager_floor as eager
 
     live = _live_file(tmp_path, scale=dict.fromkeys(CHOSEN, 1.0), gpu="NVIDIA H100 80GB HBM3, 81559 MiB")
@@ -485,17 +486,29 @@ def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path:
     placeholder = eager.probe_floor(data, scratch)
     assert placeholder is not None
     sim = {r["prompt_tokens"]: r["sim_ms"] for r in placeholder["rows"]}
-    first["floor_probe"] = probe({n: max(sim[n], 14.0 if n > 512 else 0.0) for n in lengths})
+    first["floor_probe"] = probe({n: max(sim[n], 14.0 if n > 512 else 0.0) + 4.0 for n in lengths})
     live.write_text(json.dumps(data))
     out = tmp_path / "scored.json"
     args = argparse.Namespace(live=live, out=out, floor_from_probe=True)
     assert sim_rank_gpu.score(args) == 0
-    beside = json.loads(out.read_text())["probe_floor_beside"]
-    assert beside["source"]["eager_step_floor_ms"] == pytest.approx(14.0, rel=1e-3)
-    assert beside["source"]["points_outside_graphs"] == 3
-    assert beside["source"]["fit_mape"] == pytest.approx(0.0, abs=1e-3)
-    assert beside["source"]["none_mape"] > 0.05
-    assert beside["summary"]["groups"] == 1
+    result = json.loads(out.read_text())
+    raw, net = result["probe_floor_beside"], result["probe_floor_net_beside"]
+    assert raw["source"]["eager_step_floor_ms"] == pytest.approx(18.0, rel=1e-3)
+    assert raw["source"]["offset"] == "none"
+    assert net["source"]["eager_step_floor_ms"] == pytest.approx(14.0, rel=1e-3)
+    assert net["source"]["offsets_ms"] == [pytest.approx(4.0)]
+    # net of the cost the floor fits exactly; raw, the longest length (its step above the floor)
+    # keeps its 4 ms, which no fixed floor can fit
+    assert net["source"]["fit_mape"] == pytest.approx(0.0, abs=1e-3)
+    assert raw["source"]["fit_mape"] > 0.01
+    for beside in (raw, net):
+        assert beside["source"]["points_outside_graphs"] == 3
+        assert beside["source"]["none_mape"] > 0.05
+        assert beside["summary"]["groups"] == 1
+    # a probe with no length inside the graphs has no per-request cost to take off
+    first["floor_probe"]["lengths"] = [e for e in first["floor_probe"]["lengths"] if e["prompt_tokens"] > 512]
+    with pytest.raises(SystemExit, match="no per-request offset"):
+        eager.probe_floor(data, tmp_path / "no-inside", offset="inside-graphs")
     del first["floor_probe"]
     live.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="holds no floor probe"):
