@@ -499,6 +499,21 @@ def _parse_probe_lengths(text: str, max_model_len: int) -> list[int]:
     return lengths
 
 
+FIRST_PROBE_ESTIMATE_S = 90.0  # a floor probe of five lengths, before one has been timed
+
+
+def case_estimate(done: Sequence[dict[str, Any]], *, probe: bool, first_case_s: float) -> float:
+    """The seconds the next case is expected to take: the longest of the last three cases without
+    their floor probes, plus a tenth, and the longest probe so far (else FIRST_PROBE_ESTIMATE_S)
+    when the next case is probed. A probe's minute thus counts only before a probed case."""
+    plain = [c["seconds"] - (c.get("floor_probe") or {}).get("seconds", 0.0) for c in done]
+    estimate = max(plain[-3:]) * 1.1 if plain else first_case_s
+    if probe:
+        probes = [c["floor_probe"]["seconds"] for c in done if c.get("floor_probe")]
+        estimate += max(probes) if probes else FIRST_PROBE_ESTIMATE_S
+    return estimate
+
+
 def measure(args: argparse.Namespace) -> int:
     args.ladder = _parse_rates(args.ladder)
     args.loads = _parse_loads(args.loads)
@@ -546,22 +561,16 @@ def measure(args: argparse.Namespace) -> int:
         order = group_order(args.configs, gi)
         while len(group["cases"]) < len(order):
             name = order[len(group["cases"])]
-            done = [c["seconds"] for g in groups.values() for c in g["cases"]]
-            estimate = max(done[-3:]) * 1.1 if done else args.first_case_estimate_s
+            probe = bool(args.floor_probe_lengths) and name == REPEATED
+            done = [c for g in groups.values() for c in g["cases"]]
+            estimate = case_estimate(done, probe=probe, first_case_s=args.first_case_estimate_s)
             if not clock.fits(estimate):
                 log(f"[{load}] stopping before {name}: ~{estimate:.0f} s needed, {clock.left():.0f} s left")
                 persist(False)
                 return 0
             log(f"[{load} {rate:g} req/s] case {len(group['cases']) + 1}/{len(order)}: {name}")
             # the floor probe follows each case of vLLM's defaults (the repeated configuration)
-            case = live_case(
-                args,
-                name,
-                path,
-                caps,
-                group["seed"],
-                probe=bool(args.floor_probe_lengths) and name == REPEATED,
-            )
+            case = live_case(args, name, path, caps, group["seed"], probe=probe)
             group["cases"].append(case)
             log(
                 f"  p50 TTFT {case['ttft_p50_ms'] or math.nan:,.1f} ms, p95 {case['ttft_p95_ms'] or math.nan:,.1f} ms, "

@@ -521,3 +521,20 @@ def test_floor_probe_lengths_are_bounded() -> None:
     for bad in ("100", "512,x", "512,9000", ",".join(str(600 + i) for i in range(9))):
         with pytest.raises(SystemExit, match="floor-probe-lengths"):
             sim_rank_gpu._parse_probe_lengths(bad, 32768)
+
+
+def test_a_floor_probe_counts_in_the_estimate_only_before_a_probed_case() -> None:
+    """The H200 run of 2026-12-07 stopped before a 175 s case with 284 s left: its estimate held
+    the first case's 75 s probe. The probe now counts only before a case that is probed."""
+    probed = {"config": "vllm_defaults", "seconds": 281.0, "floor_probe": {"seconds": 60.0}}
+    plain = [probed, {"config": "budget_1024", "seconds": 174.0}]
+    assert sim_rank_gpu.case_estimate(plain, probe=False, first_case_s=150.0) == pytest.approx(221.0 * 1.1)
+    assert sim_rank_gpu.case_estimate(plain, probe=True, first_case_s=150.0) == pytest.approx(
+        221.0 * 1.1 + 60.0
+    )
+    first = sim_rank_gpu.case_estimate([], probe=True, first_case_s=150.0)
+    assert first == 150.0 + sim_rank_gpu.FIRST_PROBE_ESTIMATE_S
+    assert sim_rank_gpu.case_estimate([], probe=False, first_case_s=150.0) == 150.0
+    # only the last three cases count
+    older = [{"config": "x", "seconds": 500.0}, *[{"config": "y", "seconds": 100.0}] * 3]
+    assert sim_rank_gpu.case_estimate(older, probe=False, first_case_s=150.0) == pytest.approx(110.0)
