@@ -14,6 +14,7 @@ trace's real sharing. A request's partial last block is the beginning of its blo
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -40,6 +41,39 @@ class SynthesizedPrompt:
     num_shared_blocks: int  # leading blocks that came from trace block ids
 
 
+@functools.lru_cache(maxsize=8)
+def word_pool(tokenizer: PromptTokenizer, seed: int) -> tuple[str, ...]:
+    """The tokenizer's words that stay one token each, alone and next to each other, in a stable
+    order. Kept for the last few (tokenizer, seed) pairs: building it decodes and encodes the
+    whole vocabulary, and a run that sends its requests in many small replays (single requests
+    of several lengths, one at a time) would pay that on every one. `load_tokenizer` keeps one tokenizer object per folder, so the key is stable."""
+    tok = tokenizer
+    pieces: list[tuple[int, str]] = []
+    for token_id in range(tok.vocab_size):
+        piece = tok.decode([token_id])
+        if _WORD.fullmatch(piece):
+            pieces.append((token_id, piece))
+    if not pieces:
+        raise PromptSynthesisError(f"{tok.source}: no single-token ' word' entries in the vocabulary")
+    encoded = tok.encode_batch([p for _, p in pieces])
+    pool = sorted({p for (tid, p), ids in zip(pieces, encoded, strict=True) if ids == [tid]})
+    # Words must stay one token each next to their neighbours: test every word after a few
+    # others and drop the ones that merge.
+    rng = np.random.default_rng([seed, 7])
+    for _ in range(3):
+        order = rng.permutation(len(pool))
+        pairs = [pool[int(a)] + pool[int(b)] for a, b in zip(order, np.roll(order, 1), strict=True)]
+        counts = [len(ids) for ids in tok.encode_batch(pairs)]
+        bad = {pool[int(a)] for a, c in zip(order, counts, strict=True) if c != 2}
+        bad |= {pool[int(b)] for b, c in zip(np.roll(order, 1), counts, strict=True) if c != 2}
+        pool = [p for p in pool if p not in bad]
+    if len(pool) < _MIN_POOL:
+        raise PromptSynthesisError(
+            f"{tok.source}: only {len(pool)} usable single-token words (need {_MIN_POOL})"
+        )
+    return tuple(pool)
+
+
 class PromptSynthesizer:
     """Builds prompt text of exact token counts from a tokenizer's single-token words."""
 
@@ -47,7 +81,7 @@ class PromptSynthesizer:
         self.tokenizer = tokenizer
         self.seed = seed
         self.chat = chat
-        self._pool = self._word_pool()
+        self._pool = word_pool(tokenizer, seed)
         sample = "".join(self._pool[:16])
         self.overhead_tokens = (
             tokenizer.chat_overhead_tokens(sample) if chat else tokenizer.special_tokens_added()
@@ -59,33 +93,6 @@ class PromptSynthesizer:
     @property
     def pool_size(self) -> int:
         return len(self._pool)
-
-    def _word_pool(self) -> list[str]:
-        tok = self.tokenizer
-        pieces: list[tuple[int, str]] = []
-        for token_id in range(tok.vocab_size):
-            piece = tok.decode([token_id])
-            if _WORD.fullmatch(piece):
-                pieces.append((token_id, piece))
-        if not pieces:
-            raise PromptSynthesisError(f"{tok.source}: no single-token ' word' entries in the vocabulary")
-        encoded = tok.encode_batch([p for _, p in pieces])
-        pool = sorted({p for (tid, p), ids in zip(pieces, encoded, strict=True) if ids == [tid]})
-        # Words must stay one token each next to their neighbours: test every word after a few
-        # others and drop the ones that merge.
-        rng = np.random.default_rng([self.seed, 7])
-        for _ in range(3):
-            order = rng.permutation(len(pool))
-            pairs = [pool[int(a)] + pool[int(b)] for a, b in zip(order, np.roll(order, 1), strict=True)]
-            counts = [len(ids) for ids in tok.encode_batch(pairs)]
-            bad = {pool[int(a)] for a, c in zip(order, counts, strict=True) if c != 2}
-            bad |= {pool[int(b)] for b, c in zip(np.roll(order, 1), counts, strict=True) if c != 2}
-            pool = [p for p in pool if p not in bad]
-        if len(pool) < _MIN_POOL:
-            raise PromptSynthesisError(
-                f"{tok.source}: only {len(pool)} usable single-token words (need {_MIN_POOL})"
-            )
-        return pool
 
     def _block_words(self, key: tuple[int, int], num_words: int) -> list[int]:
         # Regenerated on every use rather than cached: a generator seeded by (seed, key) is cheap,

@@ -117,3 +117,20 @@ def test_a_tokenizer_is_loaded_once_per_process_while_its_files_are_unchanged(
     assert second.encode("hello world") == first.encode("hello world")
     with pytest.raises(TokenizerUnavailable, match="does not exist"):
         load_tokenizer(tmp_path / "missing")
+
+
+def test_the_word_pool_is_built_once_per_tokenizer_and_seed(tokenizer: PromptTokenizer) -> None:
+    """A replay per single request (sim_gpu_isolated.measure_lengths) builds a synthesizer each
+    time; the pool, a pass over the whole vocabulary, is built once per (tokenizer, seed), and a
+    synthesizer from the kept pool writes the same text as the first."""
+    from serving.loadgen.prompts import word_pool
+
+    first = PromptSynthesizer(tokenizer, seed=41)
+    built = word_pool.cache_info().misses
+    again = PromptSynthesizer(tokenizer, seed=41)
+    assert word_pool.cache_info().misses == built
+    assert again.pool_size == first.pool_size
+    request = TraceRequest(0.0, 700, 1, hash_ids=(5, 6))
+    assert again.synthesize(request, request_index=2).text == first.synthesize(request, request_index=2).text
+    PromptSynthesizer(tokenizer, seed=42)
+    assert word_pool.cache_info().misses == built + 1
