@@ -73,6 +73,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -291,7 +292,10 @@ def live_case(
     config = _engine_config(CONFIGS[name], caps["max_model_len"], args.cpu_kv_cache_gib, args.model_dir)
     started_at = datetime.now(UTC)
     started = time.monotonic()
-    with start_engine(model=str(args.model_dir), config=config, startup_timeout_s=900) as engine:
+    log_path = path.parent / "engine-logs" / f"{started_at:%Y%m%dT%H%M%S}-{name}.log"
+    with start_engine(
+        model=str(args.model_dir), config=config, startup_timeout_s=900, log_path=log_path
+    ) as engine:
         ready_s = time.monotonic() - started
         url = engine.base_url
         # Words no case uses (another seed): lazy initialisation, not the workload's prefixes.
@@ -319,6 +323,7 @@ def live_case(
         "knobs": CONFIGS[name],
         "started_at": started_at.isoformat(timespec="seconds"),
         "engine_ready_s": round(ready_s, 1),
+        "engine_startup": engine_startup(log_path.read_text(errors="replace") if log_path.is_file() else ""),
         "requests": s.num_requests,
         "errors": s.num_errors,
         "ttft_p50_ms": finite(s.ttft_ms.p50),
@@ -339,6 +344,28 @@ def live_case(
         **({"floor_probe": floor_probe} if floor_probe is not None else {}),
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+# Where an engine's start-up goes, as vLLM's own log reports it (the last report of each; None
+# where the log has none, as on an engine that compiles nothing or captures no graphs).
+STARTUP_REPORTS = {
+    "weights_s": re.compile(
+        r"(?:Loading weights took|Model loading took [\d.]+ ?GiB(?: memory)? and) ([\d.]+) ?s"
+    ),
+    "compile_s": re.compile(r"torch\.compile takes ([\d.]+) ?s in total"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) ?secs?"),
+    "init_engine_s": re.compile(r"init engine\b.*? took ([\d.]+) ?s"),
+}
+
+
+def engine_startup(log: str) -> dict[str, float | None]:
+    """The start-up phases vLLM's log reports (`STARTUP_REPORTS`), in seconds: what of a case's
+    `engine_ready_s` the weights, compilation, graph capture and engine set-up took."""
+    found: dict[str, float | None] = {}
+    for key, pattern in STARTUP_REPORTS.items():
+        matches = pattern.findall(log)
+        found[key] = float(matches[-1]) if matches else None
+    return found
 
 
 FLOOR_PROBE_REPEATS = 3

@@ -538,3 +538,35 @@ def test_a_floor_probe_counts_in_the_estimate_only_before_a_probed_case() -> Non
     # only the last three cases count
     older = [{"config": "x", "seconds": 500.0}, *[{"config": "y", "seconds": 100.0}] * 3]
     assert sim_rank_gpu.case_estimate(older, probe=False, first_case_s=150.0) == pytest.approx(110.0)
+
+
+def test_engine_startup_reads_vllms_own_reports() -> None:
+    """Each case keeps where its engine's start-up went, as vLLM's log reports it: the last
+    report of each phase (a compile of several graphs reports its total last), None where absent."""
+    log = "\n".join(
+        [
+            "(EngineCore_DP0 pid=88) INFO 12-07 18:53:01 [gpu_model_runner.py:2602] Model loading took "
+            "3.2 GiB memory and 2.41 seconds",
+            "(EngineCore_DP0 pid=88) INFO 12-07 18:53:40 [backends.py:548] Compiling a graph for dynamic "
+            "shape takes 20.10 s",
+            "(EngineCore_DP0 pid=88) INFO 12-07 18:53:52 [monitor.py:34] torch.compile takes 31.52 s in total",
+            "(EngineCore_DP0 pid=88) INFO 12-07 18:54:20 [gpu_model_runner.py:3480] Graph capturing finished "
+            "in 19 secs, took 0.61 GiB",
+            "(EngineCore_DP0 pid=88) INFO 12-07 18:54:20 [core.py:210] init engine (profile, create kv cache, "
+            "warmup model) took 66.04 seconds",
+        ]
+    )
+    assert sim_rank_gpu.engine_startup(log) == {
+        "weights_s": 2.41,
+        "compile_s": 31.52,
+        "graph_capture_s": 19.0,
+        "init_engine_s": 66.04,
+    }
+    eager = "INFO 12-07 [core.py] init engine took 12.5 s (compilation: 0.00 s)"
+    assert sim_rank_gpu.engine_startup(eager) == {
+        "weights_s": None,
+        "compile_s": None,
+        "graph_capture_s": None,
+        "init_engine_s": 12.5,
+    }
+    assert set(sim_rank_gpu.engine_startup("").values()) == {None}

@@ -127,6 +127,13 @@ def test_engine_launches_and_is_healthy(engine: EngineProcess, tiny_model_dir: P
     log = engine.log_path.read_text()
     assert "--enforce-eager" in log.splitlines()[0], "the log starts with the command line"
     assert "Application startup complete" in log
+    # the start-up phases a ranking case records, read from this real engine's log (eager: no
+    # compilation, no graphs)
+    from benchmarks.sim_rank_gpu import engine_startup
+
+    phases = engine_startup(log)
+    assert phases["weights_s"] is not None and phases["init_engine_s"] is not None
+    assert phases["compile_s"] is None and phases["graph_capture_s"] is None
 
 
 def _replay_slice(
