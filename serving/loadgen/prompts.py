@@ -46,7 +46,8 @@ def word_pool(tokenizer: PromptTokenizer, seed: int) -> tuple[str, ...]:
     """The tokenizer's words that stay one token each, alone and next to each other, in a stable
     order. Kept for the last few (tokenizer, seed) pairs: building it decodes and encodes the
     whole vocabulary, and a run that sends its requests in many small replays (single requests
-    of several lengths, one at a time) would pay that on every one. `load_tokenizer` keeps one tokenizer object per folder, so the key is stable."""
+    of several lengths, one at a time) would pay that on every one. `load_tokenizer` keeps one
+    tokenizer object per folder, so the key is stable."""
     tok = tokenizer
     pieces: list[tuple[int, str]] = []
     for token_id in range(tok.vocab_size):

@@ -525,7 +525,7 @@ def test_floor_probe_lengths_are_bounded() -> None:
 
 def test_a_floor_probe_counts_in_the_estimate_only_before_a_probed_case() -> None:
     """The H200 run of 2026-12-07 stopped before a 175 s case with 284 s left: its estimate held
-    the first case's 75 s probe. The probe now counts only before a case that is probed."""
+    the first case's 75 s probe (60 s here). The probe now counts only before a case that is probed."""
     probed = {"config": "vllm_defaults", "seconds": 281.0, "floor_probe": {"seconds": 60.0}}
     plain = [probed, {"config": "budget_1024", "seconds": 174.0}]
     assert sim_rank_gpu.case_estimate(plain, probe=False, first_case_s=150.0) == pytest.approx(221.0 * 1.1)
