@@ -760,6 +760,8 @@ def plan(args: argparse.Namespace) -> int:
         if args.slower > 1.0
         else None,
         "case_s": args.case_s,
+        "headline_floor": getattr(args, "headline_floor", "stored"),
+        "headline_floor_how": HEADLINE_FLOORS[getattr(args, "headline_floor", "stored")],
         "groups": groups,
     }
     save_state(args.out, result)
@@ -821,6 +823,14 @@ def scored_header(benchmark: str, live_path: Path, raw: bytes, live: dict[str, A
 # The step costs `score` also predicts each case at (x the calibration's): the plan's default
 # `--slower` and half again.
 SLOWER_BAND = (1.25, 1.5)
+# What a plan may declare as its score's headline calibration, before the run.
+HEADLINE_FLOORS = {
+    "stored": "the stored calibration of the card (serving/perf/data/), as it was before the run",
+    "probe-net": "the stored calibration with a fixed floor under every step outside the CUDA graphs, fitted on "
+    "the run's own floor probes (single requests after each vLLM's-defaults case, measure "
+    "--floor-probe-lengths) net of each probe's per-request cost inside the graphs; the floor belongs to "
+    "the host, so each deployment measures its own",
+}
 
 
 def slower_band_row(
@@ -1109,7 +1119,6 @@ def score(args: argparse.Namespace) -> int:
             if stored.eager_step_floor_ms > 0 or stored.eager_layer_floor_us > 0
             else None
         )
-        slower = [slower_steps(stored, f) for f in SLOWER_BAND]
         # A what-if beside: the same calibration with a floor under the steps run outside the CUDA
         # graphs, measured on single requests (`eager_floor_from`), not fitted.
         floor_source = getattr(args, "eager_floor_from", None)
@@ -1118,7 +1127,8 @@ def score(args: argparse.Namespace) -> int:
         # A what-if beside: the floor measured on this run's own machine (its floor probes).
         # Read raw, as the stored floor was, and net of each probe's per-request cost.
         host_floor = host_floor_net = None
-        if getattr(args, "floor_from_probe", False):
+        headline_floor = headline_floor_of(args)
+        if getattr(args, "floor_from_probe", False) or headline_floor == "probe-net":
             from benchmarks.sim_gpu_eager_floor import probe_floor
 
             host_floor = probe_floor(live, Path(scratch) / "raw")
@@ -1129,6 +1139,11 @@ def score(args: argparse.Namespace) -> int:
         probed_net = (
             _with_floor(stored, host_floor_net["eager_step_floor_ms"], 0.0) if host_floor_net else None
         )
+        # The headline's calibration: the stored one, or (declared in the plan before the run) the
+        # stored one with the floor of this run's own probes, net of their per-request cost; the
+        # stored one alone is then scored beside, and it is what the plan predicted.
+        headline = probed_net if headline_floor == "probe-net" else None
+        slower = [slower_steps(headline or stored, f) for f in SLOWER_BAND]
         # A what-if beside: the floor of another reading of the floor fit (`floor_fit_from`).
         fit_source = getattr(args, "floor_fit_beside", None)
         fitted_floor = floor_fit_from(fit_source, args.floor_fit_form) if fit_source is not None else None
@@ -1148,7 +1163,8 @@ def score(args: argparse.Namespace) -> int:
             "no_floor": no_floor,
             "refloor": refloored,
             "probed": probed,
-            "probed_net": probed_net,
+            "probed_net": None if headline is not None else probed_net,
+            "stored": stored if headline is not None else None,
         }
         beside_groups: dict[str, dict[str, Any]] = {k: {} for k in others}
         beside_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in others}
@@ -1174,7 +1190,8 @@ def score(args: argparse.Namespace) -> int:
             )
             requests = read_trace(path)
             predicted = [
-                predict_case(model, requests, configs[n], caps, group["seed"], hardware) for n in names
+                predict_case(model, requests, configs[n], caps, group["seed"], hardware, headline)
+                for n in names
             ]
             basis = {p.pop("basis") for p in predicted}
             measured = [first[n] for n in names]
@@ -1285,7 +1302,9 @@ def score(args: argparse.Namespace) -> int:
     }
     plan_path = getattr(args, "plan", None)
     if plan_path is not None:
-        held_out["plan"] = plan_agreement(plan_path, rows, held_out["first_case_started_at"])
+        # The plan holds the stored calibration's predictions (a probe's floor is measured in the run).
+        planned_rows = beside_rows["stored"] if headline is not None else rows
+        held_out["plan"] = plan_agreement(plan_path, planned_rows, held_out["first_case_started_at"])
     header = scored_header("sim_rank_gpu", args.live, raw, live)
     header["live"].update(
         {
@@ -1300,8 +1319,14 @@ def score(args: argparse.Namespace) -> int:
         "trace": live["trace"],
         "held_out": held_out,
         "hardware": hardware,
+        "headline_floor": headline_floor,
         "prediction": (
-            "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs"
+            f"the stored {hardware} calibration ({', '.join(files)}) with the floor of this run's own probes "
+            f"net of their per-request cost, {host_floor_net['eager_step_floor_ms']:.3g} ms under every step "
+            "outside the CUDA graphs (single requests sent after each vLLM's-defaults case; the rule declared "
+            "in the plan before the run); nothing fitted on the loaded cases"
+            if headline is not None and host_floor_net is not None
+            else "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs"
             if hardware == "h200"
             else f"the {hardware}'s own operator profile ({files[0]}) with the engine costs borrowed from the "
             "H200's live fit (h200_live.json); nothing fitted on these runs"
@@ -1357,6 +1382,15 @@ def score(args: argparse.Namespace) -> int:
             beside_rows["refloor"],
             source=fitted_floor,
         )
+    if headline is not None:
+        # What the headline's floor rests on: the probes (single requests, never the loaded cases).
+        result["headline_floor_source"] = host_floor_net
+    if beside_groups["stored"]:
+        result["stored_calibration_beside"] = _beside(
+            "the stored calibration alone, without this run's probe floor (what the plan predicted)",
+            beside_groups["stored"],
+            beside_rows["stored"],
+        )
     if host_floor is not None:
         result["probe_floor_beside"] = _beside(
             f"the same calibration with the floor fitted on this run's own machine, "
@@ -1366,7 +1400,7 @@ def score(args: argparse.Namespace) -> int:
             beside_rows["probed"],
             source=host_floor,
         )
-    if host_floor_net is not None:
+    if host_floor_net is not None and beside_groups["probed_net"]:
         result["probe_floor_net_beside"] = _beside(
             f"as probe_floor_beside, with each probe's per-request cost inside the CUDA graphs "
             f"({', '.join(f'{v:.3g}' for v in host_floor_net['offsets_ms'])} ms) taken off before the fit: "
@@ -1392,6 +1426,25 @@ def score(args: argparse.Namespace) -> int:
     save_state(args.out, result)
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def headline_floor_of(args: argparse.Namespace) -> str:
+    """The headline's floor under steps outside the CUDA graphs: the plan's declaration where a plan
+    is given (a score may not choose another after the run), else `--headline-floor`, else the
+    stored calibration's."""
+    asked = getattr(args, "headline_floor", None)
+    plan_path = getattr(args, "plan", None)
+    declared = None
+    if plan_path is not None:
+        declared = json.loads(plan_path.read_bytes()).get("headline_floor", "stored")
+        if asked is not None and asked != declared:
+            raise SystemExit(
+                f"--headline-floor {asked}: the plan {plan_path} declared {declared!r} before the run"
+            )
+    chosen = declared or asked or "stored"
+    if chosen not in HEADLINE_FLOORS:
+        raise SystemExit(f"headline floor {chosen!r}: one of {', '.join(HEADLINE_FLOORS)}")
+    return chosen
 
 
 def _with_floor(efficiency: Any, floor_ms: float, layer_floor_us: float) -> Any:
@@ -1547,6 +1600,13 @@ def main() -> int:
         choices=sorted({profiled_hardware(g) for g in GPU_NAMES}),
         help="the card the live run will get (an H100 is predicted from its own operator profile)",
     )
+    pl.add_argument(
+        "--headline-floor",
+        default="stored",
+        choices=sorted(HEADLINE_FLOORS),
+        help="the score's headline calibration, declared before the run: "
+        + "; ".join(f"{k}: {v}" for k, v in HEADLINE_FLOORS.items()),
+    )
     pl.add_argument("--out", type=Path, required=True)
     s = sub.add_parser("score", help="anywhere: predict every case and score the ranking")
     s.add_argument("live", type=Path, help="the live file `measure` wrote")
@@ -1579,7 +1639,14 @@ def main() -> int:
         "--plan",
         type=Path,
         default=None,
-        help="the plan file committed before the run: its predictions are checked to be the score's",
+        help="the plan file committed before the run: its predictions are checked to be the score's, and "
+        "its headline floor is the score's",
+    )
+    s.add_argument(
+        "--headline-floor",
+        default=None,
+        choices=sorted(HEADLINE_FLOORS),
+        help="without a plan: the headline's calibration (default stored)",
     )
     args = parser.parse_args()
     steps = {"measure": measure, "plan": plan, "score": score}

@@ -505,6 +505,34 @@ def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path:
         assert beside["source"]["points_outside_graphs"] == 3
         assert beside["source"]["none_mape"] > 0.05
         assert beside["summary"]["groups"] == 1
+    # Declared before the run, the net probe floor is the headline: the stored calibration alone
+    # is then scored beside, and it is what the plan predicted.
+    planned = {r["config"]: r["sim"] for r in result["rows"]}
+    plan = {
+        "benchmark": "sim_rank_gpu_plan",
+        "when": "2029-12-31T00:00:00+00:00",
+        "headline_floor": "probe-net",
+        "groups": {"loaded": {"predicted": planned}},
+    }
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    headed = tmp_path / "headed.json"
+    assert sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=plan_path)) == 0
+    head = json.loads(headed.read_text())
+    assert head["headline_floor"] == "probe-net" and "14" in head["prediction"]
+    assert head["headline_floor_source"]["eager_step_floor_ms"] == pytest.approx(14.0, rel=1e-3)
+    figures = ("rank_tau", "top3_hit_rate", "p50_ttft_mape", "p95_ttft_mape", "tpot_p50_mape")
+    for key in figures:  # the rows the headline scores round each prediction (below a millionth)
+        for got, want in ((head, net), (head["stored_calibration_beside"], result)):
+            value = want["summary"][key]
+            assert got["summary"][key] == (value if value is None else pytest.approx(value, rel=1e-4))
+    # the raw reading stays beside; the net one is the headline
+    assert "probe_floor_net_beside" not in head and "probe_floor_beside" in head
+    agreement = head["held_out"]["plan"]
+    assert agreement["same_predictions"] and agreement["written_before_first_case"]
+    # a score may not choose another headline than its plan declared
+    with pytest.raises(SystemExit, match="declared 'probe-net' before the run"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=plan_path, headline_floor="stored"))
     # a probe with no length inside the graphs has no per-request cost to take off
     first["floor_probe"]["lengths"] = [e for e in first["floor_probe"]["lengths"] if e["prompt_tokens"] > 512]
     with pytest.raises(SystemExit, match="no per-request offset"):
