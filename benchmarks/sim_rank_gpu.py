@@ -1127,6 +1127,7 @@ def score(args: argparse.Namespace) -> int:
         # A what-if beside: the floor measured on this run's own machine (its floor probes).
         # Read raw, as the stored floor was, and net of each probe's per-request cost.
         host_floor = host_floor_net = None
+        net_withheld: str | None = None
         headline_floor = headline_floor_of(args)
         if getattr(args, "floor_from_probe", False) or headline_floor == "probe-net":
             from benchmarks.sim_gpu_eager_floor import probe_floor
@@ -1134,7 +1135,14 @@ def score(args: argparse.Namespace) -> int:
             host_floor = probe_floor(live, Path(scratch) / "raw")
             if host_floor is None:
                 raise SystemExit(f"{args.live} holds no floor probe (measure --floor-probe-lengths)")
-            host_floor_net = probe_floor(live, Path(scratch) / "net", offset="inside-graphs")
+            try:
+                host_floor_net = probe_floor(live, Path(scratch) / "net", offset="inside-graphs")
+            except SystemExit as exc:
+                # Beside the stored headline the raw reading is still scored; as the headline, refused.
+                if headline_floor == "probe-net":
+                    raise
+                net_withheld = str(exc)
+                log(f"the probe floor's net reading is not scored: {net_withheld}")
         probed = _with_floor(stored, host_floor["eager_step_floor_ms"], 0.0) if host_floor else None
         probed_net = (
             _with_floor(stored, host_floor_net["eager_step_floor_ms"], 0.0) if host_floor_net else None
@@ -1400,6 +1408,8 @@ def score(args: argparse.Namespace) -> int:
             beside_rows["probed"],
             source=host_floor,
         )
+    if net_withheld is not None:
+        result["probe_floor_net_withheld"] = net_withheld
     if host_floor_net is not None and beside_groups["probed_net"]:
         result["probe_floor_net_beside"] = _beside(
             f"as probe_floor_beside, with each probe's per-request cost inside the CUDA graphs "

@@ -537,6 +537,15 @@ def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path:
     first["floor_probe"]["lengths"] = [e for e in first["floor_probe"]["lengths"] if e["prompt_tokens"] > 512]
     with pytest.raises(SystemExit, match="no per-request offset"):
         eager.probe_floor(data, tmp_path / "no-inside", offset="inside-graphs")
+    # the score then keeps the raw reading beside and says why the net one is withheld; with the
+    # net reading declared as its headline, it refuses
+    live.write_text(json.dumps(data))
+    assert sim_rank_gpu.score(args) == 0
+    withheld = json.loads(out.read_text())
+    assert "probe_floor_beside" in withheld and "probe_floor_net_beside" not in withheld
+    assert "no per-request offset" in withheld["probe_floor_net_withheld"]
+    with pytest.raises(SystemExit, match="no per-request offset"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=plan_path))
     del first["floor_probe"]
     live.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="holds no floor probe"):
