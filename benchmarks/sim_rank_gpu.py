@@ -352,7 +352,7 @@ STARTUP_REPORTS = {
     "weights_s": re.compile(
         r"(?:Loading weights took|Model loading took [\d.]+ ?GiB(?: memory)? and) ([\d.]+) ?s"
     ),
-    "compile_s": re.compile(r"torch\.compile takes ([\d.]+) ?s in total"),
+    "compile_s": re.compile(r"torch\.compile (?:takes|took) ([\d.]+) ?s in total"),
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) ?secs?"),
     "init_engine_s": re.compile(r"init engine\b.*? took ([\d.]+) ?s"),
 }

@@ -599,6 +599,13 @@ def test_engine_startup_reads_vllms_own_reports() -> None:
         "graph_capture_s": 19.0,
         "init_engine_s": 66.04,
     }
+    # vLLM 0.26 on the H100 (the run of 2026-12-07 21:52): "took", not "takes"
+    h100 = (
+        "(EngineCore pid=1644) INFO 12-07 21:57:04 [monitor.py:53] torch.compile took 27.89 s in total\n"
+        "(EngineCore pid=1644) INFO 12-07 21:57:13 [model_runner.py:747] Graph capturing finished in 6 secs, "
+        "took 0.53 GiB"
+    )
+    assert sim_rank_gpu.engine_startup(h100)["compile_s"] == 27.89
     eager = "INFO 12-07 [core.py] init engine took 12.5 s (compilation: 0.00 s)"
     assert sim_rank_gpu.engine_startup(eager) == {
         "weights_s": None,
