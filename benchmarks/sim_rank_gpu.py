@@ -1331,7 +1331,7 @@ def score(args: argparse.Namespace) -> int:
         "prediction": (
             f"the stored {hardware} calibration ({', '.join(files)}) with the floor of this run's own probes "
             f"net of their per-request cost, {host_floor_net['eager_step_floor_ms']:.3g} ms under every step "
-            "outside the CUDA graphs (single requests sent after each vLLM's-defaults case; the rule declared "
+            "outside the CUDA graphs in place of any stored floor (single requests sent after each vLLM's-defaults case; the rule declared "
             "in the plan before the run); nothing fitted on the loaded cases"
             if headline is not None and host_floor_net is not None
             else "the stored H200 calibration (serving/perf/data/h200.json, h200_live.json); nothing fitted on these runs"
@@ -1446,7 +1446,13 @@ def headline_floor_of(args: argparse.Namespace) -> str:
     plan_path = getattr(args, "plan", None)
     declared = None
     if plan_path is not None:
-        declared = json.loads(plan_path.read_bytes()).get("headline_floor", "stored")
+        try:
+            plan = json.loads(plan_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--plan {plan_path}: {exc}") from None
+        if not isinstance(plan, dict) or plan.get("benchmark") != "sim_rank_gpu_plan":
+            raise SystemExit(f"{plan_path} is not a sim_rank_gpu plan file")
+        declared = plan.get("headline_floor", "stored")
         if asked is not None and asked != declared:
             raise SystemExit(
                 f"--headline-floor {asked}: the plan {plan_path} declared {declared!r} before the run"

@@ -530,6 +530,13 @@ def test_a_floor_probe_on_the_runs_machine_is_fitted_and_scored_beside(tmp_path:
     assert "probe_floor_net_beside" not in head and "probe_floor_beside" in head
     agreement = head["held_out"]["plan"]
     assert agreement["same_predictions"] and agreement["written_before_first_case"]
+    # a plan that is not one, or not JSON, is refused before anything is scored
+    not_json = tmp_path / "not-a-plan.json"
+    not_json.write_text("{")
+    with pytest.raises(SystemExit, match="--plan"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=not_json))
+    with pytest.raises(SystemExit, match="not a sim_rank_gpu plan"):
+        sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=live))
     # a score may not choose another headline than its plan declared
     with pytest.raises(SystemExit, match="declared 'probe-net' before the run"):
         sim_rank_gpu.score(argparse.Namespace(live=live, out=headed, plan=plan_path, headline_floor="stored"))
