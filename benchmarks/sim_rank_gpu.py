@@ -1043,14 +1043,23 @@ def eager_floor_from(path: Path) -> dict[str, Any]:
 PLAN_TOLERANCE = 1e-5
 
 
+def read_plan(plan_path: Path) -> tuple[bytes, dict[str, Any]]:
+    """A `plan` file's bytes and content; anything else is refused with what was wanted."""
+    try:
+        raw = plan_path.read_bytes()
+        plan = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--plan {plan_path}: {exc}") from None
+    if not isinstance(plan, dict) or plan.get("benchmark") != "sim_rank_gpu_plan":
+        raise SystemExit(f"{plan_path} is not a sim_rank_gpu plan file")
+    return raw, plan
+
+
 def plan_agreement(plan_path: Path, rows: Sequence[dict[str, Any]], first_case: str | None) -> dict[str, Any]:
     """The score's predictions set beside those a `plan` file committed before the run: a held-out
     run's predictions must be the ones registered before it was measured. Each case's p50 and p95
     TTFT against the plan's for the same group and configuration."""
-    raw = plan_path.read_bytes()
-    plan = json.loads(raw)
-    if plan.get("benchmark") != "sim_rank_gpu_plan":
-        raise SystemExit(f"{plan_path} is not a sim_rank_gpu plan file")
+    raw, plan = read_plan(plan_path)
     diffs: list[float] = []
     missing: list[str] = []
     for r in rows:
@@ -1446,13 +1455,7 @@ def headline_floor_of(args: argparse.Namespace) -> str:
     plan_path = getattr(args, "plan", None)
     declared = None
     if plan_path is not None:
-        try:
-            plan = json.loads(plan_path.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"--plan {plan_path}: {exc}") from None
-        if not isinstance(plan, dict) or plan.get("benchmark") != "sim_rank_gpu_plan":
-            raise SystemExit(f"{plan_path} is not a sim_rank_gpu plan file")
-        declared = plan.get("headline_floor", "stored")
+        declared = read_plan(plan_path)[1].get("headline_floor", "stored")
         if asked is not None and asked != declared:
             raise SystemExit(
                 f"--headline-floor {asked}: the plan {plan_path} declared {declared!r} before the run"
